@@ -1,0 +1,387 @@
+"""Open one validated shard URL as a streaming binary file: local, http(s) or fsspec.
+
+Sits between `pipeline.urls` (which validated the URL) and the tar/Parquet
+readers. No process is ever spawned and no environment variable is read into a
+URL. http(s) reads resume mid-stream with `Range` requests after a dropped
+connection; every failure ends in a `ShardReadError` naming the redacted URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import random
+import re
+import ssl
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urljoin, urlsplit
+
+from pipeline.urls import FSSPEC_SCHEMES, HTTP_SCHEMES, redact_url, url_scheme, validate_url
+
+LOCAL_BUFFER_SIZE = 1 << 20
+HTTP_BUFFER_SIZE = 1 << 20
+MAX_REDIRECTS = 5
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Network failures worth another try: resets, refusals, timeouts, DNS hiccups, bad or
+# cut responses. ShardReadError (an OSError too) and certificate errors are re-raised
+# before these are caught; anything else (TypeError, ...) is a bug and propagates.
+TRANSIENT_ERRORS = (OSError, http.client.HTTPException)
+FSSPEC_PACKAGES = {"s3": "s3fs", "gs": "gcsfs"}
+
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with jittered exponential backoff.
+
+    Attributes:
+        attempts: tries per request, and consecutive failed tries allowed mid-stream
+            without progress; at least 1.
+        base_delay: seconds before the first retry; doubled for each further one.
+        max_delay: cap on one delay, including a server's `Retry-After`.
+        timeout: seconds for one connect or one socket read (a stall limit, not a
+            limit on the whole download).
+        max_resumes: reconnections allowed over one stream's life, so that a link
+            dropping every few bytes ends in an error instead of crawling forever.
+    """
+
+    attempts: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    timeout: float = 60.0
+    max_resumes: int = 32
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.max_resumes < 0:
+            raise ValueError(f"attempts must be >= 1 and max_resumes >= 0: {self}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.timeout <= 0:
+            raise ValueError(f"delays must be >= 0 and timeout > 0: {self}")
+
+    def delay(self, failure: int, url: str, retry_after: float = 0.0) -> float:
+        """Seconds to wait after the `failure`-th consecutive failure (1-based).
+
+        The jitter (50-100% of the backoff) is seeded by the URL and the failure
+        number: reproducible, yet workers reading different shards spread out.
+        """
+        backoff = min(self.max_delay, self.base_delay * 2 ** (failure - 1))
+        jitter = random.Random(zlib.crc32(f"{url}#{failure}".encode())).uniform(0.5, 1.0)
+        return min(self.max_delay, max(backoff * jitter, retry_after))
+
+
+DEFAULT_RETRY = RetryPolicy()  # frozen, so one shared default is safe
+
+
+class ShardReadError(OSError):
+    """A shard could not be opened or read to the end.
+
+    Attributes:
+        url: the shard URL, redacted (no credentials or signatures).
+        reason: what went wrong last.
+        attempts: how many tries were made.
+    """
+
+    def __init__(self, url: str, reason: str, attempts: int = 1) -> None:
+        self.url = redact_url(url)
+        self.reason = reason
+        self.attempts = attempts
+        super().__init__(f"cannot read shard {self.url} ({attempts} attempt(s)): {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int]]:
+        # Keeps the attributes when the error crosses a process boundary.
+        return (type(self), (self.url, self.reason, self.attempts))
+
+
+class _RetryableStatus(Exception):
+    """An HTTP status worth retrying (429, 503, ...), raised inside this module only."""
+
+    def __init__(self, status: int, reason: str, retry_after: float) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.retry_after = retry_after
+
+
+def open_stream(
+    url: str,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> BinaryIO:
+    """Open `url` for streaming reads; the body is never downloaded whole first.
+
+    Args:
+        url: a local path, `file://`, `http(s)://`, `s3://` or `gs://` URL. It is
+            validated again here, so a `pipe:` URL can never slip through.
+        retry: retry, backoff and timeout policy for remote URLs.
+        storage_options: keyword arguments for `fsspec.open` on object-store URLs,
+            such as `{"endpoint_url": ...}` for an S3-compatible store.
+
+    Returns:
+        A readable binary file object; close it when done. Local and object-store
+        files can seek; http(s) ones cannot: they are an `io.BufferedReader`
+        whose `.raw` is the `RetryingStream`
+        (with `retries` and `resumes` counters). Read tars from it with
+        `tarfile.open(fileobj=stream, mode="r|")`.
+
+    Raises:
+        ValueError: the URL is not allowed.
+        ShardReadError: the shard could not be opened, after retries where useful.
+        ImportError: the fsspec backend for the scheme (s3fs, gcsfs) is missing.
+    """
+    url = validate_url(url)
+    scheme = url_scheme(url)
+    if scheme in HTTP_SCHEMES:
+        return io.BufferedReader(RetryingStream(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
+    if scheme in FSSPEC_SCHEMES:
+        return _open_fsspec(url, retry, storage_options or {})
+    try:
+        return open(url, "rb", buffering=LOCAL_BUFFER_SIZE)  # noqa: SIM115 - caller closes
+    except OSError as exc:
+        raise ShardReadError(url, f"{type(exc).__name__}: {exc.strerror or exc}") from exc
+
+
+def _open_fsspec(url: str, retry: RetryPolicy, storage_options: Mapping[str, Any]) -> BinaryIO:
+    import fsspec  # lazily: only object-store users pay for the import
+
+    scheme = url_scheme(url)
+    failure = 0
+    while True:
+        try:
+            return fsspec.open(url, "rb", **storage_options).open()
+        except ImportError as exc:
+            package = FSSPEC_PACKAGES.get(scheme, "the fsspec backend")
+            raise ImportError(
+                f"reading {scheme}:// shards needs the {package!r} package: pip install {package}"
+            ) from exc
+        except (FileNotFoundError, PermissionError) as exc:
+            raise ShardReadError(url, type(exc).__name__, failure + 1) from exc
+        except OSError as exc:
+            failure += 1
+            if failure >= retry.attempts:
+                raise ShardReadError(url, type(exc).__name__, failure) from exc
+            time.sleep(retry.delay(failure, url))
+
+
+class RetryingStream(io.RawIOBase):
+    """An http(s) body that survives dropped connections by resuming where it stopped.
+
+    After a mid-body failure it re-requests with `Range: bytes=<offset>-`; a
+    server that ignores ranges is re-read from the start and the first `offset`
+    bytes are skipped. If the `ETag` or size changed between requests, it stops
+    with `ShardReadError` rather than splice two versions of a shard.
+
+    Attributes:
+        url: the redacted URL.
+        retries: failed tries so far (opening and mid-stream).
+        resumes: reconnections after a mid-body failure.
+    """
+
+    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        super().__init__()
+        self._url = url
+        self.url = redact_url(url)
+        self.retry = retry
+        self.retries = 0
+        self.resumes = 0
+        self._offset = 0
+        self._size: int | None = None
+        self._etag: str | None = None
+        self._failures = 0  # consecutive, reset by progress
+        self._response: http.client.HTTPResponse | None = None
+        self._connect()  # open eagerly so that 404 and friends surface at open time
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Read up to `len(buffer)` bytes of what has arrived; 0 only at the end."""
+        if self.closed:
+            raise ValueError(f"read from closed stream {self.url}")
+        view = memoryview(buffer).cast("B")
+        while True:
+            if self._response is None:
+                self._resume()
+            try:
+                # read1: return what has arrived instead of waiting to fill the buffer.
+                chunk = self._response.read1(len(view))
+            except ssl.SSLCertVerificationError:
+                raise
+            except TRANSIENT_ERRORS as exc:
+                self._drop(exc)
+                continue
+            if not chunk and view and self._size is not None and self._offset < self._size:
+                self._drop(ConnectionError(f"body ended at byte {self._offset} of {self._size}"))
+                continue
+            view[: len(chunk)] = chunk
+            self._offset += len(chunk)
+            if chunk:
+                self._failures = 0
+            return len(chunk)
+
+    def close(self) -> None:
+        if self._response is not None:
+            self._response.close()
+            self._response = None
+        super().close()
+
+    def _drop(self, exc: BaseException) -> None:
+        """Count a mid-body failure and forget the broken response."""
+        if self._response is not None:
+            self._response.close()
+            self._response = None
+        self._failures += 1
+        self.retries += 1
+        if self._failures >= self.retry.attempts or self.resumes >= self.retry.max_resumes:
+            reason = f"failed at byte {self._offset}: {_describe(exc)} ({self.resumes} resumes)"
+            raise ShardReadError(self._url, reason, self._failures) from exc
+        time.sleep(self.retry.delay(self._failures, self._url))
+
+    def _resume(self) -> None:
+        self.resumes += 1
+        self._connect()
+
+    def _connect(self) -> None:
+        """Request the body from `self._offset`, retrying transient failures."""
+        while True:
+            try:
+                response = _request(self._url, self._offset, self.retry.timeout)
+                self._response = self._position(response)
+                return
+            except ShardReadError:
+                raise
+            except ssl.SSLCertVerificationError as exc:
+                raise ShardReadError(self._url, _describe(exc), self._failures + 1) from exc
+            except (*TRANSIENT_ERRORS, _RetryableStatus) as exc:
+                self._failures += 1
+                self.retries += 1
+                if self._failures >= self.retry.attempts:
+                    raise ShardReadError(self._url, _describe(exc), self._failures) from exc
+                retry_after = getattr(exc, "retry_after", 0.0)
+                time.sleep(self.retry.delay(self._failures, self._url, retry_after))
+
+    def _position(self, response: http.client.HTTPResponse) -> http.client.HTTPResponse:
+        """Check that `response` is the same object, and skip to `self._offset`."""
+        start, size = _body_span(response)
+        etag = response.getheader("ETag")
+        if self._offset == 0 and start == 0:
+            self._size, self._etag = size, etag
+            return response
+        if (self._etag and etag != self._etag) or (self._size is not None and size != self._size):
+            response.close()
+            raise ShardReadError(self._url, "the shard changed on the server while being read")
+        if start > self._offset:
+            response.close()
+            raise ShardReadError(self._url, f"server resumed at byte {start}, not {self._offset}")
+        _skip(response, self._offset - start)  # a server without Range support: start == 0
+        return response
+
+
+def _request(url: str, offset: int, timeout: float) -> http.client.HTTPResponse:
+    """GET `url` from byte `offset`, following up to MAX_REDIRECTS http(s) redirects."""
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        response = _get(current, offset, timeout, send_auth=_same_origin(current, url))
+        if response.status not in (301, 302, 303, 307, 308):
+            _check_status(url, response, offset)
+            return response
+        location = response.getheader("Location") or ""
+        response.close()
+        current = _redirect_target(url, current, location)
+    raise ShardReadError(url, f"more than {MAX_REDIRECTS} redirects")
+
+
+def _get(url: str, offset: int, timeout: float, *, send_auth: bool) -> http.client.HTTPResponse:
+    parts = urlsplit(url)
+    connection_class = (
+        http.client.HTTPSConnection
+        if parts.scheme.lower() == "https"
+        else http.client.HTTPConnection
+    )
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    # `Connection: close` hands the socket to the response: closing it frees everything.
+    headers = {"Connection": "close", "User-Agent": "shardpipe"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    if send_auth and parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        connection.request("GET", target, headers=headers)
+        return connection.getresponse()
+    except BaseException:
+        connection.close()
+        raise
+
+
+def _check_status(url: str, response: http.client.HTTPResponse, offset: int) -> None:
+    status = response.status
+    if status == 200 or (status == 206 and offset):
+        return
+    reason = response.reason
+    retry_after = _retry_after(response)
+    response.close()
+    if status in RETRY_STATUSES:
+        raise _RetryableStatus(status, reason, retry_after)
+    hint = {
+        401: "check the credentials",
+        403: "check the credentials or the URL signature's expiry",
+        404: "check the URL and that the shard was uploaded",
+    }.get(status, "not retried")
+    raise ShardReadError(url, f"HTTP {status} {reason}; {hint}")
+
+
+def _redirect_target(url: str, current: str, location: str) -> str:
+    target = urljoin(current, location)
+    try:
+        validate_url(target, schemes=HTTP_SCHEMES)
+    except ValueError as exc:
+        raise ShardReadError(url, f"redirect to {redact_url(target)!r} refused: {exc}") from None
+    if url_scheme(current) == "https" and url_scheme(target) == "http":
+        raise ShardReadError(url, f"redirect from https to plain http {redact_url(target)!r}")
+    return target
+
+
+def _same_origin(first: str, second: str) -> bool:
+    # Credentials from the URL go only to the host they were written for.
+    a, b = urlsplit(first), urlsplit(second)
+    return (a.scheme.lower(), a.hostname, a.port) == (b.scheme.lower(), b.hostname, b.port)
+
+
+def _body_span(response: http.client.HTTPResponse) -> tuple[int, int | None]:
+    """Return (first byte offset, total size or None) of a 200 or 206 response."""
+    length = response.getheader("Content-Length")
+    if response.status == 200:
+        return 0, int(length) if length and length.isdigit() else None
+    match = _CONTENT_RANGE.match(response.getheader("Content-Range") or "")
+    if not match:
+        response.close()
+        raise http.client.HTTPException("206 response without a valid Content-Range")
+    total = match.group(3)
+    return int(match.group(1)), int(total) if total.isdigit() else None
+
+
+def _skip(response: http.client.HTTPResponse, count: int) -> None:
+    while count > 0:
+        chunk = response.read(min(count, HTTP_BUFFER_SIZE))
+        if not chunk:
+            raise http.client.IncompleteRead(b"", count)
+        count -= len(chunk)
+
+
+def _retry_after(response: http.client.HTTPResponse) -> float:
+    value = (response.getheader("Retry-After") or "").strip()
+    return float(value) if value.isdigit() else 0.0
+
+
+def _describe(exc: BaseException) -> str:
+    # Exception texts here never hold the URL: http.client reports statuses and
+    # socket errors only, so the redacted URL in ShardReadError is the only copy.
+    text = str(exc)
+    if isinstance(exc, _RetryableStatus):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
