@@ -96,15 +96,31 @@ class ParquetShardWriter:
         self._writer.close()
 
 
-def iter_parquet_samples(source: BinaryIO | str, url: str) -> Iterator[Sample]:
-    """Yield samples one row group at a time, as the same dicts the tar reader yields."""
+def iter_parquet_samples(
+    source: BinaryIO | str, url: str, start: int = 0, stop: int | None = None
+) -> Iterator[Sample]:
+    """Yield rows `[start, stop)` as the same dicts the tar reader yields.
+
+    Reads one row group at a time and skips row groups outside the range
+    without reading them, so a loader can split one shard between workers.
+    """
     parquet = pq.ParquetFile(source)
     image_field = next((n for n in parquet.schema_arrow.names if n in IMAGE_FIELDS), None)
     if image_field is None:
         raise ValueError(f"{url} has no image column (one of {IMAGE_FIELDS})")
     columns = ["__key__", image_field, "cls", "json"]
+    stop = parquet.metadata.num_rows if stop is None else stop
+    first_row = 0
     for group in range(parquet.num_row_groups):
+        rows = parquet.metadata.row_group(group).num_rows
+        lo, hi = max(start, first_row), min(stop, first_row + rows)
+        first_row += rows
+        if lo >= hi:
+            if first_row >= stop:
+                return
+            continue
         table = parquet.read_row_group(group, columns=columns)
+        table = table.slice(lo - (first_row - rows), hi - lo)
         keys = table.column("__key__").to_pylist()
         images = table.column(image_field).to_pylist()
         labels = table.column("cls").to_pylist()

@@ -222,3 +222,24 @@ def iter_tar_samples(
         _skip(stream, padded - size, name)
     if pending is not None:
         yield pending
+
+
+def count_tar_samples(stream: BinaryIO, fields: frozenset[str] = ALLOWED_FIELDS) -> int:
+    """Count samples (distinct adjacent keys with an allowlisted field) by reading headers only.
+
+    Seeks over member data when the stream can seek, so counting a local shard
+    reads a few KB per sample at most.
+    """
+    seekable = stream.seekable()
+    count, last_key = 0, None
+    for name, regular, size in iter_tar_members(stream):
+        padded = size + (-size % BLOCK)
+        if seekable:
+            stream.seek(padded, 1)
+        else:
+            _skip(stream, padded, name)
+        key, field = split_member_name(name)
+        if regular and field in fields and key != last_key:
+            count += 1
+            last_key = key
+    return count

@@ -59,6 +59,14 @@ def test_tar_round_trip_and_parquet_give_identical_samples():
     assert from_tar[0]["__url__"] == "mem.tar"
 
 
+def test_parquet_range_reads_only_the_requested_rows():
+    samples = make_samples(10)
+    data = write_parquet(samples, row_group_size=4)
+    for start, stop in [(0, 10), (3, 9), (4, 8), (9, 10), (5, 5)]:
+        got = list(iter_parquet_samples(io.BytesIO(data), "u", start, stop))
+        assert strip_url(got) == samples[start:stop]
+
+
 def test_writers_are_byte_deterministic():
     samples = make_samples(7)
     assert write_tar(samples) == write_tar(samples)

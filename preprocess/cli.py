@@ -1,0 +1,225 @@
+"""`preprocess` command line: make-sample, build-shards, verify, info.
+
+`main()` reads as a table of contents; each subcommand turns its flags into a
+config and calls one library function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from preprocess.config import BuildConfig
+from preprocess.images import ImageConfig
+from shards.manifest import SHARD_FORMATS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="preprocess", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    add_make_sample(commands)
+    add_build_shards(commands)
+    add_verify(commands)
+    add_info(commands)
+    return parser
+
+
+def add_make_sample(commands) -> None:
+    p = commands.add_parser(
+        "make-sample", help="write a sample ImageFolder dataset of photo-like images"
+    )
+    p.add_argument("--output", required=True)
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(handler=run_make_sample)
+
+
+def run_make_sample(args) -> int:
+    from preprocess.sample import make_sample
+
+    summary = make_sample(
+        args.output,
+        args.count,
+        classes=args.classes,
+        seed=args.seed,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
+    print(summary.describe())
+    return 0
+
+
+def add_build_shards(commands) -> None:
+    defaults = ImageConfig()
+    p = commands.add_parser(
+        "build-shards", help="turn an image dataset into tar and Parquet shards"
+    )
+    p.add_argument(
+        "--input",
+        required=True,
+        help="ImageFolder root or CSV/JSONL/Parquet manifest (path,label[,split])",
+    )
+    p.add_argument(
+        "--output", required=True, help="directory for shards, manifest.json and errors.jsonl"
+    )
+    p.add_argument("--image-size", type=int, default=defaults.image_size)
+    p.add_argument(
+        "--resize", choices=("shorter", "longer", "center-crop", "none"), default=defaults.resize
+    )
+    p.add_argument(
+        "--resample", choices=("bilinear", "bicubic", "lanczos"), default=defaults.resample
+    )
+    p.add_argument("--encode", choices=("jpeg", "webp", "png"), default=defaults.encode)
+    p.add_argument("--quality", type=int, default=defaults.quality)
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=defaults.max_pixels,
+        help="skip images whose header declares more pixels",
+    )
+    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
+    p.add_argument(
+        "--formats", default=",".join(SHARD_FORMATS), help="comma-separated: tar,parquet"
+    )
+    p.add_argument("--val-fraction", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--row-group-size", type=int, default=128)
+    p.add_argument("--max-skip-fraction", type=float, default=0.01)
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="`auto` or ray://host:port for a cluster; default: local Ray",
+    )
+    p.add_argument("--executor", choices=("ray", "inline"), default="ray")
+    p.add_argument("--workers", type=int, default=None, help="CPUs for a local Ray (default: all)")
+    p.add_argument("--overwrite", action="store_true", help="rebuild everything")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=run_build_shards)
+
+
+def build_config_from_args(args) -> BuildConfig:
+    image = ImageConfig(
+        image_size=args.image_size,
+        resize=args.resize,
+        encode=args.encode,
+        quality=args.quality,
+        max_pixels=args.max_pixels,
+        resample=args.resample,
+    )
+    return BuildConfig(
+        input=args.input,
+        output=args.output,
+        image=image,
+        shard_size=args.shard_size,
+        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        row_group_size=args.row_group_size,
+        max_skip_fraction=args.max_skip_fraction,
+        ray_address=args.ray_address,
+        executor=args.executor,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+
+
+def run_build_shards(args) -> int:
+    from preprocess.job import run_build
+    from preprocess.ray_job import BuildError
+    from preprocess.sources import InputError
+
+    try:
+        config = build_config_from_args(args)
+        summary = run_build(config)
+    except (BuildError, InputError, ValueError, FileNotFoundError) as error:
+        print(f"build-shards: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(
+            f"build-shards: environment error: {error}. Nothing partial was left under a final name; "
+            "fix the cause and rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        return 1
+    print(format_summary(summary))
+    return 0
+
+
+def format_summary(summary) -> str:
+    from preprocess.verify import human_bytes
+
+    m = summary.manifest
+    rows = [("split", "images", "shards")]
+    rows += [(name, str(s.samples), str(len(s.shards))) for name, s in m.splits.items()]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(cell.rjust(width[i]) for i, cell in enumerate(row)) for row in rows]
+    lines.append(f"inputs {m.inputs}, written {m.written}, skipped {sum(m.skipped.values())}")
+    lines += [f"  skipped {reason}: {n}" for reason, n in sorted(m.skipped.items())]
+    lines.append(
+        "bytes: "
+        + ", ".join(f"{fmt} {human_bytes(b)}" for fmt, b in summary.bytes_by_format.items())
+    )
+    lines.append(
+        f"shards built {summary.shards_built}, reused {summary.shards_reused}; "
+        f"wall {summary.seconds:.1f} s, {summary.images_per_s:.0f} images/s"
+    )
+    lines.append(f"manifest: {summary.output / 'manifest.json'}")
+    return "\n".join(lines)
+
+
+def add_verify(commands) -> None:
+    p = commands.add_parser(
+        "verify", help="recompute checksums and counts; open every image header"
+    )
+    p.add_argument("directory")
+    p.add_argument("--no-images", action="store_true", help="skip opening image headers")
+    p.set_defaults(handler=run_verify)
+
+
+def run_verify(args) -> int:
+    from preprocess.verify import VerifyError, verify_directory
+
+    try:
+        report = verify_directory(args.directory, check_images=not args.no_images)
+    except (VerifyError, FileNotFoundError, ValueError) as error:
+        print(f"verify: FAILED: {error}", file=sys.stderr)
+        return 1
+    print(f"verify: OK: {report.shards} shards, {report.files} files, {report.samples} samples")
+    return 0
+
+
+def add_info(commands) -> None:
+    p = commands.add_parser("info", help="print the manifest summary of a shard directory")
+    p.add_argument("directory")
+    p.set_defaults(handler=run_info)
+
+
+def run_info(args) -> int:
+    from preprocess.verify import describe
+    from shards.manifest import read_manifest
+
+    try:
+        print(describe(read_manifest(args.directory)))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"info: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

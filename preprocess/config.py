@@ -1,0 +1,105 @@
+"""`BuildConfig`: every option of `preprocess build-shards`, and which of them shape the output.
+
+The output-shaping part is stored in `_build/config.json` at the start of a
+build and in the manifest; a rerun against the same output must match it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from preprocess.images import ImageConfig
+from shards.manifest import SHARD_FORMATS
+
+# Options that change how a build runs but not a byte of what it writes.
+# `input` and `output` are left out too: moving a dataset must not invalidate a
+# build; the plan digest (every path and label) guards the inputs instead.
+RUNTIME_ONLY = (
+    "input",
+    "output",
+    "ray_address",
+    "workers",
+    "overwrite",
+    "max_skip_fraction",
+    "executor",
+    "progress",
+)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Options of one `build-shards` run.
+
+    Attributes:
+        input: ImageFolder root, or a CSV/JSONL/Parquet manifest of `path,label[,split]`.
+        output: directory that receives shards, `manifest.json` and `errors.jsonl`.
+        image: per-image decode/resize/encode options.
+        shard_size: samples per shard (fewer when inputs are skipped).
+        formats: shard formats to write; both hold the same samples and keys.
+        val_fraction: share of inputs put in `val` by a hash of their path,
+            unless the manifest has a `split` column.
+        seed: seeds the order of samples inside each split.
+        row_group_size: Parquet rows per row group, the loader's streaming unit.
+        max_skip_fraction: fail the job when more inputs than this are skipped.
+        ray_address: None for a local Ray sized to this machine, `auto` or
+            `ray://host:port` for a cluster.
+        executor: `ray` (default) or `inline` (one process, no Ray; for debugging).
+        workers: CPUs for a local Ray (None: all).
+        overwrite: rebuild everything, replacing an existing output.
+        progress: show a progress bar.
+    """
+
+    input: str
+    output: str
+    image: ImageConfig = field(default_factory=ImageConfig)
+    shard_size: int = 1000
+    formats: tuple[str, ...] = SHARD_FORMATS
+    val_fraction: float = 0.0
+    seed: int = 0
+    row_group_size: int = 128
+    max_skip_fraction: float = 0.01
+    ray_address: str | None = None
+    executor: str = "ray"
+    workers: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1:
+            raise ValueError("--shard-size must be at least 1")
+        if not self.formats or any(f not in SHARD_FORMATS for f in self.formats):
+            raise ValueError(
+                f"--formats takes a comma-separated subset of {','.join(SHARD_FORMATS)}"
+            )
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError("--val-fraction must be in [0, 1)")
+        if not 0.0 <= self.max_skip_fraction <= 1.0:
+            raise ValueError("--max-skip-fraction must be in [0, 1]")
+        if self.executor not in ("ray", "inline"):
+            raise ValueError("--executor must be `ray` or `inline`")
+        if self.row_group_size < 1:
+            raise ValueError("--row-group-size must be at least 1")
+
+    def output_shaping(self) -> dict[str, Any]:
+        """The options that determine the output bytes (compared on resume)."""
+        data = asdict(self)
+        for name in RUNTIME_ONLY:
+            data.pop(name)
+        data["formats"] = list(self.formats)
+        data["image"] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()
+        }
+        return data
+
+
+def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable differences between two output-shaping configs."""
+    changes = []
+    for name in sorted(set(old) | set(new)):
+        before, after = old.get(name), new.get(name)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += diff_configs(before, after, f"{prefix}{name}.")
+        elif before != after:
+            changes.append(f"{prefix}{name}: {before!r} -> {after!r}")
+    return changes

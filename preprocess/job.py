@@ -1,0 +1,199 @@
+"""The driver of `preprocess build-shards`: list, plan, run shard tasks, commit the manifest.
+
+Order of commits: `_build/config.json` first (so a rerun can tell whether it
+continues the same build), one marker per finished shard, then `errors.jsonl`,
+then `manifest.json` last. A dataset without a manifest is incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from preprocess.build import BUILD_DIR, ShardResult, image_field
+from preprocess.config import BuildConfig, diff_configs
+from preprocess.plan import Plan, build_plan
+from preprocess.ray_job import BuildError, iter_inline, iter_ray
+from preprocess.sources import list_sources
+from shards.io import atomic_write_bytes, remove_stale_temps
+from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo, write_manifest
+
+ERRORS_NAME = "errors.jsonl"
+CONFIG_NAME = "config.json"
+
+
+@dataclass
+class BuildSummary:
+    """What a build did, for the summary table and for tests."""
+
+    manifest: Manifest
+    output: Path
+    seconds: float
+    shards_built: int
+    shards_reused: int
+    images_processed: int  # inputs read this run (excludes reused shards)
+    bytes_by_format: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images_processed / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_build(config: BuildConfig) -> BuildSummary:
+    """Build (or finish building) the shards described by `config`.
+
+    Raises:
+        BuildError: the output holds a different build, the skip budget was
+            exceeded, or a task failed for a reason other than bad data.
+    """
+    started = time.perf_counter()
+    out = Path(config.output)
+    plan = build_plan(
+        list_sources(config.input), config.shard_size, config.val_fraction, config.seed
+    )
+    prepare_output(out, config, plan)
+    results = run_tasks(plan, config)
+    manifest = assemble_manifest(plan, config, results)
+    write_errors(out, results)
+    enforce_skip_budget(manifest, config, out)
+    write_manifest(out, manifest)
+    built = [r for r in results if not r.reused]
+    bytes_by_format: Counter = Counter()
+    for result in results:
+        for fmt, info in result.info.files.items():
+            bytes_by_format[fmt] += info.bytes
+    return BuildSummary(
+        manifest=manifest,
+        output=out,
+        seconds=time.perf_counter() - started,
+        shards_built=len(built),
+        shards_reused=len(results) - len(built),
+        images_processed=sum(r.info.samples + len(r.skipped) for r in built),
+        bytes_by_format=dict(bytes_by_format),
+    )
+
+
+def prepare_output(out: Path, config: BuildConfig, plan: Plan) -> None:
+    """Create or check the output directory, and record what this build is."""
+    record = {"config": config.output_shaping(), "plan_digest": plan.digest, "inputs": plan.inputs}
+    config_path = out / BUILD_DIR / CONFIG_NAME
+    if config.overwrite and out.exists():
+        clear_build_output(out)
+    if config_path.exists():
+        previous = json.loads(config_path.read_text("utf-8"))
+        changes = diff_configs(previous["config"], record["config"])
+        if previous["plan_digest"] != plan.digest:
+            changes.append(
+                f"inputs: {previous['inputs']} files -> {plan.inputs} files (or their paths, labels or splits changed)"
+            )
+        if changes:
+            raise BuildError(
+                f"{out} holds a build with other options:\n  "
+                + "\n  ".join(changes)
+                + "\nRerun with the original options to resume it, pass --overwrite to rebuild, "
+                "or choose another --output."
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise BuildError(f"{out} is not empty and holds no shard build; choose an empty --output")
+    (out / BUILD_DIR).mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
+    if not config_path.exists():
+        atomic_write_bytes(config_path, json.dumps(record, indent=1, sort_keys=True).encode())
+
+
+def clear_build_output(out: Path) -> None:
+    """Remove what a build writes (and nothing else) before `--overwrite`."""
+    if not (out / BUILD_DIR).exists() and not (out / MANIFEST_NAME).exists():
+        if any(out.iterdir()):
+            raise BuildError(f"{out} holds no shard build; refusing to clear it for --overwrite")
+        return
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    (out / ERRORS_NAME).unlink(missing_ok=True)
+    shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
+    for path in out.iterdir():
+        if path.is_file() and path.suffix in (".tar", ".parquet"):
+            path.unlink()
+
+
+def run_tasks(plan: Plan, config: BuildConfig) -> list[ShardResult]:
+    """Run every shard task; returns results in plan order."""
+    build_kwargs = {
+        "output": str(Path(config.output).resolve()),
+        "shaping": config.output_shaping(),
+        "image": config.image,
+        "formats": tuple(config.formats),
+        "num_classes": len(plan.classes),
+        "row_group_size": config.row_group_size,
+    }
+    if config.executor == "inline":
+        stream = iter_inline(plan.tasks, build_kwargs)
+    else:
+        stream = iter_ray(plan.tasks, build_kwargs, config.ray_address, config.workers)
+    by_name = {}
+    with progress_bar(plan.inputs, config.progress) as bar:
+        for result in stream:
+            by_name[(result.split, result.info.index)] = result
+            bar.update(result.info.samples + len(result.skipped))
+    return [by_name[(t.split, t.index)] for t in plan.tasks]
+
+
+def progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", disable=not enabled, smoothing=0.1, desc="build-shards")
+
+
+def assemble_manifest(plan: Plan, config: BuildConfig, results: list[ShardResult]) -> Manifest:
+    splits: dict[str, SplitInfo] = {}
+    for name in sorted({r.split for r in results}):
+        infos = [r.info for r in results if r.split == name]
+        counts = [sum(i.class_counts[c] for i in infos) for c in range(len(plan.classes))]
+        splits[name] = SplitInfo(name, sum(i.samples for i in infos), infos, counts)
+    skipped = Counter(s.reason for r in results for s in r.skipped)
+    config_record = {
+        **config.output_shaping(),
+        "input": config.input,
+        "plan_digest": plan.digest,
+    }
+    manifest = Manifest(
+        classes=plan.classes,
+        image_field=image_field(config.image),
+        formats=list(config.formats),
+        splits=splits,
+        config=config_record,
+        inputs=plan.inputs,
+        skipped=dict(skipped),
+    )
+    if manifest.written + sum(skipped.values()) != plan.inputs:
+        raise BuildError(
+            f"accounting error: {manifest.written} written + {sum(skipped.values())} skipped "
+            f"!= {plan.inputs} inputs; please report this as a bug"
+        )
+    return manifest
+
+
+def write_errors(out: Path, results: list[ShardResult]) -> None:
+    """`errors.jsonl`: every skipped input with its reason, in shard order."""
+    lines = []
+    for result in results:
+        for skip in result.skipped:
+            record = {"path": skip.path, "reason": skip.reason, "detail": skip.detail}
+            record["shard"] = f"{result.split}-{result.info.index:06d}"
+            lines.append(json.dumps(record, ensure_ascii=False))
+    atomic_write_bytes(out / ERRORS_NAME, ("\n".join(lines) + "\n" if lines else "").encode())
+
+
+def enforce_skip_budget(manifest: Manifest, config: BuildConfig, out: Path) -> None:
+    skipped = sum(manifest.skipped.values())
+    if manifest.inputs and skipped / manifest.inputs > config.max_skip_fraction:
+        histogram = ", ".join(f"{reason}: {n}" for reason, n in sorted(manifest.skipped.items()))
+        raise BuildError(
+            f"{skipped} of {manifest.inputs} inputs were skipped ({skipped / manifest.inputs:.1%}), "
+            f"over --max-skip-fraction {config.max_skip_fraction:.1%} ({histogram}). "
+            f"See {out / ERRORS_NAME}; fix the inputs or raise --max-skip-fraction and rerun "
+            "(finished shards are kept)."
+        )

@@ -1,0 +1,70 @@
+"""Run shard tasks on Ray (local or a cluster), or inline for debugging.
+
+One task per shard, at most two per CPU in flight so the driver's memory stays
+flat however many shards there are. Tasks are retried by Ray when a worker or
+node dies (`max_retries`); a data error never fails a task (it is a skip) and
+an environment error fails the job at once rather than being retried.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from preprocess.build import ShardResult, build_shard
+from preprocess.plan import ShardTask
+
+TASK_RETRIES = 3
+
+
+class BuildError(RuntimeError):
+    """The build cannot go on; the message says what to do."""
+
+
+def iter_inline(tasks: list[ShardTask], build_kwargs: dict) -> Iterator[ShardResult]:
+    """Run tasks one after another in this process."""
+    for task in tasks:
+        yield build_with_options(task, build_kwargs)
+
+
+def iter_ray(
+    tasks: list[ShardTask], build_kwargs: dict, address: str | None, workers: int | None
+) -> Iterator[ShardResult]:
+    """Run tasks on Ray and yield results as they complete (not in task order)."""
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level="WARNING")
+        else:
+            ray.init(
+                num_cpus=workers or os.cpu_count(), include_dashboard=False, logging_level="WARNING"
+            )
+    remote_build = ray.remote(build_with_options).options(num_cpus=1, max_retries=TASK_RETRIES)
+    # Shared options travel once through the object store; Ray resolves the
+    # reference to the dict before each task runs.
+    options_ref = ray.put(build_kwargs)
+    max_in_flight = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+    pending: dict = {}
+    queue = iter(tasks)
+    try:
+        while True:
+            while len(pending) < max_in_flight and (task := next(queue, None)) is not None:
+                pending[remote_build.remote(task, options_ref)] = task
+            if not pending:
+                return
+            done, _ = ray.wait(list(pending), num_returns=1)
+            task = pending.pop(done[0])
+            try:
+                yield ray.get(done[0])
+            except ray.exceptions.RayTaskError as error:
+                cause = error.cause if getattr(error, "cause", None) else error
+                raise BuildError(f"shard {task.split}-{task.index:06d} failed: {cause}") from error
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
+def build_with_options(task: ShardTask, options: dict) -> ShardResult:
+    """`build_shard` with the job-wide options in one dict (one object-store entry)."""
+    return build_shard(task, **options)

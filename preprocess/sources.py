@@ -1,0 +1,151 @@
+"""List the inputs of a build: an ImageFolder tree or a CSV/JSONL/Parquet manifest.
+
+Produces `SourceItem`s (path, relative path, class name, optional split) and
+nothing else: no file is opened here, so listing 500k inputs is cheap. Problems
+that make the input list itself untrustworthy (duplicates, paths escaping the
+root, missing columns) are errors before any work starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE_SUFFIXES = frozenset(
+    (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".jfif")
+)
+MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
+
+
+class InputError(ValueError):
+    """The input list cannot be trusted; nothing was built."""
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One input image, before it is read."""
+
+    path: str  # absolute local path
+    rel: str  # path relative to the input root, with `/` separators; the identity of the input
+    label: str  # class name
+    split: str | None = None  # from a manifest's split column, else assigned by hash
+
+
+def list_sources(input_path: str) -> list[SourceItem]:
+    """List inputs of a build, sorted by relative path.
+
+    Raises:
+        InputError: no inputs, a malformed manifest, duplicates or escaping paths.
+        FileNotFoundError: the input does not exist.
+    """
+    path = Path(input_path)
+    if not path.exists():
+        raise FileNotFoundError(f"input {input_path} does not exist")
+    if path.is_dir():
+        items = list_image_folder(path)
+    elif path.suffix.lower() in MANIFEST_SUFFIXES:
+        items = list_manifest(path)
+    else:
+        raise InputError(
+            f"input {input_path} is neither a directory nor a manifest "
+            f"({', '.join(MANIFEST_SUFFIXES)})"
+        )
+    if not items:
+        raise InputError(f"no images found under {input_path}")
+    return sorted(items, key=_sort_key)
+
+
+def _sort_key(item: SourceItem) -> str:
+    return item.rel
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def list_image_folder(root: Path) -> list[SourceItem]:
+    """`root/<class>/.../<file>`: the class is the first directory level.
+
+    Hidden entries and files without an image suffix are ignored. A symlink
+    whose target leaves the root is an error (it would read outside the data).
+    """
+    root = root.resolve()
+    items: list[SourceItem] = []
+    for class_dir in sorted(os.scandir(root), key=lambda e: e.name):
+        if _is_hidden(class_dir.name) or not class_dir.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(class_dir.path):
+            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+            for name in sorted(filenames):
+                if _is_hidden(name) or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
+                    continue
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, root).replace(os.sep, "/")
+                _check_inside(root, full, rel)
+                items.append(SourceItem(full, rel, class_dir.name))
+    return items
+
+
+def _check_inside(root: Path, full: str, rel: str) -> None:
+    resolved = os.path.realpath(full)
+    if os.path.commonpath([resolved, str(root)]) != str(root):
+        raise InputError(f"{rel} resolves to {resolved}, outside the input root {root}")
+
+
+def list_manifest(manifest: Path) -> list[SourceItem]:
+    """Rows `path,label[,split]`; paths are relative to the manifest's directory."""
+    rows = _read_rows(manifest)
+    root = manifest.resolve().parent
+    items, seen = [], set()
+    for number, row in enumerate(rows, start=1):
+        where = f"{manifest}:{number}"
+        raw_path, label = row.get("path"), row.get("label")
+        if not raw_path or label is None or str(label) == "":
+            raise InputError(f"{where}: every row needs `path` and `label`")
+        raw_path = str(raw_path)
+        if os.path.isabs(raw_path) or "://" in raw_path:
+            raise InputError(f"{where}: path {raw_path!r} must be relative to the manifest")
+        full = os.path.normpath(os.path.join(root, raw_path))
+        rel = os.path.relpath(full, root).replace(os.sep, "/")
+        if rel.startswith("../") or rel == "..":
+            raise InputError(f"{where}: path {raw_path!r} escapes the manifest's directory")
+        if os.path.lexists(full):
+            _check_inside(root, full, rel)
+        if rel in seen:
+            raise InputError(f"{where}: duplicate path {rel!r}")
+        seen.add(rel)
+        split = row.get("split")
+        items.append(SourceItem(full, rel, str(label), str(split) if split else None))
+    return items
+
+
+def _read_rows(manifest: Path) -> list[dict]:
+    suffix = manifest.suffix.lower()
+    if suffix == ".csv":
+        with open(manifest, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    elif suffix == ".jsonl":
+        with open(manifest, encoding="utf-8") as f:
+            rows = [
+                _parse_json_line(manifest, i, line) for i, line in enumerate(f, 1) if line.strip()
+            ]
+    else:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(manifest).to_pylist()
+    if rows and not {"path", "label"} <= set(rows[0]):
+        raise InputError(f"{manifest} needs columns `path` and `label` (has {sorted(rows[0])})")
+    return rows
+
+
+def _parse_json_line(manifest: Path, number: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{manifest}:{number}: not JSON ({error.msg})") from error
+    if not isinstance(row, dict):
+        raise InputError(f"{manifest}:{number}: each line must be a JSON object")
+    return row

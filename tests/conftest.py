@@ -1,0 +1,46 @@
+"""Shared fixtures: a small real sample dataset and shards built from it once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from preprocess.config import BuildConfig
+from preprocess.images import ImageConfig
+from preprocess.job import run_build
+from preprocess.sample import make_sample
+
+SAMPLE_COUNT = 240
+SAMPLE_CLASSES = 4
+
+
+@pytest.fixture(scope="session")
+def sample_dir(tmp_path_factory):
+    """An ImageFolder tree of real, photo-like images in several formats."""
+    root = tmp_path_factory.mktemp("sample") / "images"
+    make_sample(root, SAMPLE_COUNT, classes=SAMPLE_CLASSES, seed=7, workers=1)
+    return root
+
+
+def small_build_config(input_dir, output_dir, **overrides) -> BuildConfig:
+    """Small shards and images so tests stay fast; inline unless a test asks for Ray."""
+    options = dict(
+        input=str(input_dir),
+        output=str(output_dir),
+        image=ImageConfig(image_size=64),
+        shard_size=32,
+        val_fraction=0.2,
+        seed=3,
+        row_group_size=16,
+        executor="inline",
+        progress=False,
+    )
+    options.update(overrides)
+    return BuildConfig(**options)
+
+
+@pytest.fixture(scope="session")
+def built_shards(sample_dir, tmp_path_factory):
+    """Shards (tar + Parquet) built inline from `sample_dir`: read-only for tests."""
+    output = tmp_path_factory.mktemp("shards") / "out"
+    summary = run_build(small_build_config(sample_dir, output))
+    return summary
