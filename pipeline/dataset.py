@@ -1,0 +1,297 @@
+"""`ShardStream`: the IterableDataset that runs inside each DataLoader worker.
+
+Its stage chain is built in `__iter__`, where the worker, the epoch and any
+resume point are known: plan this worker's pieces -> read shard samples ->
+shuffle buffer of encoded bytes -> skip what a resumed run already delivered ->
+decode and augment -> batch. Every worker yields exactly its planned number of
+batches, refilling from recent samples when data is bad, so DDP ranks stay in
+step to the end of the epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from pipeline.decode import decode_label, image_field_of
+from pipeline.opener import RetryPolicy, open_stream
+from pipeline.plan import Partition, positions_to_pieces, shard_order, shuffle_buffer, worker_rng
+from pipeline.resume import Segment, remaining_after, roles_consumed, worker_positions
+from pipeline.sources import ShardSpec
+from shards.parquet import iter_parquet_samples
+from shards.sample import Sample, SampleError
+from shards.tar import TarFormatError, iter_tar_samples
+
+log = logging.getLogger("pipeline")
+
+# Data errors: skipped and counted. Anything else (TypeError, ...) is a bug and propagates.
+SHARD_ERRORS = (OSError, TarFormatError, SampleError, EOFError, pa.ArrowException)
+LOG_EVERY = 100
+RESERVE_SIZE = 32
+MAX_SEGMENTS = 8
+_SEGMENT_FIELDS = 8
+
+
+class LoaderDataError(RuntimeError):
+    """Too much bad data: the skip budget of the epoch was exceeded."""
+
+
+@dataclass
+class WorkerStats:
+    """Counters a worker ships with each batch; the loader aggregates them."""
+
+    worker: int = 0
+    samples: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    refilled: int = 0
+    decode_s: float = 0.0
+
+    def snapshot(self) -> dict:
+        return {
+            "worker": self.worker,
+            "samples": self.samples,
+            "skipped": dict(self.skipped),
+            "refilled": self.refilled,
+            "decode_s": self.decode_s,
+        }
+
+
+class SharedState:
+    """Epoch number and resume segments, shared with (persistent) worker processes.
+
+    Workers read it in `__iter__`, which the DataLoader calls at the start of
+    every epoch even when workers persist, so `set_epoch` always reaches them.
+    """
+
+    def __init__(self) -> None:
+        self._array = multiprocessing.get_context().Array("q", 2 + MAX_SEGMENTS * _SEGMENT_FIELDS)
+
+    def write(self, epoch: int, segments: list[Segment]) -> None:
+        if len(segments) > MAX_SEGMENTS:
+            raise ValueError(f"more than {MAX_SEGMENTS} resumes within one epoch")
+        values = [epoch, len(segments)]
+        for seg in segments:
+            p = seg.partition
+            values += [
+                p.world_size,
+                p.num_workers,
+                p.batch_size,
+                int(p.drop_last),
+                ("pad", "drop", "uneven").index(p.rule),
+                p.shuffle_buffer,
+                p.shuffle_initial,
+                seg.consumed,
+            ]
+        with self._array.get_lock():
+            self._array[: len(values)] = values
+
+    def read(self) -> tuple[int, list[Segment]]:
+        with self._array.get_lock():
+            values = list(self._array)
+        epoch, count = values[0], values[1]
+        segments = []
+        for i in range(count):
+            w, nw, b, drop, rule, buf, init, consumed = values[2 + i * 8 : 10 + i * 8]
+            part = Partition(w, nw, b, bool(drop), ("pad", "drop", "uneven")[rule], buf, init)
+            segments.append(Segment(part, consumed))
+        return epoch, segments
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What a worker needs besides the shard list (picklable, no closures)."""
+
+    seed: int
+    rank: int
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    rule: str
+    shuffle_buffer: int
+    shuffle_initial: int
+    with_keys: bool
+    channels_last: bool
+    max_skip_fraction: float
+    retry: RetryPolicy
+    storage_options: dict | None = None
+
+
+class ShardStream(IterableDataset):
+    """Yields ready batches `(images uint8 [B,3,H,W], labels int64 [B], keys, stats)`."""
+
+    def __init__(
+        self,
+        shards: list[ShardSpec],
+        settings: StreamSettings,
+        transform: Callable,
+        shared: SharedState,
+    ) -> None:
+        super().__init__()
+        self.shards = shards
+        self.counts = [s.samples for s in shards]
+        self.settings = settings
+        self.transform = transform
+        self.shared = shared
+
+    def partition(self, num_workers: int) -> Partition:
+        s = self.settings
+        return Partition(
+            s.world_size,
+            num_workers,
+            s.batch_size,
+            s.drop_last,
+            s.rule,
+            s.shuffle_buffer,
+            s.shuffle_initial,
+        )
+
+    def __iter__(self) -> Iterator[tuple]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        epoch, segments = self.shared.read()
+        part = self.partition(num_workers)
+        total = sum(self.counts)
+        resumed = 0
+        if segments and segments[-1].partition == part:
+            resumed = segments[-1].consumed
+            segments = segments[:-1]
+        remaining = remaining_after(total, segments, self.settings.seed, epoch)
+        # After resuming at batch c the DataLoader restarts its round robin at
+        # worker 0, so physical worker w plays slot (w + c) % num_workers.
+        role = (worker + resumed) % num_workers
+        positions, batches = worker_positions(remaining, part, self.settings.rank, role)
+        skip_batches = roles_consumed(resumed, num_workers)[role]
+        order = shard_order(len(self.shards), self.settings.seed, epoch)
+        pieces = positions_to_pieces(positions, order, self.counts)
+        stats = WorkerStats(worker=worker)
+        samples = self.iter_pieces(pieces, stats)
+        rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
+        shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
+        for _ in range(min(skip_batches * part.batch_size, len(positions))):
+            next(shuffled, None)  # delivered before the interruption: read, never decoded
+        sizes = batch_sizes(len(positions), batches, part.batch_size)[skip_batches:]
+        yield from self.iter_batches(shuffled, sizes, epoch, stats, len(positions))
+
+    def iter_pieces(self, pieces, stats: WorkerStats) -> Iterator[Sample]:
+        """Samples of each piece in order; a broken shard costs only its unread rest."""
+        for piece in pieces:
+            spec = self.shards[piece.shard]
+            delivered = 0
+            try:
+                for sample in self.read_piece(spec, piece.start, piece.stop):
+                    delivered += 1
+                    yield sample
+            except SHARD_ERRORS as error:
+                lost = piece.stop - piece.start - delivered
+                reason = getattr(error, "reason", None) or "shard_unreadable"
+                stats.skipped[reason] += lost
+                log.warning("shard %s: %s; skipping its %d unread samples", spec.url, error, lost)
+
+    def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
+        s = self.settings
+        with open_stream(spec.url, s.retry, storage_options=s.storage_options) as stream:
+            if spec.fmt == "parquet":
+                yield from iter_parquet_samples(stream, spec.url, start, stop)
+                return
+            offset = -1
+            for offset, sample in enumerate(iter_tar_samples(stream, spec.url)):
+                if offset >= stop:
+                    return
+                if offset >= start:
+                    yield sample
+            if offset + 1 < stop:
+                raise SampleError(
+                    "shard_short", f"{spec.url} has fewer samples than its manifest says"
+                )
+
+    def iter_batches(
+        self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats, planned: int
+    ) -> Iterator[tuple]:
+        reserve: deque = deque(maxlen=RESERVE_SIZE)
+        budget = max(10, int(planned * self.settings.max_skip_fraction))
+        for size in sizes:
+            images, labels, keys = [], [], []
+            while len(images) < size:
+                sample, repeat = next(shuffled, None), 0
+                if sample is None:
+                    sample, repeat = self.refill(reserve, stats)
+                try:
+                    image, label = self.decode(sample, epoch, stats, repeat)
+                except SampleError as error:
+                    self.count_skip(sample, error, stats, budget)
+                    continue
+                reserve.append(sample)
+                images.append(image)
+                labels.append(label)
+                keys.append(sample["__key__"])
+            stats.samples += size
+            yield self.collate(images, labels, keys, stats)
+
+    def decode(
+        self, sample: Sample, epoch: int, stats: WorkerStats, repeat: int = 0
+    ) -> tuple[np.ndarray, int]:
+        if "__error__" in sample:
+            raise sample["__error__"]
+        started = time.perf_counter()
+        # Augmentation randomness comes from the sample key and epoch, so it does
+        # not depend on which worker or rank happens to decode the sample.
+        rng = random.Random(f"aug:{self.settings.seed}:{epoch}:{sample['__key__']}:{repeat}")
+        image = self.transform(sample[image_field_of(sample)], rng)
+        label = decode_label(sample)
+        stats.decode_s += time.perf_counter() - started
+        return image, label
+
+    def refill(self, reserve: deque, stats: WorkerStats) -> tuple[Sample, int]:
+        """A recent good sample and its repeat number (for a new augmentation)."""
+        if not reserve:
+            raise LoaderDataError(
+                f"worker {stats.worker}: no readable samples to fill its batches "
+                f"(skipped: {dict(stats.skipped)}); check the shards with `preprocess verify`"
+            )
+        stats.refilled += 1
+        return reserve[stats.refilled % len(reserve)], stats.refilled
+
+    def count_skip(
+        self, sample: Sample, error: SampleError, stats: WorkerStats, budget: int
+    ) -> None:
+        stats.skipped[error.reason] += 1
+        skipped = sum(stats.skipped.values())
+        if skipped == 1 or skipped % LOG_EVERY == 0:
+            log.warning(
+                "skipped sample %s of %s: %s (%d skipped so far)",
+                sample.get("__key__"),
+                sample.get("__url__"),
+                error,
+                skipped,
+            )
+        if skipped > budget:
+            raise LoaderDataError(
+                f"worker {stats.worker} skipped {skipped} samples, over its budget of {budget} "
+                f"({dict(stats.skipped)}); last: {sample.get('__url__')} key {sample.get('__key__')}. "
+                "Check the shards with `preprocess verify` or raise max_skip_fraction."
+            )
+
+    def collate(self, images, labels, keys, stats: WorkerStats) -> tuple:
+        batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
+        if not self.settings.channels_last:
+            batch = batch.contiguous()
+        label_tensor = torch.tensor(labels, dtype=torch.int64)
+        return batch, label_tensor, keys if self.settings.with_keys else None, stats.snapshot()
+
+
+def batch_sizes(samples: int, batches: int, batch_size: int) -> list[int]:
+    """Sizes of a worker's batches: full ones, the last one partial if samples run short."""
+    sizes = [batch_size] * batches
+    if batches and samples < batches * batch_size:
+        sizes[-1] = samples - (batches - 1) * batch_size
+    return sizes

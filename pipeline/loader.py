@@ -1,0 +1,292 @@
+"""`build_loader(LoaderConfig(...))`: shard URLs or a manifest in, uint8 batches out.
+
+The main process only forwards batches that workers built (and pins them);
+it counts what was consumed so `state_dict()` can resume mid-epoch, and it
+times how long the consumer waited for each batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline.dataset import ShardStream, SharedState, StreamSettings
+from pipeline.opener import RetryPolicy
+from pipeline.plan import EPOCH_RULES, Partition, batches_for, rank_slice
+from pipeline.resume import Segment, remaining_after
+from pipeline.sources import ResolvedSource, resolve_source
+from pipeline.stats import LoaderStats
+from pipeline.transforms import CenterCrop, RandomResizedCrop
+
+log = logging.getLogger("pipeline")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything the loader does, with the defaults users expect.
+
+    Attributes:
+        source: a `manifest.json` (path, directory or URL), or shard URLs: a path,
+            `file://`, `http(s)://`, `s3://`, a brace pattern, or a list of these.
+        split: split to read from a manifest.
+        format: `tar` or `parquet`; default: tar when the manifest has it.
+        batch_size: samples per batch (per rank).
+        image_size: output height and width.
+        train: random-resized-crop + flip and shuffling when True; resize +
+            center crop, no shuffle, every sample once when False. Default:
+            `split == "train"`.
+        num_workers: DataLoader worker processes (0: read in the main process).
+        seed: shard order and buffers come from `seed + epoch`.
+        rank, world_size: default from `torch.distributed` when initialised.
+        shuffle_buffer, shuffle_initial: samples (encoded bytes) held for mixing,
+            and how many before the first one is emitted.
+        drop_last: drop a rank's last partial batch; default True for train.
+        epoch_rule: how ranks get equal work when samples don't divide:
+            `pad` (repeat a few samples; train default), `drop`, or `uneven`
+            (exactly once, ranks may differ by one batch; eval default).
+        pin_memory: default True when CUDA is available.
+        channels_last: NHWC memory layout (a free view of what workers build).
+        with_keys: also yield the batch's sample keys.
+        transform: replaces the built-in crop; called as `transform(bytes, rng)`
+            and returns uint8 HxWx3.
+        max_skip_fraction: bad samples a worker may skip before it stops.
+        storage_options: fsspec options for object stores (e.g. endpoint_url).
+    """
+
+    source: str | os.PathLike | Sequence[str]
+    split: str = "train"
+    format: str | None = None
+    batch_size: int = 256
+    image_size: int = 224
+    train: bool | None = None
+    num_workers: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    shuffle_buffer: int = 2000
+    shuffle_initial: int = 500
+    drop_last: bool | None = None
+    epoch_rule: str | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    channels_last: bool = False
+    with_keys: bool = False
+    transform: Callable | None = None
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    crop_fraction: float = 0.875
+    max_skip_fraction: float = 0.01
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    storage_options: dict | None = None
+    timeout: float = 0.0
+
+    @property
+    def is_train(self) -> bool:
+        return self.split == "train" if self.train is None else self.train
+
+
+def build_loader(config: LoaderConfig) -> ShardLoader:
+    """Resolve the source, plan nothing yet (plans are per epoch), return the loader."""
+    source = resolve_source(
+        config.source,
+        config.split,
+        config.format,
+        retry=config.retry,
+        storage_options=config.storage_options,
+    )
+    return ShardLoader(config, source)
+
+
+def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return rank or 0, world_size or 1
+
+
+class ShardLoader:
+    """Iterable of `(images, labels)` or `(images, labels, keys)` batches for one rank."""
+
+    def __init__(self, config: LoaderConfig, source: ResolvedSource) -> None:
+        self.config = config
+        self.source = source
+        self.rank, self.world_size = distributed_defaults(config.rank, config.world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        train = config.is_train
+        rule = config.epoch_rule or ("pad" if train else "uneven")
+        if rule not in EPOCH_RULES:
+            raise ValueError(f"epoch_rule must be one of {EPOCH_RULES}")
+        settings = StreamSettings(
+            seed=config.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=config.batch_size,
+            drop_last=train if config.drop_last is None else config.drop_last,
+            rule=rule,
+            shuffle_buffer=config.shuffle_buffer if train else 1,
+            shuffle_initial=config.shuffle_initial if train else 1,
+            with_keys=config.with_keys,
+            channels_last=config.channels_last,
+            max_skip_fraction=config.max_skip_fraction,
+            retry=config.retry,
+            storage_options=config.storage_options,
+        )
+        self.settings = settings
+        self.shared = SharedState()
+        self.dataset = ShardStream(source.shards, settings, self.make_transform(), self.shared)
+        self.epoch = 0
+        self.segments: list[Segment] = []  # earlier partitions of this epoch (resume)
+        self.consumed = 0  # batches delivered in the current segment
+        self.stats = LoaderStats()
+        self._loader: DataLoader | None = None
+        log_epoch_plan(self)
+
+    def make_transform(self) -> Callable:
+        c = self.config
+        if c.transform is not None:
+            return c.transform
+        if c.is_train:
+            return RandomResizedCrop(size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip)
+        return CenterCrop(size=c.image_size, crop_fraction=c.crop_fraction)
+
+    @property
+    def num_worker_slots(self) -> int:
+        return max(1, self.config.num_workers)
+
+    def partition(self) -> Partition:
+        return self.dataset.partition(self.num_worker_slots)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a full epoch (the same on every rank unless `uneven`)."""
+        part = self.partition()
+        index, _ = rank_slice(self.source.total_samples, part, self.rank)
+        return batches_for(len(index), part)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read `epoch` at the next iteration (from its start, unless resumed into it).
+
+        A completed iteration advances the epoch by itself, so calling
+        `set_epoch(n)` before each epoch, as with DistributedSampler, is optional.
+        """
+        if epoch != self.epoch:
+            self.epoch, self.segments, self.consumed = epoch, [], 0
+
+    def dataloader(self) -> DataLoader:
+        if self._loader is None:
+            c = self.config
+            workers = c.num_workers
+            self._loader = DataLoader(
+                self.dataset,
+                batch_size=None,
+                num_workers=workers,
+                pin_memory=torch.cuda.is_available() if c.pin_memory is None else c.pin_memory,
+                prefetch_factor=c.prefetch_factor if workers else None,
+                persistent_workers=c.persistent_workers and workers > 0,
+                timeout=c.timeout,
+                worker_init_fn=seed_worker,
+            )
+        return self._loader
+
+    def batches_remaining(self) -> int:
+        part = self.partition()
+        total = self.source.total_samples
+        remaining = remaining_after(total, self.segments, self.config.seed, self.epoch)
+        index, _ = rank_slice(len(remaining), part, self.rank)
+        return max(0, batches_for(len(index), part) - self.consumed)
+
+    def __iter__(self) -> Iterator[tuple]:
+        segments = self.segments + (
+            [Segment(self.partition(), self.consumed)] if self.consumed else []
+        )
+        self.shared.write(self.epoch, segments)
+        started = time.perf_counter()
+        self.stats.start_epoch()
+        iterator = iter(self.dataloader())
+        while True:
+            waited = time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            images, labels, keys, worker_stats = batch
+            self.stats.record_batch(
+                time.perf_counter() - waited, len(labels), worker_stats, started
+            )
+            self.consumed += 1
+            yield (images, labels, keys) if self.config.with_keys else (images, labels)
+        self.stats.end_epoch()
+        # The epoch is complete: a new iteration (or a state saved now) starts the next one.
+        self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, seed and position: enough to continue this epoch exactly."""
+        segments = self.segments + [Segment(self.partition(), self.consumed)]
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.config.seed,
+            "total_samples": self.source.total_samples,
+            "segments": [s.to_dict() for s in segments],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration continues `state`'s epoch where it stopped."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+        if state["seed"] != self.config.seed or state["total_samples"] != self.source.total_samples:
+            raise ValueError(
+                "loader state was saved for another dataset or seed "
+                f"(seed {state['seed']}, {state['total_samples']} samples; now seed {self.config.seed}, "
+                f"{self.source.total_samples} samples)"
+            )
+        segments = [Segment.from_dict(s) for s in state["segments"]]
+        self.epoch = state["epoch"]
+        if segments and segments[-1].partition == self.partition():
+            self.segments, self.consumed = segments[:-1], segments[-1].consumed
+        else:
+            self.segments, self.consumed = [s for s in segments if s.consumed], 0
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed global RNGs in each worker for user transforms that use them."""
+    import random
+
+    import numpy as np
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def log_epoch_plan(loader: ShardLoader) -> None:
+    part = loader.partition()
+    total = loader.source.total_samples
+    index, padded = rank_slice(total, part, loader.rank)
+    batches = batches_for(len(index), part)
+    used = min(len(index), batches * part.batch_size)
+    if padded:
+        log.info(
+            "epoch rule pad: %d samples repeated so %d ranks get %d each",
+            padded,
+            part.world_size,
+            len(index),
+        )
+    dropped = total - used * part.world_size if part.rule != "uneven" else 0
+    if part.rule == "drop" and dropped > 0:
+        log.info(
+            "epoch rule drop: %d samples left out of each epoch (a different few each epoch)",
+            dropped,
+        )
+    if part.drop_last and len(index) > used:
+        log.info("drop_last: %d samples per rank dropped each epoch", len(index) - used)

@@ -1,0 +1,72 @@
+"""Loader measurements the trainer reads: time to first batch, images/s, waits, skips."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoaderStats:
+    """Aggregated over the current epoch; `last_wait_s` is the latest batch's wait.
+
+    Wait time is how long the consumer was blocked in `next()`: near zero when
+    workers keep up, large when the input pipeline is the bottleneck.
+    """
+
+    first_batch_s: float | None = None
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    last_wait_s: float = 0.0
+    epoch_started: float = 0.0
+    elapsed_s: float = 0.0
+    workers: dict[int, dict] = field(default_factory=dict)
+
+    def start_epoch(self) -> None:
+        self.first_batch_s = None
+        self.batches = self.samples = 0
+        self.wait_s = self.last_wait_s = 0.0
+        self.epoch_started = time.perf_counter()
+        self.workers = {}
+
+    def record_batch(self, wait_s: float, size: int, worker: dict, started: float) -> None:
+        now = time.perf_counter()
+        if self.first_batch_s is None:
+            self.first_batch_s = now - started
+        self.batches += 1
+        self.samples += size
+        self.wait_s += wait_s
+        self.last_wait_s = wait_s
+        self.elapsed_s = now - self.epoch_started
+        self.workers[worker["worker"]] = worker
+
+    def end_epoch(self) -> None:
+        self.elapsed_s = time.perf_counter() - self.epoch_started
+
+    @property
+    def images_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def skipped(self) -> Counter:
+        total: Counter = Counter()
+        for worker in self.workers.values():
+            total.update(worker["skipped"])
+        return total
+
+    @property
+    def refilled(self) -> int:
+        return sum(w["refilled"] for w in self.workers.values())
+
+    def summary(self) -> dict:
+        return {
+            "first_batch_s": self.first_batch_s,
+            "batches": self.batches,
+            "samples": self.samples,
+            "images_per_s": self.images_per_s,
+            "wait_s": self.wait_s,
+            "skipped": dict(self.skipped),
+            "refilled": self.refilled,
+        }

@@ -1,0 +1,186 @@
+"""Per-sample image transforms of the streaming loader: encoded bytes in, uint8 HxWx3 out.
+
+Called once per sample inside DataLoader workers, after the shuffle buffer and before
+batching. Randomness comes only from the `random.Random` passed in, seeded per sample by
+the loader, so a crop is reproducible. Normalisation happens later, on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+from pipeline.decode import RESAMPLING, Box, decode_crop, open_image
+
+_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back
+
+
+class Transform(Protocol):
+    """What the loader calls on each sample's image bytes; users may pass their own.
+
+    Must be picklable (a module-level class, not a lambda or closure) to reach spawned
+    workers, and must raise `shards.sample.SampleError` on bad data, nothing broader.
+    """
+
+    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+        """Return a C-contiguous uint8 array of shape (height, width, 3)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Training crop: torchvision's RandomResizedCrop and RandomHorizontalFlip in one decode.
+
+    Attributes:
+        size: output side in pixels (the output is square).
+        scale: range of the crop's area as a fraction of the image area.
+        ratio: range of the crop's aspect ratio (width / height), sampled log-uniformly.
+        hflip: probability of a left-right flip.
+        resample: `nearest`, `bilinear`, `bicubic` or `lanczos`.
+        max_pixels: images whose header declares more pixels are skipped unread, at most
+            Pillow's `Image.MAX_IMAGE_PIXELS`.
+        draft: let libjpeg decode large JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows.
+    """
+
+    size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    resample: str = "bilinear"
+    max_pixels: int = 64_000_000
+    draft: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self.size, self.resample, self.max_pixels)
+        for name, (low, high) in (("scale", self.scale), ("ratio", self.ratio)):
+            if not 0 < low <= high:
+                raise ValueError(f"{name} {(low, high)} must satisfy 0 < low <= high")
+        if not 0 <= self.hflip <= 1:
+            raise ValueError(f"hflip {self.hflip} is a probability and must be in 0..1")
+
+    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+        """Decode a random crop of `image_bytes`, resized to `size` x `size`, maybe flipped.
+
+        Raises:
+            SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
+        """
+        image = open_image(image_bytes, self.max_pixels)
+        box = sample_crop_box(*image.size, self.scale, self.ratio, rng)
+        flip = rng.random() < self.hflip  # drawn after the box, as in torchvision's order
+        size = (self.size, self.size)
+        return decode_crop(image, box, size, RESAMPLING[self.resample], flip, self.draft)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Evaluation crop: resize the shorter side to `round(size / crop_fraction)`, then crop the centre.
+
+    Gives the pixels of torchvision's `Resize(round(size / crop_fraction))` followed by
+    `CenterCrop(size)`, computed in one resize of the source region. Ignores `rng`.
+
+    Attributes:
+        size: output side in pixels (the output is square).
+        crop_fraction: share of the resized shorter side that the crop keeps, in (0, 1].
+        resample: `nearest`, `bilinear`, `bicubic` or `lanczos`.
+        max_pixels: images whose header declares more pixels are skipped unread.
+        draft: let libjpeg decode large JPEGs at 1/2, 1/4 or 1/8 scale.
+    """
+
+    size: int = 224
+    crop_fraction: float = 0.875
+    resample: str = "bilinear"
+    max_pixels: int = 64_000_000
+    draft: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self.size, self.resample, self.max_pixels)
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction {self.crop_fraction} must be in (0, 1]")
+
+    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+        """Decode the centre crop of `image_bytes` at `size` x `size`.
+
+        Raises:
+            SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
+        """
+        image = open_image(image_bytes, self.max_pixels)
+        box = center_crop_box(*image.size, self.size, self.crop_fraction)
+        size = (self.size, self.size)
+        return decode_crop(image, box, size, RESAMPLING[self.resample], False, self.draft)
+
+
+def sample_crop_box(
+    width: int,
+    height: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    rng: random.Random,
+) -> tuple[int, int, int, int]:
+    """Draw a crop box exactly as torchvision's `RandomResizedCrop.get_params` does.
+
+    Up to 10 attempts draw an area fraction uniformly from `scale` and an aspect ratio
+    log-uniformly from `ratio`, keeping the first crop that fits in the image, at a
+    uniform position. If none fits, the centre crop of the whole image with its aspect
+    ratio clamped into `ratio`.
+
+    Returns:
+        (left, top, right, bottom) in pixels, Pillow's box convention.
+    """
+    area = width * height
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(_ATTEMPTS):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        crop_w = round(math.sqrt(target_area * aspect))
+        crop_h = round(math.sqrt(target_area / aspect))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            top = rng.randint(0, height - crop_h)
+            left = rng.randint(0, width - crop_w)
+            return left, top, left + crop_w, top + crop_h
+    in_ratio = width / height
+    crop_w, crop_h = width, height
+    if in_ratio < min(ratio):
+        crop_h = round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        crop_w = round(height * max(ratio))
+    left, top = (width - crop_w) // 2, (height - crop_h) // 2
+    return left, top, left + crop_w, top + crop_h
+
+
+def center_crop_box(width: int, height: int, size: int, crop_fraction: float) -> Box:
+    """Source region that torchvision's `Resize(r)` + `CenterCrop(size)` would keep.
+
+    `r = round(size / crop_fraction)` is the resized shorter side; the longer side is
+    resized to `int(r * long / short)` as torchvision does, and the crop offset in the
+    resized image is rounded like `CenterCrop`'s.
+
+    Returns:
+        (left, top, right, bottom) in source pixels, fractional.
+    """
+    resized_short = round(size / crop_fraction)
+    if width <= height:
+        resized = (resized_short, int(resized_short * height / width))
+    else:
+        resized = (int(resized_short * width / height), resized_short)
+    left = int(round((resized[0] - size) / 2.0))
+    top = int(round((resized[1] - size) / 2.0))
+    sx, sy = width / resized[0], height / resized[1]
+    return (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+
+
+def _check_common(size: int, resample: str, max_pixels: int) -> None:
+    if size < 1:
+        raise ValueError(f"size {size} must be at least 1")
+    if resample not in RESAMPLING:
+        raise ValueError(f"resample {resample!r} is not one of {', '.join(RESAMPLING)}")
+    limit = Image.MAX_IMAGE_PIXELS
+    if max_pixels < 1 or (limit is not None and max_pixels > limit):
+        raise ValueError(
+            f"max_pixels {max_pixels} must be in 1..{limit} (Pillow's MAX_IMAGE_PIXELS); "
+            "raise the cap only together with the per-worker memory limit"
+        )

@@ -1,0 +1,35 @@
+"""Loader fixtures: the session's shards, and helpers to read keys through the loader."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipeline.loader import LoaderConfig, build_loader
+
+
+@pytest.fixture(scope="session")
+def shard_dir(built_shards):
+    return built_shards.output
+
+
+def loader_for(shard_dir, **overrides):
+    options = dict(
+        source=str(shard_dir),
+        split="train",
+        batch_size=8,
+        image_size=32,
+        num_workers=0,
+        seed=11,
+        shuffle_buffer=64,
+        shuffle_initial=16,
+        with_keys=True,
+    )
+    options.update(overrides)
+    return build_loader(LoaderConfig(**options))
+
+
+def epoch_keys(loader, limit=None):
+    """Keys per batch for one pass (optionally stopping after `limit` batches)."""
+    return [list(keys) for _, _, keys in itertools.islice(loader, limit)]

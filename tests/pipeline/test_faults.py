@@ -1,0 +1,185 @@
+"""The loader under bad data, hostile input, remote reads and dying workers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.dataset import LoaderDataError
+from pipeline.loader import LoaderConfig, build_loader
+from shards.tar import TarShardWriter, iter_tar_samples
+from tests.httpserver import LocalHTTPServer
+from tests.pipeline.conftest import epoch_keys, loader_for
+
+
+@pytest.fixture
+def shard_copy(shard_dir, tmp_path):
+    """A private copy of the session shards that a test may damage."""
+    out = tmp_path / "shards"
+    shutil.copytree(shard_dir, out)
+    return out
+
+
+def rewrite_tar(path: Path, change) -> None:
+    """Rewrite a tar shard, passing each sample through `change(index, sample)`."""
+    with open(path, "rb") as stream:
+        samples = list(iter_tar_samples(stream, str(path)))
+    buffer = io.BytesIO()
+    writer = TarShardWriter(buffer)
+    for index, sample in enumerate(samples):
+        sample = change(index, {k: v for k, v in sample.items() if k != "__url__"})
+        writer.write(sample)
+    writer.close()
+    path.write_bytes(buffer.getvalue())
+
+
+def full_epoch(directory, **overrides):
+    loader = loader_for(directory, epoch_rule="uneven", drop_last=False, **overrides)
+    return loader, epoch_keys(loader)
+
+
+def test_undecodable_samples_are_skipped_counted_and_refilled(shard_copy):
+    reference = full_epoch(shard_copy)[1]
+
+    def garble(index, sample):
+        if index in (1, 4):
+            sample["jpg"] = b"\xff\xd8\xff\xe0 definitely not a jpeg"
+        return sample
+
+    rewrite_tar(shard_copy / "train-000000.tar", garble)
+    loader, batches = full_epoch(shard_copy, max_skip_fraction=0.5)
+    assert [len(b) for b in batches] == [len(b) for b in reference]  # same batch count and sizes
+    assert sum(loader.stats.skipped.values()) == 2
+    assert loader.stats.refilled == 2
+
+
+def test_truncated_shard_costs_only_its_unread_rest(shard_copy):
+    reference = full_epoch(shard_copy)[1]
+    target = shard_copy / "train-000001.tar"
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    loader, batches = full_epoch(shard_copy, max_skip_fraction=1.0)
+    assert [len(b) for b in batches] == [len(b) for b in reference]
+    skipped = loader.stats.skipped
+    assert set(skipped) == {"shard_unreadable"} and 5 < skipped["shard_unreadable"] < 32
+
+
+def test_garbage_shard_past_the_budget_stops_with_a_clear_error(shard_copy):
+    for tar in shard_copy.glob("train-*.tar"):
+        tar.write_bytes(b"<html>503 Service Unavailable</html>" * 100)
+    with pytest.raises(LoaderDataError, match="preprocess verify"):
+        full_epoch(shard_copy)
+
+
+def test_code_errors_in_a_transform_propagate_not_skipped(shard_dir):
+    with pytest.raises(TypeError, match="bug in transform"):
+        epoch_keys(loader_for(shard_dir, transform=BuggyTransform()))
+
+
+class BuggyTransform:
+    def __call__(self, data, rng):
+        raise TypeError("bug in transform")
+
+
+class KillSometimes:
+    """Transform that kills its own worker process on about one sample in five."""
+
+    def __call__(self, data, rng):
+        import numpy as np
+
+        if rng.random() < 0.2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.zeros((32, 32, 3), dtype=np.uint8)
+
+
+def test_a_killed_worker_raises_promptly_instead_of_hanging(shard_dir):
+    loader = loader_for(
+        shard_dir, num_workers=2, transform=KillSometimes(), persistent_workers=False
+    )
+    with pytest.raises(RuntimeError, match="(?i)worker.*(killed|exited)"):
+        epoch_keys(loader)
+
+
+def test_pipe_and_shell_urls_are_refused_and_no_process_is_spawned(shard_dir, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a process was spawned")
+
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    monkeypatch.setattr(os, "system", forbidden)
+    monkeypatch.setattr(os, "popen", forbidden)
+    for source in [
+        "pipe:cat train-000000.tar",
+        "pipe:curl -s http://x/a.tar",
+        "ftp://host/a.tar",
+        f"{shard_dir}/train-$(id).tar\n",
+    ]:
+        with pytest.raises(ValueError):
+            build_loader(LoaderConfig(source=source, num_workers=0))
+    # A real read works with the process APIs forbidden.
+    assert epoch_keys(loader_for(shard_dir))
+
+
+class Planted:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["PLANTED_MARKER"]),))
+
+
+def test_planted_pickle_members_are_never_unpickled(shard_copy, tmp_path, monkeypatch):
+    marker = tmp_path / "PWNED"
+    monkeypatch.setenv("PLANTED_MARKER", str(marker))
+    payload = pickle.dumps(Planted())
+    pickle.loads(payload)  # the payload is live: loading it creates the marker
+    assert marker.exists()
+    marker.unlink()
+
+    def plant(index, sample):
+        sample.update({"pkl": payload, "pyd": payload, "pth": payload})
+        return sample
+
+    for tar in shard_copy.glob("train-*.tar"):
+        rewrite_tar(tar, plant)
+    (shard_copy / "manifest.json").unlink()  # counts now come from the shards themselves
+    loader = loader_for(str(shard_copy / "train-{000000..000005}.tar"), num_workers=2)
+    assert epoch_keys(loader)
+    assert not marker.exists()
+
+
+def test_shards_and_manifest_stream_from_a_local_http_server(shard_dir):
+    local = Counter(k for b in full_epoch(shard_dir)[1] for k in b)
+    with LocalHTTPServer(shard_dir) as base:
+        loader = loader_for(
+            f"{base}/manifest.json", epoch_rule="uneven", drop_last=False, num_workers=2
+        )
+        remote = Counter(k for b in epoch_keys(loader) for k in b)
+    assert remote == local
+
+
+def test_flaky_http_server_is_retried_and_the_epoch_completes(shard_dir):
+    from pipeline.opener import RetryPolicy
+
+    local = Counter(k for b in full_epoch(shard_dir)[1] for k in b)
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        server.fail("/train-000000.tar", count=2, status=503)
+        server.close_after("/train-000001.tar", 3000, times=1)
+        loader = loader_for(
+            f"{base}/manifest.json",
+            epoch_rule="uneven",
+            drop_last=False,
+            retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5),
+        )
+        remote = Counter(k for b in epoch_keys(loader) for k in b)
+    assert remote == local
+
+
+def test_manifest_checks_are_json_not_pickle(shard_dir):
+    text = (shard_dir / "manifest.json").read_text()
+    assert json.loads(text)["format"] == "shardpipe-manifest"
