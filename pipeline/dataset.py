@@ -25,7 +25,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.decode import decode_label, image_field_of
 from pipeline.opener import RetryPolicy, open_stream
-from pipeline.plan import Partition, positions_to_pieces, shard_order, shuffle_buffer, worker_rng
+from pipeline.plan import (
+    Partition,
+    Piece,
+    positions_to_pieces,
+    rank_slice,
+    shard_order,
+    shuffle_buffer,
+    worker_rng,
+    worker_slice,
+)
 from pipeline.resume import Segment, remaining_after, roles_consumed, worker_positions
 from pipeline.sources import ShardSpec
 from shards.parquet import iter_parquet_samples
@@ -38,6 +47,7 @@ log = logging.getLogger("pipeline")
 SHARD_ERRORS = (OSError, TarFormatError, SampleError, EOFError, pa.ArrowException)
 LOG_EVERY = 100
 RESERVE_SIZE = 32
+MAX_FRUITLESS_READS = 100_000
 MAX_SEGMENTS = 8
 _SEGMENT_FIELDS = 8
 
@@ -124,6 +134,8 @@ class StreamSettings:
     max_skip_fraction: float
     retry: RetryPolicy
     storage_options: dict | None = None
+    epoch_samples: int | None = None  # set: resampled mode with this many samples per epoch
+    class_weights: tuple[float, ...] | None = None  # resampled mode: keep-probability per class
 
 
 class ShardStream(IterableDataset):
@@ -160,27 +172,72 @@ class ShardStream(IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         epoch, segments = self.shared.read()
         part = self.partition(num_workers)
-        total = sum(self.counts)
         resumed = 0
         if segments and segments[-1].partition == part:
             resumed = segments[-1].consumed
             segments = segments[:-1]
-        remaining = remaining_after(total, segments, self.settings.seed, epoch)
         # After resuming at batch c the DataLoader restarts its round robin at
         # worker 0, so physical worker w plays slot (w + c) % num_workers.
         role = (worker + resumed) % num_workers
-        positions, batches = worker_positions(remaining, part, self.settings.rank, role)
-        skip_batches = roles_consumed(resumed, num_workers)[role]
-        order = shard_order(len(self.shards), self.settings.seed, epoch)
-        pieces = positions_to_pieces(positions, order, self.counts)
         stats = WorkerStats(worker=worker)
-        samples = self.iter_pieces(pieces, stats)
+        if self.settings.epoch_samples is None:
+            samples, planned, batches = self.plan_exact(epoch, segments, part, role, stats)
+        else:
+            samples, planned, batches = self.plan_resampled(epoch, segments, part, role, stats)
         rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
         shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
-        for _ in range(min(skip_batches * part.batch_size, len(positions))):
+        skip_batches = roles_consumed(resumed, num_workers)[role]
+        for _ in range(min(skip_batches * part.batch_size, planned)):
             next(shuffled, None)  # delivered before the interruption: read, never decoded
-        sizes = batch_sizes(len(positions), batches, part.batch_size)[skip_batches:]
-        yield from self.iter_batches(shuffled, sizes, epoch, stats, len(positions))
+        sizes = batch_sizes(planned, batches, part.batch_size)[skip_batches:]
+        yield from self.iter_batches(shuffled, sizes, epoch, stats, planned)
+
+    def plan_exact(self, epoch, segments, part, role, stats) -> tuple[Iterator[Sample], int, int]:
+        """Every sample once per epoch (up to the epoch rule): this worker's pieces."""
+        remaining = remaining_after(sum(self.counts), segments, self.settings.seed, epoch)
+        positions, batches = worker_positions(remaining, part, self.settings.rank, role)
+        order = shard_order(len(self.shards), self.settings.seed, epoch)
+        pieces = positions_to_pieces(positions, order, self.counts)
+        return self.iter_pieces(pieces, stats), len(positions), batches
+
+    def plan_resampled(
+        self, epoch, segments, part, role, stats
+    ) -> tuple[Iterator[Sample], int, int]:
+        """A fixed number of samples drawn with replacement (shards weighted by size).
+
+        With class weights, each sample is kept with a probability proportional
+        to its class weight: the streaming analogue of WeightedRandomSampler.
+        Earlier segments of a resumed epoch are not replayed: draws are with
+        replacement, so a new partition simply continues drawing.
+        """
+        consumed = sum(s.consumed for s in segments) * part.batch_size * part.world_size
+        total = max(0, self.settings.epoch_samples - consumed)
+        index, _ = rank_slice(total, part, self.settings.rank)
+        start, stop, batches = worker_slice(len(index), part, role)
+        rng = random.Random(
+            f"resample:{self.settings.seed}:{epoch}:{len(segments)}:{self.settings.rank}:{role}"
+        )
+        return self.iter_draws(rng, stats), stop - start, batches
+
+    def iter_draws(self, rng: random.Random, stats: WorkerStats) -> Iterator[Sample]:
+        weights = self.settings.class_weights
+        top = max(weights) if weights else 1.0
+        shard_ids = range(len(self.shards))
+        fruitless = 0  # samples read since the last one kept: guards a dead dataset
+        while True:
+            shard = rng.choices(shard_ids, weights=self.counts)[0]
+            for sample in self.iter_pieces([Piece(shard, 0, self.counts[shard])], stats):
+                fruitless += 1
+                if weights and rng.random() * top > class_weight(weights, sample, top):
+                    continue
+                fruitless = 0
+                yield sample
+            fruitless += 1
+            if fruitless > MAX_FRUITLESS_READS:
+                raise LoaderDataError(
+                    f"worker {stats.worker}: {fruitless} reads without a usable sample "
+                    f"(skipped: {dict(stats.skipped)}); check the shards and class weights"
+                )
 
     def iter_pieces(self, pieces, stats: WorkerStats) -> Iterator[Sample]:
         """Samples of each piece in order; a broken shard costs only its unread rest."""
@@ -287,6 +344,15 @@ class ShardStream(IterableDataset):
             batch = batch.contiguous()
         label_tensor = torch.tensor(labels, dtype=torch.int64)
         return batch, label_tensor, keys if self.settings.with_keys else None, stats.snapshot()
+
+
+def class_weight(weights: tuple[float, ...], sample: Sample, default: float) -> float:
+    """The sample's class weight; unreadable or unknown labels pass (decode judges them)."""
+    try:
+        label = int(sample.get("cls", b""))
+    except ValueError:
+        return default
+    return weights[label] if 0 <= label < len(weights) else default
 
 
 def batch_sizes(samples: int, batches: int, batch_size: int) -> list[int]:

@@ -59,6 +59,12 @@ class LoaderConfig:
             and returns uint8 HxWx3.
         max_skip_fraction: bad samples a worker may skip before it stops.
         storage_options: fsspec options for object stores (e.g. endpoint_url).
+        resampled: draw samples with replacement (shards weighted by size)
+            instead of reading each once; an epoch is `epoch_samples` samples.
+        epoch_samples: samples per epoch over all ranks in resampled mode
+            (default: the dataset size).
+        class_balance: sample classes evenly (weights 1/count from the
+            manifest's class counts, applied in the stream); implies resampled.
     """
 
     source: str | os.PathLike | Sequence[str]
@@ -89,6 +95,9 @@ class LoaderConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     storage_options: dict | None = None
     timeout: float = 0.0
+    resampled: bool = False
+    epoch_samples: int | None = None
+    class_balance: bool = False
 
     @property
     def is_train(self) -> bool:
@@ -142,6 +151,8 @@ class ShardLoader:
             max_skip_fraction=config.max_skip_fraction,
             retry=config.retry,
             storage_options=config.storage_options,
+            epoch_samples=self.epoch_samples_for(config, source),
+            class_weights=class_weights(source) if config.class_balance else None,
         )
         self.settings = settings
         self.shared = SharedState()
@@ -152,6 +163,22 @@ class ShardLoader:
         self.stats = LoaderStats()
         self._loader: DataLoader | None = None
         log_epoch_plan(self)
+
+    @staticmethod
+    def epoch_samples_for(config: LoaderConfig, source: ResolvedSource) -> int | None:
+        if not (config.resampled or config.class_balance):
+            if config.epoch_samples is not None:
+                raise ValueError("epoch_samples needs resampled=True (or class_balance=True)")
+            return None
+        samples = config.epoch_samples or source.total_samples
+        if samples < 1:
+            raise ValueError("epoch_samples must be at least 1")
+        return samples
+
+    @property
+    def epoch_total(self) -> int:
+        """Samples in one epoch over all ranks."""
+        return self.settings.epoch_samples or self.source.total_samples
 
     def make_transform(self) -> Callable:
         c = self.config
@@ -171,7 +198,7 @@ class ShardLoader:
     def __len__(self) -> int:
         """Batches this rank yields in a full epoch (the same on every rank unless `uneven`)."""
         part = self.partition()
-        index, _ = rank_slice(self.source.total_samples, part, self.rank)
+        index, _ = rank_slice(self.epoch_total, part, self.rank)
         return batches_for(len(index), part)
 
     def set_epoch(self, epoch: int) -> None:
@@ -201,9 +228,14 @@ class ShardLoader:
 
     def batches_remaining(self) -> int:
         part = self.partition()
-        total = self.source.total_samples
-        remaining = remaining_after(total, self.segments, self.config.seed, self.epoch)
-        index, _ = rank_slice(len(remaining), part, self.rank)
+        if self.settings.epoch_samples is not None:
+            done = sum(s.consumed for s in self.segments) * part.batch_size * part.world_size
+            left = max(0, self.epoch_total - done)
+        else:
+            left = len(
+                remaining_after(self.epoch_total, self.segments, self.config.seed, self.epoch)
+            )
+        index, _ = rank_slice(left, part, self.rank)
         return max(0, batches_for(len(index), part) - self.consumed)
 
     def __iter__(self) -> Iterator[tuple]:
@@ -258,6 +290,15 @@ class ShardLoader:
             self.segments, self.consumed = [s for s in segments if s.consumed], 0
 
 
+def class_weights(source: ResolvedSource) -> tuple[float, ...]:
+    """Keep-probabilities 1/count per class, from the manifest's class counts."""
+    if not source.class_counts:
+        raise ValueError(
+            "class_balance needs class counts: use the dataset's manifest as the source"
+        )
+    return tuple(1.0 / n if n else 0.0 for n in source.class_counts)
+
+
 def seed_worker(worker_id: int) -> None:
     """Seed global RNGs in each worker for user transforms that use them."""
     import random
@@ -271,7 +312,7 @@ def seed_worker(worker_id: int) -> None:
 
 def log_epoch_plan(loader: ShardLoader) -> None:
     part = loader.partition()
-    total = loader.source.total_samples
+    total = loader.epoch_total
     index, padded = rank_slice(total, part, loader.rank)
     batches = batches_for(len(index), part)
     used = min(len(index), batches * part.batch_size)
