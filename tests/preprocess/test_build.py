@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -73,7 +72,9 @@ def test_splits_are_disjoint_and_labels_match_class_dirs(built_shards):
     assert not train & val
     with open(next(out.glob("train-000000.parquet")), "rb") as f:
         table = pq.read_table(f, columns=["cls", "source"])
-    for label, source in zip(table.column("cls").to_pylist(), table.column("source").to_pylist()):
+    for label, source in zip(
+        table.column("cls").to_pylist(), table.column("source").to_pylist(), strict=True
+    ):
         assert source.startswith(f"class_{label:03d}/")
 
 
@@ -81,7 +82,7 @@ def test_samples_are_shuffled_across_classes_within_shards(built_shards):
     labels = [int(c) for _, c, _ in read_split(built_shards.output, "train", "tar")]
     first_shard = labels[:32]
     assert len(set(first_shard)) == SAMPLE_CLASSES  # not one class per shard
-    runs = sum(a != b for a, b in zip(labels, labels[1:]))
+    runs = sum(a != b for a, b in zip(labels, labels[1:], strict=False))
     assert runs > len(labels) / 2  # sorted input would give only SAMPLE_CLASSES - 1 changes
 
 
