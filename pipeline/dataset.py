@@ -256,7 +256,10 @@ class ShardStream(IterableDataset):
 
     def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
         s = self.settings
-        with open_stream(spec.url, s.retry, storage_options=s.storage_options) as stream:
+        random_access = spec.fmt == "parquet"  # Parquet reads its footer, then row groups
+        with open_stream(
+            spec.url, s.retry, storage_options=s.storage_options, random_access=random_access
+        ) as stream:
             if spec.fmt == "parquet":
                 yield from iter_parquet_samples(stream, spec.url, start, stop)
                 return

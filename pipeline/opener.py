@@ -110,6 +110,7 @@ def open_stream(
     retry: RetryPolicy = DEFAULT_RETRY,
     *,
     storage_options: Mapping[str, Any] | None = None,
+    random_access: bool = False,
 ) -> BinaryIO:
     """Open `url` for streaming reads; the body is never downloaded whole first.
 
@@ -119,6 +120,8 @@ def open_stream(
         retry: retry, backoff and timeout policy for remote URLs.
         storage_options: keyword arguments for `fsspec.open` on object-store URLs,
             such as `{"endpoint_url": ...}` for an S3-compatible store.
+        random_access: return a seekable file for http(s) too (Range requests
+            per position), as Parquet readers need.
 
     Returns:
         A readable binary file object; close it when done. Local and object-store
@@ -134,6 +137,8 @@ def open_stream(
     """
     url = validate_url(url)
     scheme = url_scheme(url)
+    if scheme in HTTP_SCHEMES and random_access:
+        return io.BufferedReader(HttpRangeFile(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
     if scheme in HTTP_SCHEMES:
         return io.BufferedReader(RetryingStream(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
     if scheme in FSSPEC_SCHEMES:
@@ -180,14 +185,14 @@ class RetryingStream(io.RawIOBase):
         resumes: reconnections after a mid-body failure.
     """
 
-    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY, offset: int = 0) -> None:
         super().__init__()
         self._url = url
         self.url = redact_url(url)
         self.retry = retry
         self.retries = 0
         self.resumes = 0
-        self._offset = 0
+        self._offset = offset
         self._size: int | None = None
         self._etag: str | None = None
         self._failures = 0  # consecutive, reset by progress
@@ -267,10 +272,9 @@ class RetryingStream(io.RawIOBase):
         """Check that `response` is the same object, and skip to `self._offset`."""
         start, size = _body_span(response)
         etag = response.getheader("ETag")
-        if self._offset == 0 and start == 0:
+        if self._size is None and self._etag is None:  # the first response fixes the identity
             self._size, self._etag = size, etag
-            return response
-        if (self._etag and etag != self._etag) or (self._size is not None and size != self._size):
+        elif (self._etag and etag != self._etag) or (self._size is not None and size != self._size):
             response.close()
             raise ShardReadError(self._url, "the shard changed on the server while being read")
         if start > self._offset:
@@ -278,6 +282,59 @@ class RetryingStream(io.RawIOBase):
             raise ShardReadError(self._url, f"server resumed at byte {start}, not {self._offset}")
         _skip(response, self._offset - start)  # a server without Range support: start == 0
         return response
+
+
+class HttpRangeFile(io.RawIOBase):
+    """A seekable http(s) file read with `Range` requests, for Parquet's random access.
+
+    Parquet readers jump to the footer, then to each row group's column chunks;
+    this opens one `RetryingStream` at each new position (so every read keeps
+    the retry and resume behaviour) and keeps it while reads stay sequential.
+    Needs a server that honours ranges, which object stores and CDNs do.
+    """
+
+    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+        super().__init__()
+        self._url, self.retry = url, retry
+        self._stream: RetryingStream | None = RetryingStream(url, retry)
+        self._pos = 0
+        self.size = self._stream._size
+        if self.size is None:
+            self._stream.close()
+            raise ShardReadError(url, "the server sends no Content-Length; random access needs it")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        target = max(0, base + offset)
+        if target != self._pos and self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._pos = target
+        return target
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos >= self.size:
+            return 0
+        if self._stream is None:
+            self._stream = RetryingStream(self._url, self.retry, offset=self._pos)
+        count = self._stream.readinto(buffer)
+        self._pos += count
+        return count
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        super().close()
 
 
 def _request(url: str, offset: int, timeout: float) -> http.client.HTTPResponse:

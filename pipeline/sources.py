@@ -131,11 +131,7 @@ def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> in
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        with open_stream(url, retry, storage_options=storage_options) as stream:
-            if not stream.seekable():
-                raise ValueError(
-                    f"cannot count rows of {url} without random access; pass its manifest.json"
-                )
+        with open_stream(url, retry, storage_options=storage_options, random_access=True) as stream:
             return pq.ParquetFile(stream).metadata.num_rows
     from shards.tar import count_tar_samples
 

@@ -183,3 +183,20 @@ def test_flaky_http_server_is_retried_and_the_epoch_completes(shard_dir):
 def test_manifest_checks_are_json_not_pickle(shard_dir):
     text = (shard_dir / "manifest.json").read_text()
     assert json.loads(text)["format"] == "shardpipe-manifest"
+
+
+def test_parquet_shards_stream_over_http_with_range_requests(shard_dir):
+    local = Counter(k for b in full_epoch(shard_dir, format="parquet")[1] for k in b)
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        loader = loader_for(
+            f"{base}/manifest.json",
+            format="parquet",
+            epoch_rule="uneven",
+            drop_last=False,
+            num_workers=2,
+        )
+        remote = Counter(k for b in epoch_keys(loader) for k in b)
+        ranged = [r for r in server.requests if r.path.endswith(".parquet") and r.range]
+    assert remote == local
+    assert ranged  # row groups were fetched by range, not the whole file up front
