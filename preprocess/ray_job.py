@@ -33,6 +33,8 @@ def iter_ray(
     """Run tasks on Ray and yield results as they complete (not in task order)."""
     import ray
 
+    # Under `ray job submit` the job's driver finds its cluster through RAY_ADDRESS.
+    address = address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         if address:
             ray.init(address=address, logging_level="WARNING")
