@@ -13,6 +13,12 @@ Error reasons raised here:
     truncated           the data ends early (`LOAD_TRUNCATED_IMAGES` stays False).
     decode_error        any other exception of Pillow's fuzzing set while opening or decoding;
                         the detail names the exception class.
+Image errors name the cause, not the sample (transforms see only bytes): the caller adds the
+sample's `__key__` and `__url__`.
+
+`open_image` turns Pillow's DecompressionBombWarning into an error with
+`warnings.catch_warnings`, which swaps process-wide filter state: decode in one thread per
+process, as DataLoader workers do.
 """
 
 from __future__ import annotations

@@ -151,6 +151,19 @@ def test_hflip_probability_is_honoured():
 # --- crop geometry -------------------------------------------------------------------------
 
 
+def test_random_resized_crop_equals_hand_written_pillow(jpeg_256):
+    """Without draft (no crop of a 256-px shard is 2x 224) it is open -> resize(box) -> flip."""
+    transform = RandomResizedCrop(size=224)
+    for seed in range(10):
+        rng = random.Random(seed)
+        box = sample_crop_box(341, 256, transform.scale, transform.ratio, rng)
+        image = Image.open(io.BytesIO(jpeg_256))
+        out = image.resize((224, 224), Image.Resampling.BILINEAR, box=box)
+        if rng.random() < transform.hflip:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        np.testing.assert_array_equal(transform(jpeg_256, random.Random(seed)), np.asarray(out))
+
+
 def test_box_sampler_stays_within_scale_and_ratio_bounds():
     rng = random.Random(0)
     width, height = 500, 375
