@@ -221,7 +221,7 @@ class ShardLoader:
                 pin_memory=torch.cuda.is_available() if c.pin_memory is None else c.pin_memory,
                 prefetch_factor=c.prefetch_factor if workers else None,
                 persistent_workers=c.persistent_workers and workers > 0,
-                timeout=c.timeout,
+                timeout=c.timeout if workers else 0,  # torch allows a timeout only with workers
                 worker_init_fn=seed_worker,
             )
         return self._loader
@@ -261,9 +261,17 @@ class ShardLoader:
         # The epoch is complete: a new iteration (or a state saved now) starts the next one.
         self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0
 
-    def state_dict(self) -> dict[str, Any]:
-        """Epoch, seed and position: enough to continue this epoch exactly."""
-        segments = self.segments + [Segment(self.partition(), self.consumed)]
+    def state_dict(self, in_flight: int = 0) -> dict[str, Any]:
+        """Epoch, seed and position: enough to continue this epoch exactly.
+
+        Args:
+            in_flight: batches already taken from the loader but not yet used
+                (a prefetcher holding one batch ahead passes 1), so a resume
+                delivers them again.
+        """
+        if not 0 <= in_flight <= self.consumed:
+            raise ValueError(f"in_flight={in_flight} but only {self.consumed} batches were taken")
+        segments = self.segments + [Segment(self.partition(), self.consumed - in_flight)]
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,

@@ -51,14 +51,18 @@ def add_make_sample(commands) -> None:
 def run_make_sample(args) -> int:
     from preprocess.sample import make_sample
 
-    summary = make_sample(
-        args.output,
-        args.count,
-        classes=args.classes,
-        seed=args.seed,
-        workers=args.workers,
-        overwrite=args.overwrite,
-    )
+    try:
+        summary = make_sample(
+            args.output,
+            args.count,
+            classes=args.classes,
+            seed=args.seed,
+            workers=args.workers,
+            overwrite=args.overwrite,
+        )
+    except ValueError as error:
+        print(f"make-sample: error: {error}", file=sys.stderr)
+        return 1
     print(summary.describe())
     return 0
 
