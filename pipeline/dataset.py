@@ -263,13 +263,13 @@ class ShardStream(IterableDataset):
             if spec.fmt == "parquet":
                 yield from iter_parquet_samples(stream, spec.url, start, stop)
                 return
-            offset = -1
-            for offset, sample in enumerate(iter_tar_samples(stream, spec.url)):
-                if offset >= stop:
+            delivered = 0
+            for sample in iter_tar_samples(stream, spec.url, start=start):
+                if start + delivered >= stop:
                     return
-                if offset >= start:
-                    yield sample
-            if offset + 1 < stop:
+                delivered += 1
+                yield sample
+            if start + delivered < stop:
                 raise SampleError(
                     "shard_short", f"{spec.url} has fewer samples than its manifest says"
                 )

@@ -177,8 +177,12 @@ def iter_tar_samples(
     *,
     fields: frozenset[str] = ALLOWED_FIELDS,
     max_member_bytes: int = MAX_MEMBER_BYTES,
+    start: int = 0,
 ) -> Iterator[Sample]:
     """Yield samples from a tar stream, grouping adjacent members by key.
+
+    The first `start` samples are passed over without reading their data
+    (seeking when the stream can), so a loader can begin mid-shard cheaply.
 
     Non-regular members (links, devices, dirs) and fields outside `fields` are
     skipped unread. A sample is only yielded once the next key starts or the
@@ -195,24 +199,29 @@ def iter_tar_samples(
     """
     seen_keys: set[str] = set()
     pending: Sample | None = None
+    index = -1
     for name, regular, size in iter_tar_members(stream):
         padded = size + (-size % BLOCK)
         key, field = split_member_name(name)
         if not regular or field not in fields:
-            _skip(stream, padded, name)
+            _pass_over(stream, padded, name)
             continue
         if pending is None or key != pending["__key__"]:
-            if pending is not None:
+            if pending is not None and index >= start:
                 yield pending
             if key in seen_keys:
                 raise SampleError("non_adjacent_key", f"{key} appears twice in {url}")
             seen_keys.add(key)
             pending = {"__key__": key, "__url__": url}
+            index += 1
+        if index < start:
+            _pass_over(stream, padded, name)
+            continue
         if size > max_member_bytes:
             pending["__error__"] = SampleError(
                 "member_too_large", f"{name} in {url} is {size} bytes (cap {max_member_bytes})"
             )
-            _skip(stream, padded, name)
+            _pass_over(stream, padded, name)
             continue
         if field in pending:
             raise SampleError("duplicate_field", f"{name} twice in {url}")
@@ -220,8 +229,16 @@ def iter_tar_samples(
             raise SampleError("too_many_fields", f"{key} in {url}")
         pending[field] = _read_exact(stream, size, name)
         _skip(stream, padded - size, name)
-    if pending is not None:
+    if pending is not None and index >= start:
         yield pending
+
+
+def _pass_over(stream: BinaryIO, size: int, name: str) -> None:
+    """Skip member data: seek where possible (a truncation then shows at the next header)."""
+    if size and stream.seekable():
+        stream.seek(size, 1)
+    else:
+        _skip(stream, size, name)
 
 
 def count_tar_samples(stream: BinaryIO, fields: frozenset[str] = ALLOWED_FIELDS) -> int:
@@ -230,14 +247,9 @@ def count_tar_samples(stream: BinaryIO, fields: frozenset[str] = ALLOWED_FIELDS)
     Seeks over member data when the stream can seek, so counting a local shard
     reads a few KB per sample at most.
     """
-    seekable = stream.seekable()
     count, last_key = 0, None
     for name, regular, size in iter_tar_members(stream):
-        padded = size + (-size % BLOCK)
-        if seekable:
-            stream.seek(padded, 1)
-        else:
-            _skip(stream, padded, name)
+        _pass_over(stream, size + (-size % BLOCK), name)
         key, field = split_member_name(name)
         if regular and field in fields and key != last_key:
             count += 1

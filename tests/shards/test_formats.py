@@ -221,3 +221,19 @@ def test_stock_tarfile_reads_gnu_long_names_through_our_reader():
         tar.addfile(info, io.BytesIO(b"abc"))
     samples = list(iter_tar_samples(io.BytesIO(buffer.getvalue()), "u"))
     assert samples[0]["__key__"] == long_key and samples[0]["jpg"] == b"abc"
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_tar_reader_can_start_mid_shard(seekable):
+    samples = make_samples(9)
+    data = write_tar(samples)
+
+    class Unseekable(io.BytesIO):
+        def seekable(self):
+            return False
+
+    stream = io.BytesIO(data) if seekable else Unseekable(data)
+    assert strip_url(list(iter_tar_samples(stream, "u", start=4))) == samples[4:]
+    assert list(iter_tar_samples(io.BytesIO(data), "u", start=9)) == []
+    with pytest.raises(TarFormatError):  # truncation inside skipped data still shows
+        list(iter_tar_samples(io.BytesIO(data[: len(data.rstrip(b"\0")) - 300]), "u", start=7))
