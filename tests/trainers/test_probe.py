@@ -1,0 +1,93 @@
+"""find-batch-size and scan-throughput on CPU, and their pure parts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainers.probe import ScanPoint, fit_line, knee_index, max_batch_for, proc_status_kb
+from trainers.train import main
+
+
+def test_memory_line_fit_and_extrapolation():
+    points = [(2, 1000 + 2 * 50), (4, 1000 + 4 * 50), (8, 1000 + 8 * 50)]
+    fixed, per_sample = fit_line(points)
+    assert fixed == pytest.approx(1000) and per_sample == pytest.approx(50)
+    assert max_batch_for(fixed, per_sample, budget=1000 + 50 * 45.5) == 40  # 45 -> a multiple of 8
+    assert max_batch_for(fixed, per_sample, budget=1000 + 50 * 9) == 9
+    assert max_batch_for(fixed, per_sample, budget=900) < 1
+    with pytest.raises(ValueError):
+        fit_line([(4, 10), (4, 12)])
+
+
+def test_knee_is_the_smallest_batch_near_the_best_rate():
+    rates = [(8, 100.0), (16, 180.0), (32, 290.0), (64, 300.0), (128, 305.0)]
+    points = [ScanPoint(b, r, 1.0, None, None) for b, r in rates]
+    assert points[knee_index(points)].batch_size == 32
+    points.append(ScanPoint(256, 0.0, 0.0, None, None, oom=True))
+    assert points[knee_index(points)].batch_size == 32
+    assert knee_index([ScanPoint(8, 0.0, 0.0, None, None, oom=True)]) is None
+
+
+@pytest.mark.slow
+def test_find_batch_size_on_cpu(tmp_path, capsys):
+    baseline_mb = proc_status_kb("VmRSS") / 1024
+    budget = baseline_mb + 600
+    args = ["find-batch-size", "--model", "cnn", "--image-size", "64", "--device", "cpu"]
+    args += [
+        "--probe-batches",
+        "8,32,64",
+        "--memory-budget-mb",
+        str(budget),
+        "--memory-fraction",
+        "0.8",
+    ]
+    assert main([*args, "--run-dir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "find-batch-size.json").read_text())
+    assert result["per_sample_bytes"] > 0
+    assert result["batch_size"] >= 8
+    assert result["confirmed_peak_bytes"] <= result["budget_bytes"]
+    assert "--batch-size" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_scan_throughput_synthetic_and_loader(train_shards, tmp_path, capsys):
+    common = [
+        "--model",
+        "cnn",
+        "--image-size",
+        "24",
+        "--device",
+        "cpu",
+        "--scan-steps",
+        "2",
+        "--scan-warmup",
+        "1",
+    ]
+    synthetic = tmp_path / "synthetic"
+    assert (
+        main(
+            [
+                "scan-throughput",
+                *common,
+                "--scan-batch-sizes",
+                "4,8,16",
+                "--run-dir",
+                str(synthetic),
+            ]
+        )
+        == 0
+    )
+    document = json.loads((synthetic / "scan-throughput.json").read_text())
+    assert [p["batch_size"] for p in document["points"]] == [4, 8, 16]
+    assert all(p["images_per_s"] > 0 for p in document["points"])
+    assert document["knee"] in (0, 1, 2)
+    assert "<- knee" in (synthetic / "scan-throughput.md").read_text()
+    loader = tmp_path / "loader"
+    args = ["scan-throughput", *common, "--scan-batch-sizes", "8,16", "--scan-source", "loader"]
+    args += ["--train-shards", str(train_shards), "--workers", "0", "--run-dir", str(loader)]
+    assert main(args) == 0
+    points = json.loads((loader / "scan-throughput.json").read_text())["points"]
+    assert all(0.0 <= p["data_wait_frac"] <= 1.0 for p in points)
+    assert "| batch | images/s |" in capsys.readouterr().out

@@ -1,0 +1,78 @@
+"""Checkpoint, SIGKILL, `--resume auto`: the same losses and sample order as without the kill."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.trainers.conftest import (
+    REPO,
+    base_args,
+    read_rows,
+    read_trace,
+    subprocess_env,
+    train_command,
+    train_main,
+)
+from trainers.checkpoint import checkpoint_dir
+
+pytestmark = pytest.mark.slow
+
+RUN = dict(epochs=2, batch_size=16, accum_steps=2, workers=2, debug_trace=True)
+STEPS_PER_EPOCH = 15  # 29 batches of 16 per epoch in windows of 2: the last, short one is stepped
+
+
+def kill_after_first_checkpoint(args: list[str], run_dir, timeout: float = 180) -> int:
+    """Start a run, SIGKILL it as soon as a checkpoint is committed; return the checkpoint step."""
+    latest = checkpoint_dir(run_dir) / "latest"
+    process = subprocess.Popen(
+        train_command(args),
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not latest.exists():
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"run ended before its first checkpoint: {process.stderr.read()!r}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError("no checkpoint in time")
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stderr.close()
+    assert process.returncode == -signal.SIGKILL
+    return int(latest.read_text().strip()[5:14])
+
+
+@pytest.mark.parametrize("checkpoint_every", [4, 0], ids=["mid-epoch", "epoch-end"])
+def test_killed_run_resumes_exactly(train_shards, tmp_path, checkpoint_every):
+    run = dict(RUN, checkpoint_every=checkpoint_every)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert train_main(train_shards, straight, **run) == 0
+    step = kill_after_first_checkpoint(base_args(train_shards, killed, **run), killed)
+    assert (step % STEPS_PER_EPOCH == 0) == (checkpoint_every == 0)
+    assert train_main(train_shards, killed, resume="auto", **run) == 0
+
+    expected, resumed = read_rows(straight, "train"), read_rows(killed, "train")
+    assert [r["step"] for r in resumed] == [r["step"] for r in expected] == list(range(1, 31))
+    for want, got in zip(expected, resumed, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7)
+        assert got["lr"] == want["lr"]
+    assert [r["val_accuracy"] for r in read_rows(killed, "eval")] == [
+        r["val_accuracy"] for r in read_rows(straight, "eval")
+    ]
+    order = [(r["step"], r["batch"], r["keys"]) for r in read_trace(straight, kind="batch")]
+    assert [(r["step"], r["batch"], r["keys"]) for r in read_trace(killed, kind="batch")] == order
+    digests = [r["digest"] for r in read_trace(straight, kind="params")]
+    assert [r["digest"] for r in read_trace(killed, kind="params")] == digests

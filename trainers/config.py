@@ -1,0 +1,356 @@
+"""`TrainConfig`: every option of `train`, turned into CLI flags and stored with every run.
+
+Flags are generated from the dataclass fields (type, default, help and group
+live in the field metadata), so the CLI, the optional YAML/TOML config file,
+`RUN_DIR/config.json` and the copy inside each checkpoint cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import types
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+COMMANDS = ("train", "find-batch-size", "scan-throughput")
+BUILTIN_WORKERS = 4
+
+
+def option(default: Any, text: str, group: str, choices: Sequence[str] | None = None) -> Any:
+    """A dataclass field with the metadata the flag generator reads."""
+    meta = {"help": text, "group": group, "choices": tuple(choices) if choices else None}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """All options of a training run (and of the `find-batch-size`/`scan-throughput` probes).
+
+    Batch sizes are per device; the effective batch of one optimizer step is
+    `batch_size x accum_steps x world_size`, and `lr` is the learning rate at
+    `lr_ref_batch`, scaled to the effective batch by `lr_scaling`.
+    """
+
+    # data
+    train_shards: str | None = option(
+        None, "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern", "data"
+    )
+    val_shards: str | None = option(
+        None,
+        "validation shards; default: the `val` split of the train manifest when it has one",
+        "data",
+    )
+    train_split: str = option("train", "split of the train manifest to train on", "data")
+    val_split: str = option("val", "split of the validation manifest to evaluate", "data")
+    format: str | None = option(
+        None, "shard format to read; default: tar when built", "data", ("tar", "parquet")
+    )
+    image_size: int = option(224, "training and evaluation image side in pixels", "data")
+    workers: int = option(BUILTIN_WORKERS, "loader worker processes per rank", "data")
+    shuffle_buffer: int = option(2000, "samples (encoded) held for shuffling", "data")
+    shuffle_initial: int = option(500, "samples buffered before the first is emitted", "data")
+    channels_last: bool = option(False, "NHWC memory layout for images and model", "data")
+    overlap_check: str = option(
+        "keys",
+        "refuse train/val splits that share samples: compare every key (`keys`), "
+        "only shard files (`urls`), or skip (`off`)",
+        "data",
+        ("keys", "urls", "off"),
+    )
+    # model
+    model: str = option(
+        "resnet-tiny",
+        "cnn, cnn-nobn, resnet-tiny, resnet-small, or torchvision:NAME / timm:NAME",
+        "model",
+    )
+    num_classes: int | None = option(None, "default: the classes in the manifest", "model")
+    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm under DDP", "model")
+    # batch
+    batch_size: int = option(64, "samples per device per micro-step", "batch")
+    accum_steps: int = option(1, "micro-steps accumulated per optimizer step", "batch")
+    epochs: int = option(10, "epochs; the LR schedule spans all of them", "batch")
+    max_steps: int | None = option(
+        None, "stop after this many optimizer steps (the schedule still spans --epochs)", "batch"
+    )
+    # optimizer and schedule
+    optimizer: str = option("sgd", "optimizer", "optimizer", ("sgd", "adamw"))
+    lr: float = option(0.1, "peak learning rate at --lr-ref-batch", "optimizer")
+    lr_ref_batch: int = option(256, "effective batch that --lr is given for", "optimizer")
+    lr_scaling: str = option(
+        "linear",
+        "scale --lr by effective/ref batch (linear), its square root (sqrt), or not (none)",
+        "optimizer",
+        ("linear", "sqrt", "none"),
+    )
+    min_lr: float = option(0.0, "learning rate at the end of the cosine decay", "optimizer")
+    warmup_ratio: float = option(0.05, "share of optimizer steps in linear warmup", "optimizer")
+    warmup_steps: int | None = option(
+        None, "warmup optimizer steps; overrides --warmup-ratio", "optimizer"
+    )
+    momentum: float = option(0.9, "SGD momentum (AdamW beta1)", "optimizer")
+    nesterov: bool = option(False, "Nesterov momentum for SGD", "optimizer")
+    weight_decay: float = option(
+        1e-4, "weight decay (never applied to norm weights and biases)", "optimizer"
+    )
+    label_smoothing: float = option(0.0, "label smoothing of the training loss", "optimizer")
+    clip_grad: float = option(0.0, "clip the gradient norm to this (0: off)", "optimizer")
+    # precision and device
+    device: str = option("auto", "device", "device", ("auto", "cpu", "cuda"))
+    amp: str = option("off", "autocast dtype", "device", ("off", "bf16", "fp16"))
+    seed: int = option(0, "seeds Python, NumPy, torch, CUDA and the loader", "device")
+    deterministic: bool = option(False, "deterministic cuDNN/torch algorithms (slower)", "device")
+    dist_timeout_s: int = option(600, "collective timeout under torchrun, seconds", "device")
+    # run directory and checkpoints
+    run_dir: str = option("runs/train", "config, metrics, plots and checkpoints go here", "run")
+    resume: str | None = option(
+        None, "`auto` (latest checkpoint in --run-dir, if any) or a checkpoint path", "run"
+    )
+    allow_data_change: bool = option(
+        False, "resume although the data, global batch or seed changed", "run"
+    )
+    checkpoint_every: int = option(
+        500, "optimizer steps between checkpoints (0: epoch ends only)", "run"
+    )
+    keep_checkpoints: int = option(3, "checkpoints kept in the run directory", "run")
+    eval_every: int = option(0, "optimizer steps between evaluations (0: epoch ends only)", "run")
+    # measurements
+    log_every: int = option(10, "optimizer steps between metrics rows", "metrics")
+    verdict_every: int = option(
+        100, "optimizer steps between bottleneck verdicts in the log", "metrics"
+    )
+    input_bound_threshold: float = option(
+        0.1, "data-wait share of step time above which the run is input-bound", "metrics"
+    )
+    progress: bool = option(True, "progress bar on rank 0", "metrics")
+    tensorboard: bool = option(True, "TensorBoard event files (when installed)", "metrics")
+    plot: bool = option(True, "PNG plot of the run (when matplotlib is installed)", "metrics")
+    debug_trace: bool = option(
+        False, "write sample keys and parameter digests per rank to RUN_DIR/trace", "metrics"
+    )
+    # probes: find-batch-size and scan-throughput
+    memory_fraction: float = option(0.7, "find-batch-size: share of device memory to fill", "probe")
+    memory_budget_mb: float | None = option(
+        None, "find-batch-size: device memory to assume, MB (default: measured)", "probe"
+    )
+    probe_batches: tuple[int, ...] = option(
+        (4, 8, 16), "find-batch-size: batch sizes measured for the extrapolation", "probe"
+    )
+    scan_batch_sizes: tuple[int, ...] = option(
+        (8, 16, 32, 64, 128, 256), "scan-throughput: batch sizes to time", "probe"
+    )
+    scan_steps: int = option(10, "scan-throughput: timed steps per batch size", "probe")
+    scan_warmup: int = option(3, "scan-throughput: untimed steps first", "probe")
+    scan_source: str = option(
+        "synthetic",
+        "scan-throughput: random images (model speed) or the train loader (end to end)",
+        "probe",
+        ("synthetic", "loader"),
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"--{flag_name(f.name)} must be one of {choices}, got {value!r}")
+        positive = ("image_size", "batch_size", "accum_steps", "epochs", "lr_ref_batch")
+        for name in positive + ("log_every", "verdict_every", "keep_checkpoints", "scan_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{flag_name(name)} must be at least 1")
+        for name in ("workers", "checkpoint_every", "eval_every", "scan_warmup"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{flag_name(name)} must be 0 or more")
+        if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError("need 0 <= --min-lr <= --lr")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError("--warmup-ratio must be in [0, 1)")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError("--warmup-steps must be 0 or more")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("--max-steps must be at least 1")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError("--label-smoothing must be in [0, 1)")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ValueError("--memory-fraction must be in (0, 1]")
+        if self.clip_grad < 0 or self.weight_decay < 0:
+            raise ValueError("--clip-grad and --weight-decay must be 0 or more")
+        if any(b < 1 for b in self.probe_batches + self.scan_batch_sizes):
+            raise ValueError("--probe-batches and --scan-batch-sizes must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values (tuples become lists); also what checkpoints store."""
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Inverse of `to_dict`; unknown keys are an error (they would be silently ignored)."""
+        return cls(**coerce_values(data, source="config"))
+
+
+def flag_name(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def unwrap_optional(kind: Any) -> tuple[Any, bool]:
+    """`int | None` -> `(int, True)`; other types -> `(type, False)`."""
+    if get_origin(kind) in (Union, types.UnionType):
+        args = [a for a in get_args(kind) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return kind, False
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """`"8,16,32"` -> `(8, 16, 32)`."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from exc
+
+
+class OptionalType:
+    """argparse `type=` for `X | None` fields: `none` (any case) means None."""
+
+    def __init__(self, base: type) -> None:
+        self.base = base
+        self.__name__ = base.__name__
+
+    def __call__(self, text: str) -> Any:
+        return None if text.lower() in ("none", "") else self.base(text)
+
+
+def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check keys and types of values from a file or a stored config."""
+    hints = get_type_hints(TrainConfig)
+    known = {f.name for f in fields(TrainConfig)}
+    out = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        if key not in known:
+            raise ValueError(f"{source}: unknown option {raw_key!r}; see `train --help`")
+        base, optional = unwrap_optional(hints[key])
+        if value is None and optional:
+            out[key] = None
+        elif base == tuple[int, ...]:
+            out[key] = parse_int_list(value) if isinstance(value, str) else tuple(value)
+        elif base is float and isinstance(value, int) and not isinstance(value, bool):
+            out[key] = float(value)
+        elif isinstance(value, base):
+            out[key] = value
+        else:
+            raise ValueError(f"{source}: {raw_key} must be {base.__name__}, got {value!r}")
+    return out
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Option values from a `.toml` (stdlib) or `.yaml`/`.yml` (needs PyYAML) file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        import tomllib
+
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as exc:
+            raise ValueError(
+                f"{path}: YAML config files need PyYAML (`pip install pyyaml`); "
+                "or write the same keys as TOML"
+            ) from exc
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    else:
+        raise ValueError(f"{path}: config files must end in .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a table of option = value")
+    return coerce_values(data, source=str(path))
+
+
+def add_config_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """One flag per `TrainConfig` field, grouped as in the field metadata."""
+    hints = get_type_hints(TrainConfig)
+    groups: dict[str, Any] = {}
+    for f in fields(TrainConfig):
+        group = f.metadata["group"]
+        if group not in groups:
+            groups[group] = parser.add_argument_group(f"{group} options")
+        base, optional = unwrap_optional(hints[f.name])
+        kwargs: dict[str, Any] = {"dest": f.name, "default": defaults[f.name]}
+        kwargs["help"] = f"{f.metadata['help']} (default: %(default)s)"
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif base == tuple[int, ...]:
+            kwargs["type"] = parse_int_list
+        else:
+            kwargs["type"] = OptionalType(base) if optional else base
+        if f.metadata["choices"]:
+            kwargs["choices"] = f.metadata["choices"]
+        groups[group].add_argument(f"--{flag_name(f.name)}", **kwargs)
+
+
+def default_values() -> dict[str, Any]:
+    out = {}
+    for f in fields(TrainConfig):
+        out[f.name] = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    return out
+
+
+def build_parser(command: str, defaults: dict[str, Any]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"train {command}" if command != "train" else "train",
+        description=COMMAND_HELP[command],
+        epilog="Commands: train (default), find-batch-size, scan-throughput. "
+        "Under torchrun: `torchrun --nproc-per-node N -m trainers.train ...`.",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML or TOML file of option defaults; flags win"
+    )
+    add_config_flags(parser, defaults)
+    return parser
+
+
+COMMAND_HELP = {
+    "train": "Train an image classifier on shards built by `preprocess build-shards`.",
+    "find-batch-size": "Largest per-device batch that fits in --memory-fraction of memory.",
+    "scan-throughput": "Images/s across --scan-batch-sizes, with the knee marked.",
+}
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
+    """`(command, config)` from argv: command first (optional), then flags.
+
+    Precedence: dataclass defaults < `--config FILE` < command-line flags.
+    """
+    argv = list(argv)
+    command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    defaults = default_values()
+    if known.config:
+        defaults.update(read_config_file(known.config))
+    parser = build_parser(command, defaults)
+    namespace = parser.parse_args(argv)
+    values = {f.name: getattr(namespace, f.name) for f in fields(TrainConfig)}
+    try:
+        return command, TrainConfig(**values)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def diff_configs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`name: saved -> current` lines for fields that differ."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            lines.append(f"  {key}: {saved.get(key)!r} -> {current.get(key)!r}")
+    return lines

@@ -1,0 +1,328 @@
+"""The training step, the epoch loop and evaluation: the batch mechanics in one place.
+
+One optimizer step = `accum_steps` micro-batches on every rank. Each micro-batch's
+loss is divided by its window size; DDP all-reduces gradients only on the last
+micro-step (`no_sync` before); the optimizer, the fp16 scaler and the LR
+scheduler then step exactly once. An epoch's final, shorter window is stepped
+too (its losses divided by its own size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from trainers.data import locate_keys
+from trainers.distributed import all_reduce, all_reduce_tensor
+from trainers.metrics import Window, bottleneck_verdict, iter_timed
+from trainers.run import Run, save_run_checkpoint
+from trainers.schedule import is_window_end, window_size
+
+log = logging.getLogger("trainers")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the run stops before applying that step."""
+
+
+def autocast(run: Run) -> contextlib.AbstractContextManager:
+    device = run.info.device.type
+    return torch.autocast(device, dtype=run.amp_dtype, enabled=run.amp_dtype is not None)
+
+
+def forward_backward(
+    run: Run, images: torch.Tensor, labels: torch.Tensor, window: int, sync: bool
+) -> torch.Tensor:
+    """One micro-step; gradients accumulate in `.grad`. Returns the detached loss."""
+    # Without no_sync, DDP would all-reduce gradients after every micro-batch.
+    skip_sync = run.info.distributed and not sync
+    context = run.model.no_sync() if skip_sync else contextlib.nullcontext()
+    with context:
+        with autocast(run):
+            logits = run.model(images)
+            loss = run.criterion(logits.float(), labels)
+        # Dividing by the window makes K accumulated micro-batches of B equal one batch of K x B.
+        run.scaler.scale(loss / window).backward()
+    return loss.detach()
+
+
+def optimizer_step(run: Run) -> float | None:
+    """Unscale -> clip -> step -> update -> scheduler -> zero_grad, in that order.
+
+    Clipping must see the true gradients, so the fp16 scaler unscales them first
+    (torchvision's reference script once clipped scaled gradients). The scaler
+    skips the update when fp16 gradients overflowed; the schedule still advances,
+    so it follows the step counter. Returns the pre-clip gradient norm when clipping.
+    """
+    norm = None
+    if run.config.clip_grad > 0:
+        run.scaler.unscale_(run.optimizer)
+        norm = float(nn.utils.clip_grad_norm_(run.module.parameters(), run.config.clip_grad))
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def step_loss(run: Run, loss_sum: torch.Tensor, window: int) -> tuple[float, bool, bool]:
+    """Global mean loss of the step, whether it is finite everywhere, and locally.
+
+    This `.item()` is the one host-device sync per optimizer step.
+    """
+    local = loss_sum / window
+    local_bad = ~torch.isfinite(local)
+    values = torch.stack([torch.where(local_bad, 0.0, local), local_bad.float()]).double()
+    values = all_reduce_tensor(values, run.info)
+    mean, bad = values.tolist()
+    return mean / run.info.world_size, bad == 0, not bool(local_bad)
+
+
+def non_finite_error(run: Run, keys: list[str], locally: bool) -> NonFiniteLossError:
+    where = "this rank's" if not locally else "another rank's"
+    found = locate_keys(run.loaders.train.source.shards, keys) if keys else {}
+    shards = ", ".join(f"{url} ({len(k)} keys, e.g. {k[0]})" for url, k in found.items())
+    return NonFiniteLossError(
+        f"non-finite loss at optimizer step {run.state.step + 1} (epoch {run.state.epoch}) on "
+        f"{where} batch; this rank's last batches came from: {shards or 'unknown shards'}; "
+        f"keys {keys[:8]}. Lower --lr, set --clip-grad, or check these samples. "
+        "The step was not applied; the last checkpoint is intact."
+    )
+
+
+def train_epoch(run: Run) -> bool:
+    """Train the rest of the current epoch. Returns True when --max-steps was reached."""
+    config, state, plan = run.config, run.state, run.plan
+    loader = run.loaders.train
+    loader.set_epoch(state.epoch)
+    batches = len(loader)
+    start = batches - loader.batches_remaining()  # > 0 when resumed mid-epoch
+    run.model.train()
+    run.timer.mark()
+    loss_sum = torch.zeros((), device=run.info.device)
+    window_keys: list[str] = []
+    bar = tqdm(
+        total=plan.steps_per_epoch,
+        initial=start // config.accum_steps,
+        desc=f"epoch {state.epoch}",
+        disable=not (config.progress and run.info.is_main),
+        leave=False,
+    )
+    stream = iter_timed(run.train_batches, run.timer)
+    try:
+        for index, (images, labels, keys) in enumerate(stream, start):
+            window = window_size(index, batches, config.accum_steps)
+            last = is_window_end(index, batches, config.accum_steps)
+            loss_sum += forward_backward(run, images, labels, window, sync=last)
+            window_keys.extend(keys)
+            trace_batch(run, index, keys)
+            if not last:
+                continue
+            loss, finite, locally = step_loss(run, loss_sum, window)
+            if not finite:
+                raise non_finite_error(run, window_keys, locally)
+            optimizer_step(run)
+            state.step += 1
+            state.window_loss += loss
+            state.window_steps += 1
+            run.timer.end_step(window * config.batch_size)
+            loss_sum.zero_()
+            window_keys = []
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{run.scheduler.lr:.3g}")
+            after_step(run, epoch_end=index + 1 == batches)
+            if config.max_steps is not None and state.step >= config.max_steps:
+                return True
+    finally:
+        stream.close()
+        bar.close()
+    state.epoch += 1
+    return False
+
+
+def trace_batch(run: Run, index: int, keys: list[str]) -> None:
+    """`--debug-trace`: which samples micro-batch `index` held, and the step it belongs to."""
+    state = run.state
+    row = {"kind": "batch", "step": state.step, "epoch": state.epoch, "batch": index}
+    run.trace.write({**row, "keys": list(keys)})
+
+
+def after_step(run: Run, epoch_end: bool) -> None:
+    """Trace, metrics row, verdict, evaluation and checkpoint, each when due."""
+    config, state = run.config, run.state
+    if run.trace.enabled:
+        run.trace.write(
+            {"kind": "params", "step": state.step, "digest": parameter_digest(run.module)}
+        )
+    last_step = config.max_steps is not None and state.step >= config.max_steps
+    if state.step % config.log_every == 0 or last_step or epoch_end:
+        log_metrics(run)
+    if epoch_end or last_step:
+        return  # the epoch end (or the final stop) evaluates and checkpoints
+    if config.eval_every and state.step % config.eval_every == 0:
+        run_evaluation(run)
+    if config.checkpoint_every and state.step % config.checkpoint_every == 0:
+        save_run_checkpoint(run)
+        run.timer.mark()
+
+
+def log_metrics(run: Run) -> None:
+    """One metrics row: mean loss since the last row, lr, images/s and data wait over all ranks."""
+    state = run.state
+    window = run.timer.take()
+    samples, wait_s, elapsed_s = all_reduce(
+        [window.samples, window.wait_s, window.elapsed_s], run.info
+    )
+    world = run.info.world_size
+    reduced = Window(window.steps, int(samples), wait_s / world, elapsed_s / world)
+    run.verdict_window.add(reduced)
+    row = {
+        "kind": "train",
+        "step": state.step,
+        "epoch": state.epoch,
+        "loss": state.window_loss / max(1, state.window_steps),
+        "lr": run.schedule.lr(state.step - 1),
+        "images_per_s": reduced.samples / reduced.elapsed_s if reduced.elapsed_s > 0 else 0.0,
+        "data_wait_frac": reduced.wait_frac,
+        "scheduler_steps": run.scheduler.steps,
+    }
+    first = run.loaders.train.stats.first_batch_s
+    if state.step <= run.config.log_every and first is not None:
+        row["first_batch_s"] = first
+        log.info(
+            "time to first batch: %.2f s (worker start, shard open, shuffle buffer fill)", first
+        )
+    if run.info.device.type == "cuda":
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(run.info.device) / 2**30
+    state.window_loss, state.window_steps = 0.0, 0
+    run.metrics.write(row)
+    if run.verdict_window.steps >= run.config.verdict_every:
+        report_verdict(run, run.verdict_window)
+        run.verdict_window = Window()
+
+
+def report_verdict(run: Run, window: Window) -> str:
+    verdict = bottleneck_verdict(
+        window.wait_frac, run.config.input_bound_threshold, run.info.device.type, run.config.workers
+    )
+    ips = window.samples / window.elapsed_s if window.elapsed_s > 0 else 0.0
+    log.info("step %d: %s (%.0f images/s)", run.state.step, verdict, ips)
+    return verdict
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict[str, float]:
+    """Loss and accuracy over the whole val split, each sample counted once across ranks.
+
+    Runs the bare model, not the DDP wrapper: with the `uneven` rule ranks may
+    hold one batch more or less, and DDP's forward would wait for the others.
+    """
+    assert run.val_batches is not None
+    broadcast_buffers(run)
+    run.module.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=run.info.device)  # loss, correct, count
+    for images, labels, *rest in run.val_batches:
+        with autocast(run):
+            logits = run.module(images).float()
+        totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += labels.numel()
+        if rest and run.trace.enabled:
+            run.trace.write({"kind": "val", "evals": run.state.evals + 1, "keys": list(rest[0])})
+    loss_sum, correct, count = all_reduce_tensor(totals, run.info).tolist()
+    run.module.train()
+    return {
+        "val_loss": loss_sum / max(count, 1),
+        "val_accuracy": correct / max(count, 1),
+        "val_samples": int(count),
+    }
+
+
+def broadcast_buffers(run: Run) -> None:
+    """Give every rank rank 0's BatchNorm statistics, so all ranks evaluate one model.
+
+    DDP broadcasts buffers at the start of each forward; the forward itself then
+    updates them from the rank's own batch, so after training they differ slightly.
+    """
+    if run.info.distributed:
+        for buffer in run.module.buffers():
+            torch.distributed.broadcast(buffer, src=0)
+
+
+def run_evaluation(run: Run) -> None:
+    if run.val_batches is None:
+        return
+    result = evaluate(run)
+    run.state.evals += 1
+    state = run.state
+    total = run.timer.total
+    row = {
+        "kind": "eval",
+        "step": state.step,
+        "epoch": state.epoch,
+        "evals": state.evals,
+        "loss": result["val_loss"],
+        "lr": run.scheduler.lr,
+        "images_per_s": total.samples * run.info.world_size / total.elapsed_s
+        if total.elapsed_s
+        else 0.0,
+        "data_wait_frac": total.wait_frac,
+        **result,
+    }
+    run.metrics.write(row)
+    log.info(
+        "eval after step %d: val accuracy %.4f, val loss %.4f over %d samples",
+        state.step,
+        result["val_accuracy"],
+        result["val_loss"],
+        result["val_samples"],
+    )
+    run.timer.mark()
+
+
+def fit(run: Run) -> None:
+    """Epochs from the current state to `--epochs` (or `--max-steps`), evaluating and checkpointing."""
+    config = run.config
+    stopped = run.config.max_steps is not None and run.state.step >= config.max_steps
+    while not stopped and run.state.epoch < config.epochs:
+        stopped = train_epoch(run)
+        run_evaluation(run)
+        save_run_checkpoint(run)
+        run.timer.mark()
+    final_summary(run)
+
+
+def final_summary(run: Run) -> None:
+    total = run.timer.total
+    samples, wait_s, elapsed_s = all_reduce(
+        [total.samples, total.wait_s, total.elapsed_s], run.info
+    )
+    world = run.info.world_size
+    reduced = Window(total.steps, int(samples), wait_s / world, elapsed_s / world)
+    verdict = report_verdict(run, reduced)
+    row: dict[str, Any] = {
+        "kind": "end",
+        "step": run.state.step,
+        "epoch": run.state.epoch,
+        "images_per_s": reduced.samples / reduced.elapsed_s if reduced.elapsed_s else 0.0,
+        "data_wait_frac": reduced.wait_frac,
+        "verdict": verdict,
+    }
+    if run.info.device.type == "cuda":
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(run.info.device) / 2**30
+    run.metrics.write(row)
+
+
+def parameter_digest(module: nn.Module) -> str:
+    """sha256 of every parameter's bytes: equal on all DDP ranks after each step."""
+    digest = hashlib.sha256()
+    for parameter in module.parameters():
+        digest.update(parameter.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()

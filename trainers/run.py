@@ -1,0 +1,246 @@
+"""The `Run` a training job holds, and its round trip through a checkpoint.
+
+A checkpoint is taken only between optimizer steps (no half-accumulated
+gradients to save). It stores the model, optimizer, scaler and scheduler
+states, the counters, the loader position (as of the batches trained, not
+prefetched), every rank's RNG states, the config and the data identity that a
+resume is checked against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.prefetch import CudaPrefetcher
+from pipeline.sources import ResolvedSource
+from trainers.checkpoint import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from trainers.config import TrainConfig
+from trainers.data import Loaders
+from trainers.distributed import DistInfo, gather_objects
+from trainers.metrics import MetricsLog, StepTimer, Trace, Window
+from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine
+
+log = logging.getLogger("trainers")
+
+# Resuming with any of these changed is refused unless --allow-data-change.
+DATA_FIELDS = ("train_data", "global_batch", "seed")
+# These can never change on resume: the weights would not fit.
+MODEL_FIELDS = ("model", "num_classes")
+
+
+@dataclass
+class TrainState:
+    """Counters that a checkpoint restores (plain ints and floats)."""
+
+    step: int = 0  # optimizer steps completed
+    epoch: int = 0  # epoch in progress, or the next one to start
+    evals: int = 0  # evaluations completed
+    window_loss: float = 0.0  # sum of step losses since the last metrics row
+    window_steps: int = 0
+
+
+@dataclass
+class Run:
+    """Everything a training run holds; built once by `trainers.train.setup_run`."""
+
+    config: TrainConfig
+    info: DistInfo
+    model: nn.Module  # what forward runs: the DDP wrapper when distributed
+    module: nn.Module  # the bare model: state_dict and evaluation
+    optimizer: torch.optim.Optimizer
+    scheduler: WarmupCosine
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
+    loaders: Loaders
+    train_batches: CudaPrefetcher
+    val_batches: CudaPrefetcher | None
+    plan: BatchPlan
+    schedule: LRSchedule
+    amp_dtype: torch.dtype | None
+    metrics: MetricsLog
+    trace: Trace
+    identity: dict[str, Any]
+    state: TrainState
+    timer: StepTimer
+    verdict_window: Window
+
+
+def data_identity(
+    source: ResolvedSource, config: TrainConfig, world_size: int, num_classes: int
+) -> dict[str, Any]:
+    """What a resume must match: the train data (by shard names, counts and checksums), etc.
+
+    Shard names rather than full URLs, so a dataset moved to another directory
+    or bucket is still the same data.
+    """
+    digest = hashlib.sha256()
+    for spec in source.shards:
+        digest.update(f"{os.path.basename(spec.url)}|{spec.samples}|{spec.sha256 or ''}\n".encode())
+    return {
+        "train_data": f"{len(source.shards)} shards, {source.total_samples} samples, sha256 {digest.hexdigest()[:16]}",
+        "train_manifest": source.manifest_url,
+        "global_batch": config.batch_size * config.accum_steps * world_size,
+        "seed": config.seed,
+        "model": config.model,
+        "num_classes": num_classes,
+    }
+
+
+def resume_problems(
+    saved: dict[str, Any], current: dict[str, Any], allow_data_change: bool
+) -> list[str]:
+    """Diff lines for fields that forbid this resume (empty: compatible)."""
+    names = MODEL_FIELDS + (() if allow_data_change else DATA_FIELDS)
+    return [
+        f"  {n}: {saved.get(n)!r} -> {current.get(n)!r}"
+        for n in names
+        if saved.get(n) != current.get(n)
+    ]
+
+
+def checkpoint_payload(run: Run) -> dict[str, Any]:
+    """The checkpoint contents; every rank must call this (it gathers the RNG states)."""
+    rngs = gather_objects(rng_state(), run.info)
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "model": run.module.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "state": asdict(run.state),
+        # The prefetcher's state counts batches handed to the loop, not those read ahead.
+        "loader": run.train_batches.state_dict(),
+        "rng": rngs,
+        "world_size": run.info.world_size,
+        "config": run.config.to_dict(),
+        "identity": run.identity,
+        "torch_version": str(torch.__version__),  # TorchVersion is a class weights_only refuses
+    }
+
+
+def save_run_checkpoint(run: Run) -> Path | None:
+    """Checkpoint the run (rank 0 writes; all ranks take part in gathering RNG states)."""
+    payload = checkpoint_payload(run)
+    if not run.info.is_main:
+        return None
+    path = save_checkpoint(run.config.run_dir, payload, run.state.step, run.config.keep_checkpoints)
+    log.info("checkpoint %s (step %d, epoch %d)", path, run.state.step, run.state.epoch)
+    return path
+
+
+def restore_run(run: Run, path: Path) -> None:
+    """Load `path` into the run, refusing (with a diff) one from an incompatible run."""
+    checkpoint = load_checkpoint(path)
+    problems = resume_problems(checkpoint["identity"], run.identity, run.config.allow_data_change)
+    if problems:
+        raise CheckpointError(
+            f"cannot resume from {path}: the run changed\n" + "\n".join(problems) + "\n"
+            "Pass --allow-data-change to resume anyway (data, global batch and seed only; the "
+            "loader then restarts the epoch if the data or seed changed), or use a new --run-dir."
+        )
+    run.module.load_state_dict(checkpoint["model"])
+    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    if run.scaler.is_enabled() and checkpoint["scaler"]:
+        run.scaler.load_state_dict(checkpoint["scaler"])
+    run.state = TrainState(**checkpoint["state"])
+    restore_loader(run, checkpoint)
+    restore_rng(run, checkpoint)
+    truncate_logs(run)
+    log.info(
+        "resumed from %s: step %d, epoch %d, %d batches into the epoch",
+        path,
+        run.state.step,
+        run.state.epoch,
+        len(run.loaders.train) - run.loaders.train.batches_remaining(),
+    )
+
+
+def restore_loader(run: Run, checkpoint: dict[str, Any]) -> None:
+    saved = checkpoint["identity"]
+    same_data = all(saved.get(n) == run.identity.get(n) for n in ("train_data", "seed"))
+    if same_data:
+        # Same data and seed: continue the epoch exactly (re-split if the world size changed).
+        run.train_batches.load_state_dict(checkpoint["loader"])
+        run.state.epoch = run.loaders.train.epoch
+        return
+    log.warning(
+        "data or seed changed (--allow-data-change): epoch %d restarts from its beginning",
+        run.state.epoch,
+    )
+    run.loaders.train.set_epoch(run.state.epoch)
+
+
+def restore_rng(run: Run, checkpoint: dict[str, Any]) -> None:
+    rngs = checkpoint["rng"]
+    if checkpoint["world_size"] == run.info.world_size:
+        set_rng_state(rngs[run.info.rank])
+        return
+    seed_generators(run.config.seed + 1000 * run.info.rank + run.state.step)
+
+
+def truncate_logs(run: Run) -> None:
+    """Drop metrics and trace rows written after the checkpoint (the resumed run redoes them)."""
+    step, evals = run.state.step, run.state.evals
+    dropped = run.metrics.truncate(partial(keep_metrics_row, step=step, evals=evals))
+    if dropped:
+        log.info("dropped %d metrics rows written after the checkpoint", dropped)
+    run.trace.truncate(partial(keep_trace_row, step=step, evals=evals))
+
+
+def keep_metrics_row(row: dict[str, Any], step: int, evals: int) -> bool:
+    kind = row.get("kind")
+    if kind == "eval":
+        return row.get("evals", 0) <= evals
+    if kind == "train":
+        return row.get("step", 0) <= step
+    return False  # the summary row of an earlier, finished segment
+
+
+def keep_trace_row(row: dict[str, Any], step: int, evals: int) -> bool:
+    kind = row.get("kind")
+    if kind == "batch":
+        return row["step"] < step
+    if kind == "params":
+        return row["step"] <= step
+    return row.get("evals", 0) <= evals
+
+
+def seed_generators(seed: int) -> None:
+    """Seed Python, NumPy, torch and every CUDA device."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds all CUDA devices
+
+
+def write_config(run_dir: str | Path, config: TrainConfig, extra: dict[str, Any]) -> Path:
+    """`RUN_DIR/config.json`: the resolved config plus derived figures (batch plan, lr)."""
+    path = Path(run_dir) / "config.json"
+    document = {"config": config.to_dict(), **extra}
+    tmp = path.with_name(".config.json.tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,350 @@
+"""`train` console script and `python -m trainers.train`, also under torchrun (and so Slurm).
+
+`main()` reads as a table of contents: parse the config, join the process
+group, build the run (data, model, optimizer, schedule), resume, fit, report.
+`train find-batch-size` and `train scan-throughput` are the probes in `trainers.probe`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.prefetch import CudaPrefetcher
+from trainers.checkpoint import CheckpointError, latest_checkpoint
+from trainers.config import TrainConfig, parse_command_line
+from trainers.data import Loaders, build_loaders, overlap_error
+from trainers.distributed import (
+    DistInfo,
+    all_reduce,
+    broadcast_error,
+    init_distributed,
+    setup_logging,
+    shutdown_distributed,
+)
+from trainers.loop import NonFiniteLossError, fit
+from trainers.metrics import (
+    METRICS_NAME,
+    PLOT_NAME,
+    MetricsLog,
+    StepTimer,
+    Trace,
+    Window,
+    plot_metrics,
+)
+from trainers.models import ModelError, build_model, parameter_groups
+from trainers.run import (
+    Run,
+    TrainState,
+    data_identity,
+    restore_run,
+    seed_generators,
+    truncate_logs,
+    write_config,
+)
+from trainers.schedule import BatchPlan, WarmupCosine, build_schedule
+
+log = logging.getLogger("trainers")
+
+
+class DataError(RuntimeError):
+    """The data cannot be trained on as configured (overlapping splits, too few samples)."""
+
+
+USER_ERRORS = (CheckpointError, ModelError, NonFiniteLossError, DataError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: `train [train|find-batch-size|scan-throughput] --flags`."""
+    command, config = parse_command_line(sys.argv[1:] if argv is None else argv)
+    try:
+        if command == "find-batch-size":
+            from trainers.probe import find_batch_size
+
+            find_batch_size(config)
+            return 0
+        if command == "scan-throughput":
+            from trainers.probe import scan_throughput
+
+            scan_throughput(config)
+            return 0
+        return train(config)
+    except USER_ERRORS as error:
+        log.error("%s", error)
+        print(f"train: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            "interrupted; rerun with --resume auto to continue from the last checkpoint",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def train(config: TrainConfig) -> int:
+    """Run a whole training job in this process (one rank of it under torchrun)."""
+    configure_determinism(config.deterministic)
+    info = init_distributed(config.device, config.dist_timeout_s)
+    setup_logging(info)
+    try:
+        run = setup_run(config, info)
+        fit(run)
+        finish(run)
+    finally:
+        shutdown_distributed()
+    return 0
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """`--deterministic`: fixed cuDNN algorithms and deterministic kernels; else autotuned cuDNN."""
+    if deterministic:
+        # cuBLAS needs this before its first use to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype; fp16 (with a GradScaler) is refused on CPU, where bf16 is the option."""
+    if amp == "off":
+        return None
+    if amp == "fp16":
+        if device.type != "cuda":
+            raise ModelError(
+                "--amp fp16 needs CUDA (it trains with a GradScaler); on CPU use --amp bf16 or off"
+            )
+        return torch.float16
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ModelError("--amp bf16: this GPU has no bfloat16 support; use --amp fp16")
+    return torch.bfloat16
+
+
+def setup_run(config: TrainConfig, info: DistInfo) -> Run:
+    """Data, model, optimizer, schedule and logs; then resume when asked."""
+    amp_dtype = resolve_amp(config.amp, info.device)
+    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+    seed_generators(config.seed)  # the same on every rank: identical initial weights
+    loaders = build_loaders(config, info)
+    check_batches(loaders, config, info)
+    check_splits(loaders, config, info)
+    num_classes = resolve_num_classes(config, loaders)
+    module = prepare_model(config, info, num_classes)
+    plan = BatchPlan(
+        config.batch_size, config.accum_steps, info.world_size, len(loaders.train), config.epochs
+    )
+    schedule = build_schedule(
+        plan,
+        config.lr,
+        config.lr_ref_batch,
+        config.lr_scaling,
+        config.min_lr,
+        config.warmup_ratio,
+        config.warmup_steps,
+    )
+    optimizer = build_optimizer(module, config)
+    run = Run(
+        config=config,
+        info=info,
+        model=wrap_ddp(module, info),
+        module=module,
+        optimizer=optimizer,
+        scheduler=WarmupCosine(optimizer, schedule),
+        scaler=torch.amp.GradScaler(info.device.type, enabled=config.amp == "fp16"),
+        criterion=nn.CrossEntropyLoss(label_smoothing=config.label_smoothing),
+        loaders=loaders,
+        train_batches=prefetcher(loaders.train, config, info),
+        val_batches=prefetcher(loaders.val, config, info) if loaders.val is not None else None,
+        plan=plan,
+        schedule=schedule,
+        amp_dtype=amp_dtype,
+        metrics=MetricsLog(config.run_dir, info.is_main, config.tensorboard),
+        trace=Trace(config.run_dir, info.rank, config.debug_trace),
+        identity=data_identity(loaders.train.source, config, info.world_size, num_classes),
+        state=TrainState(),
+        timer=StepTimer(),
+        verdict_window=Window(),
+    )
+    seed_generators(config.seed + 1000 * info.rank)  # per-rank randomness from here on
+    resume(run)
+    log_startup(run)
+    if info.is_main:
+        write_config(config.run_dir, config, startup_figures(run))
+    return run
+
+
+def check_batches(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
+    """Every rank must train the same number of batches, and at least one."""
+    batches = len(loaders.train)
+    high, negative_low = all_reduce([batches, -batches], info, op="max")
+    if high != -negative_low:
+        raise DataError(
+            f"ranks would train {-negative_low:.0f} to {high:.0f} batches per epoch; DDP would hang"
+        )
+    if batches == 0:
+        samples = loaders.train.source.total_samples
+        raise DataError(
+            f"{samples} train samples give no full batch of {config.batch_size} per rank on "
+            f"{info.world_size} ranks; lower --batch-size"
+        )
+
+
+def check_splits(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
+    """Rank 0 compares train and val keys; every rank stops if they overlap."""
+    message = None
+    if info.is_main and loaders.val is not None:
+        message = overlap_error(
+            loaders.train.source.shards, loaders.val.source.shards, config.overlap_check
+        )
+    message = broadcast_error(message, info)
+    if message:
+        raise DataError(message)
+
+
+def resolve_num_classes(config: TrainConfig, loaders: Loaders) -> int:
+    if config.num_classes is not None:
+        return config.num_classes
+    if loaders.classes:
+        return len(loaders.classes)
+    raise DataError("the shards come without a class list (no manifest): pass --num-classes")
+
+
+def prepare_model(config: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
+    module = build_model(config.model, num_classes)
+    if config.sync_bn:
+        if info.device.type != "cuda":
+            raise ModelError(
+                "--sync-bn needs CUDA: torch's SyncBatchNorm only works with GPU modules"
+            )
+        if info.distributed:
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        else:
+            log.warning("--sync-bn has no effect in a single process")
+    module = module.to(info.device)
+    if config.channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    return module
+
+
+def wrap_ddp(module: nn.Module, info: DistInfo) -> nn.Module:
+    if not info.distributed:
+        return module
+    device_ids = [info.local_rank] if info.device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids)
+
+
+def build_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD or AdamW over two groups (no weight decay on norm weights and biases).
+
+    The lr given here is a placeholder: `WarmupCosine` sets it before every step.
+    """
+    groups = parameter_groups(module, config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999))
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+
+
+def prefetcher(loader, config: TrainConfig, info: DistInfo) -> CudaPrefetcher:
+    """Batches on the device, normalized there (on CPU: normalized in-process, no look-ahead)."""
+    return CudaPrefetcher(loader, info.device, channels_last=config.channels_last)
+
+
+def resume(run: Run) -> None:
+    """`--resume auto|PATH`; a fresh run refuses a run directory that already holds one."""
+    config = run.config
+    run_dir = Path(config.run_dir)
+    if config.resume is None:
+        if (run_dir / METRICS_NAME).exists() or latest_checkpoint(run_dir) is not None:
+            raise CheckpointError(
+                f"{run_dir} already holds a run; pass --resume auto to continue it, or pick a new --run-dir"
+            )
+        return
+    path = latest_checkpoint(run_dir) if config.resume == "auto" else Path(config.resume)
+    if path is None:
+        log.info("no checkpoint in %s: starting at step 0", run_dir)
+        truncate_logs(run)  # rows of a run killed before its first checkpoint
+        return
+    if not path.exists():
+        raise CheckpointError(f"--resume {path}: no such checkpoint")
+    restore_run(run, path)
+
+
+def startup_figures(run: Run) -> dict:
+    """The derived numbers of the startup log, also stored in config.json."""
+    plan, schedule, loaders = run.plan, run.schedule, run.loaders
+    return {
+        "train_samples": loaders.train.source.total_samples,
+        "val_samples": loaders.val.source.total_samples if loaders.val else 0,
+        "classes": loaders.classes,
+        "world_size": run.info.world_size,
+        "device": str(run.info.device),
+        "effective_batch": plan.effective_batch,
+        "batches_per_epoch": plan.batches_per_epoch,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "total_steps": plan.total_steps,
+        "warmup_steps": schedule.warmup_steps,
+        "peak_lr": schedule.peak_lr,
+        "lr_scaling": schedule.describe(),
+        "parameters": sum(p.numel() for p in run.module.parameters()),
+    }
+
+
+def log_startup(run: Run) -> None:
+    """Every figure that decides what the run does, once, on rank 0."""
+    config, plan, schedule, info = run.config, run.plan, run.schedule, run.info
+    f = startup_figures(run)
+    train_source = run.loaders.train.source
+    dropped = (
+        train_source.total_samples // info.world_size - plan.batches_per_epoch * plan.batch_size
+    )
+    lines = [
+        f"config: {config.to_dict()}",
+        f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards"
+        f" ({train_source.manifest_url or 'shard URLs'}), val {f['val_samples']} samples; "
+        f"{len(f['classes'] or [])} classes",
+        f"batch: {plan.batch_size} per device x {plan.accum_steps} accumulation x "
+        f"{plan.world_size} ranks = effective batch {plan.effective_batch}",
+        f"epoch: {plan.batches_per_epoch} batches per rank (drop_last leaves out about "
+        f"{max(dropped, 0)} per rank), {plan.steps_per_epoch} optimizer steps per epoch (the last "
+        f"accumulates {plan.last_window} of {plan.accum_steps} micro-batches), {plan.total_steps} "
+        f"steps over {plan.epochs} epochs",
+        f"lr: peak {schedule.describe()}, linear warmup {schedule.warmup_steps} steps, cosine to "
+        f"{schedule.min_lr:g} at step {schedule.total_steps}",
+        f"optimizer: {config.optimizer} momentum {config.momentum} weight decay {config.weight_decay} "
+        f"(not on norms/biases), label smoothing {config.label_smoothing}, clip {config.clip_grad or 'off'}",
+        f"loader: {config.workers} workers per rank, image {config.image_size} px, shuffle buffer "
+        f"{config.shuffle_buffer}, channels_last {config.channels_last}",
+        f"device: {info.device}, amp {config.amp}, world size {info.world_size}, seed {config.seed}, "
+        f"deterministic {config.deterministic}; model {config.model} ({f['parameters'] / 1e6:.2f} M parameters)",
+    ]
+    if run.state.step:
+        lines.append(
+            f"resumed at step {run.state.step} of {plan.total_steps}, epoch {run.state.epoch}"
+        )
+    for line in lines:
+        log.info("%s", line)
+
+
+def finish(run: Run) -> None:
+    """Close the logs and draw the plot (rank 0)."""
+    run.metrics.close()
+    if not run.info.is_main:
+        return
+    if run.config.plot:
+        png = Path(run.config.run_dir) / PLOT_NAME
+        if plot_metrics(run.metrics.path, png):
+            log.info("plot: %s", png)
+        else:
+            log.info("plot skipped: matplotlib is not installed (pip install 'shardpipe[bench]')")
+    log.info("metrics: %s", run.metrics.path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
