@@ -2,18 +2,23 @@
 
 Sits between `pipeline.urls` (which validated the URL) and the tar/Parquet
 readers. No process is ever spawned and no environment variable is read into a
-URL. http(s) reads resume mid-stream with `Range` requests after a dropped
-connection; every failure ends in a `ShardReadError` naming the redacted URL.
+URL. http(s) and object-store reads resume mid-stream after a dropped connection
+(a `Range` request, or reopening at the position); every failure ends in a
+`ShardReadError` naming the redacted URL.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import io
+import json
+import os
 import random
 import re
 import ssl
+import threading
 import time
 import zlib
 from collections.abc import Mapping
@@ -32,6 +37,20 @@ RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # before these are caught; anything else (TypeError, ...) is a bug and propagates.
 TRANSIENT_ERRORS = (OSError, http.client.HTTPException)
 FSSPEC_PACKAGES = {"s3": "s3fs", "gs": "gcsfs"}
+# Object-store reads go through fsspec's block cache. "readahead" fetches what a
+# read asks for plus one block in a single ranged GET and keeps it. Tar shards are
+# read front to back, so 8 MiB blocks (the usual S3 ranged-GET size) amortise the
+# request latency while holding little memory per stream; s3fs's default, 50 MiB,
+# would make the first sample wait for 50 MiB. Parquet jumps to the footer, then
+# reads the row groups in order, each group's column chunks back to back, so a
+# smaller block wastes little on the footer read and on pieces that start or stop
+# mid-shard. `default_block_size`/`default_cache_type` in storage_options win.
+FSSPEC_SEQUENTIAL_CACHE = ("readahead", 8 * 2**20)
+FSSPEC_RANDOM_CACHE = ("readahead", 1 * 2**20)
+FSSPEC_BUFFER_SIZE = 64 * 2**10  # the block cache holds the data; this batches small reads
+# storage_options whose values are credentials: scrubbed from every message.
+SECRET_OPTION = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -121,14 +140,16 @@ def open_stream(
         storage_options: keyword arguments for `fsspec.open` on object-store URLs,
             such as `{"endpoint_url": ...}` for an S3-compatible store.
         random_access: return a seekable file for http(s) too (Range requests
-            per position), as Parquet readers need.
+            per position), as Parquet readers need; for object stores, pick a
+            block cache suited to random rather than sequential reads.
 
     Returns:
         A readable binary file object; close it when done. Local and object-store
         files can seek; http(s) ones cannot: they are an `io.BufferedReader`
         whose `.raw` is the `RetryingStream`
-        (with `retries` and `resumes` counters). Read tars from it with
-        `tarfile.open(fileobj=stream, mode="r|")`.
+        (with `retries` and `resumes` counters). Object-store files are an
+        `io.BufferedReader` over a `RetryingFsspecFile` (`retries`, `reopens`).
+        Read tars from it with `tarfile.open(fileobj=stream, mode="r|")`.
 
     Raises:
         ValueError: the URL is not allowed.
@@ -142,33 +163,271 @@ def open_stream(
     if scheme in HTTP_SCHEMES:
         return io.BufferedReader(RetryingStream(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
     if scheme in FSSPEC_SCHEMES:
-        return _open_fsspec(url, retry, storage_options or {})
+        return _open_fsspec(url, retry, storage_options or {}, random_access)
     try:
         return open(url, "rb", buffering=LOCAL_BUFFER_SIZE)  # noqa: SIM115 - caller closes
     except OSError as exc:
         raise ShardReadError(url, f"{type(exc).__name__}: {exc.strerror or exc}") from exc
 
 
-def _open_fsspec(url: str, retry: RetryPolicy, storage_options: Mapping[str, Any]) -> BinaryIO:
+def _open_fsspec(
+    url: str, retry: RetryPolicy, storage_options: Mapping[str, Any], random_access: bool
+) -> BinaryIO:
+    scheme = url_scheme(url)
+    try:
+        fs = object_store_filesystem(scheme, storage_options, retry)
+    except ImportError as exc:
+        package = FSSPEC_PACKAGES.get(scheme, "the fsspec backend")
+        raise ImportError(
+            f"reading {scheme}:// shards needs the {package!r} package: pip install {package}"
+        ) from exc
+    cache_type, block_size = FSSPEC_RANDOM_CACHE if random_access else FSSPEC_SEQUENTIAL_CACHE
+    open_options = {}
+    if "default_cache_type" not in storage_options:
+        open_options["cache_type"] = cache_type
+    if "default_block_size" not in storage_options:
+        open_options["block_size"] = block_size
+    raw = RetryingFsspecFile(url, fs, retry, open_options, secrets_in(storage_options))
+    return io.BufferedReader(raw, FSSPEC_BUFFER_SIZE)  # type: ignore[return-value]
+
+
+_FILESYSTEMS: dict[tuple, Any] = {}
+_FILESYSTEMS_LOCK = threading.Lock()
+
+
+def object_store_filesystem(
+    scheme: str, storage_options: Mapping[str, Any], retry: RetryPolicy = DEFAULT_RETRY
+) -> Any:
+    """An fsspec filesystem whose own retries are off, so `retry` is the only budget.
+
+    s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its
+    own, which would multiply any budget we set; they are reduced to one try
+    each, and botocore's connect and read timeouts come from `retry.timeout`
+    (a stall limit), unless `storage_options["config_kwargs"]` sets them. One
+    instance per process and options: instances hold sockets and an event loop
+    that must not cross a fork into DataLoader workers.
+    """
     import fsspec  # lazily: only object-store users pay for the import
 
-    scheme = url_scheme(url)
-    failure = 0
-    while True:
-        try:
-            return fsspec.open(url, "rb", **storage_options).open()
-        except ImportError as exc:
-            package = FSSPEC_PACKAGES.get(scheme, "the fsspec backend")
-            raise ImportError(
-                f"reading {scheme}:// shards needs the {package!r} package: pip install {package}"
-            ) from exc
-        except (FileNotFoundError, PermissionError) as exc:
-            raise ShardReadError(url, type(exc).__name__, failure + 1) from exc
-        except OSError as exc:
-            failure += 1
-            if failure >= retry.attempts:
-                raise ShardReadError(url, type(exc).__name__, failure) from exc
-            time.sleep(retry.delay(failure, url))
+    options = dict(storage_options)
+    if scheme == "s3":
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", retry.timeout)
+        config.setdefault("read_timeout", retry.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        options["config_kwargs"] = config
+    key = (os.getpid(), scheme, json.dumps(options, sort_keys=True, default=repr))
+    with _FILESYSTEMS_LOCK:
+        fs = _FILESYSTEMS.get(key)
+        if fs is None:
+            fs = fsspec.filesystem(scheme, skip_instance_cache=True, **options)
+            if scheme == "s3":
+                fs.retries = 1  # s3fs's public per-instance retry count (class default 5)
+            _FILESYSTEMS[key] = fs
+    return fs
+
+
+def secrets_in(options: Any) -> list[str]:
+    """Credential values in (nested) storage options, to scrub from messages."""
+    found: list[str] = []
+    if isinstance(options, Mapping):
+        for name, value in options.items():
+            if isinstance(value, str) and SECRET_OPTION.search(str(name)) and len(value) >= 4:
+                found.append(value)
+            elif isinstance(value, Mapping):
+                found += secrets_in(value)
+    return found
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """`text` with credential values masked and every URL in it redacted."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return _URL_IN_TEXT.sub(_redact_match, text)
+
+
+def _redact_match(match: re.Match) -> str:
+    return redact_url(match.group(0))
+
+
+def _permanent_fsspec_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [
+        FileNotFoundError,
+        PermissionError,
+        IsADirectoryError,
+        NotADirectoryError,
+    ]
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+        errors += [NoCredentialsError, PartialCredentialsError]
+    return tuple(errors)
+
+
+def _transient_fsspec_errors() -> tuple[type[BaseException], ...]:
+    # What object-store clients raise for a dropped, cut or stalled connection
+    # besides OSError: botocore's transport errors and aiohttp's client errors.
+    errors: list[type[BaseException]] = [OSError]
+    with contextlib.suppress(ImportError):
+        from botocore.exceptions import BotoCoreError
+
+        errors.append(BotoCoreError)
+    with contextlib.suppress(ImportError):
+        from aiohttp import ClientError
+
+        errors.append(ClientError)
+    return tuple(errors)
+
+
+class RetryingFsspecFile(io.RawIOBase):
+    """A seekable object-store file whose reads survive failures by reopening at the position.
+
+    A failed open or read (503, a cut or stalled body) is retried after the
+    policy's backoff: the broken file is dropped and reopened at the current
+    offset, so no byte is skipped or read twice. If the object's size or ETag
+    changed between opens, it stops rather than splice two versions.
+
+    Attributes:
+        url: the redacted URL.
+        size: the object's size in bytes.
+        retries: failed tries so far (opening and reading).
+        reopens: reopenings after a failed read.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        fs: Any,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        open_options: Mapping[str, Any] | None = None,
+        secrets: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self._url, self.url = url, redact_url(url)
+        self._fs, self.retry = fs, retry
+        self._open_options = dict(open_options or {})
+        self._secrets = list(secrets or [])
+        self._permanent = _permanent_fsspec_errors()
+        self._transient = _transient_fsspec_errors()
+        self.size: int | None = None
+        self._etag: str | None = None
+        self._file: Any = None
+        self._pos = 0
+        self._failures = 0  # consecutive, reset by progress
+        self.retries = 0
+        self.reopens = 0
+        self._connect()  # eagerly, so that a missing object surfaces at open time
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size or 0}[whence]
+        self._pos = max(0, base + offset)
+        if self._file is not None:
+            self._file.seek(self._pos)  # no request: the next read fetches from here
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError(f"read from closed stream {self.url}")
+        view = memoryview(buffer).cast("B")
+        while True:
+            if self._file is None:
+                self._reopen()
+            try:
+                data = self._file.read(len(view))
+            except self._permanent as exc:
+                raise self._error(exc) from exc
+            except self._transient as exc:
+                self._drop(exc)
+                continue
+            except IndexError as exc:
+                # s3fs (2026.9) indexes `args[0]` of a read timeout that has no args
+                # while translating it; the context is the real, transient failure.
+                if not isinstance(exc.__context__, self._transient):
+                    raise
+                self._drop(exc.__context__)
+                continue
+            if not data and view and self.size is not None and self._pos < self.size:
+                self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
+                continue
+            view[: len(data)] = data
+            self._pos += len(data)
+            if data:
+                self._failures = 0
+            return len(data)
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(*self._transient):
+                self._file.close()
+            self._file = None
+        super().close()
+
+    def _connect(self) -> None:
+        """Open the object at `self._pos`, retrying transient failures."""
+        while True:
+            try:
+                file = self._fs.open(self._url, "rb", **self._open_options)
+            except self._permanent as exc:
+                raise self._error(exc) from exc
+            except self._transient as exc:
+                self._fail(exc)
+                continue
+            self._check_identity(file)
+            file.seek(self._pos)
+            self._file = file
+            return
+
+    def _check_identity(self, file: Any) -> None:
+        details = getattr(file, "details", None) or {}
+        etag = details.get("ETag") or details.get("etag")
+        size = getattr(file, "size", None)
+        if self.size is None and self._etag is None:  # the first open fixes the identity
+            self.size, self._etag = size, etag
+        elif (self._etag and etag != self._etag) or size != self.size:
+            file.close()
+            raise ShardReadError(self._url, "the shard changed in the store while being read")
+
+    def _reopen(self) -> None:
+        if self.reopens >= self.retry.max_resumes:
+            raise ShardReadError(
+                self._url, f"gave up at byte {self._pos} after {self.reopens} reopenings"
+            )
+        self.reopens += 1
+        self._connect()
+
+    def _drop(self, exc: BaseException) -> None:
+        """Forget a file whose read failed, then count the failure."""
+        if self._file is not None:
+            with contextlib.suppress(*self._transient):
+                self._file.close()
+            self._file = None
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Count a failed try: wait out the backoff, or raise past the budget."""
+        self._failures += 1
+        self.retries += 1
+        if self._failures >= self.retry.attempts:
+            raise self._error(exc) from exc
+        time.sleep(self.retry.delay(self._failures, self._url))
+
+    def _error(self, exc: BaseException) -> ShardReadError:
+        reason = scrub(_describe(exc), self._secrets)
+        hint = {
+            FileNotFoundError: "; check the URL and that the shard was uploaded",
+            PermissionError: "; check the credentials (environment, ~/.aws, or storage_options)",
+        }.get(type(exc), "")
+        where = f" at byte {self._pos}" if self._pos else ""
+        return ShardReadError(self._url, f"{reason}{where}{hint}", max(1, self._failures))
 
 
 class RetryingStream(io.RawIOBase):

@@ -2,13 +2,13 @@
 
 Order of commits: `_build/config.json` first (so a rerun can tell whether it
 continues the same build), one marker per finished shard, then `errors.jsonl`,
-then `manifest.json` last. A dataset without a manifest is incomplete.
+then `manifest.json` last. A dataset without a manifest is incomplete. The
+output is a directory or an object-store URL (`s3://bucket/prefix`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,11 +19,18 @@ from preprocess.config import BuildConfig, diff_configs
 from preprocess.plan import Plan, build_plan
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
 from preprocess.sources import list_sources
-from shards.io import atomic_write_bytes, remove_stale_temps
-from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo, write_manifest
+from shards.io import OutputStore, is_remote, open_output_store
+from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo
 
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"
+
+
+class StoreURL(str):
+    """An object-store URL that joins names with `/` as a Path does (`url / "manifest.json"`)."""
+
+    def __truediv__(self, name: str) -> StoreURL:
+        return StoreURL(f"{self.rstrip('/')}/{name}")
 
 
 @dataclass
@@ -31,7 +38,7 @@ class BuildSummary:
     """What a build did, for the summary table and for tests."""
 
     manifest: Manifest
-    output: Path
+    output: Path | StoreURL  # a Path for a local directory
     seconds: float
     shards_built: int
     shards_reused: int
@@ -51,16 +58,16 @@ def run_build(config: BuildConfig) -> BuildSummary:
             exceeded, or a task failed for a reason other than bad data.
     """
     started = time.perf_counter()
-    out = Path(config.output)
+    store = open_output_store(config.output)
     plan = build_plan(
         list_sources(config.input), config.shard_size, config.val_fraction, config.seed
     )
-    prepare_output(out, config, plan)
-    results = run_tasks(plan, config)
+    prepare_output(store, config, plan)
+    results = run_tasks(plan, config, store.url)
     manifest = assemble_manifest(plan, config, results)
-    write_errors(out, results)
-    enforce_skip_budget(manifest, config, out)
-    write_manifest(out, manifest)
+    write_errors(store, results)
+    enforce_skip_budget(manifest, config, store)
+    store.write_bytes_atomic(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
     for result in results:
@@ -68,7 +75,7 @@ def run_build(config: BuildConfig) -> BuildSummary:
             bytes_by_format[fmt] += info.bytes
     return BuildSummary(
         manifest=manifest,
-        output=out,
+        output=StoreURL(store.url) if is_remote(store.url) else Path(store.url),
         seconds=time.perf_counter() - started,
         shards_built=len(built),
         shards_reused=len(results) - len(built),
@@ -77,14 +84,17 @@ def run_build(config: BuildConfig) -> BuildSummary:
     )
 
 
-def prepare_output(out: Path, config: BuildConfig, plan: Plan) -> None:
-    """Create or check the output directory, and record what this build is."""
+def prepare_output(store: OutputStore, config: BuildConfig, plan: Plan) -> None:
+    """Create or check the output, and record what this build is."""
     record = {"config": config.output_shaping(), "plan_digest": plan.digest, "inputs": plan.inputs}
-    config_path = out / BUILD_DIR / CONFIG_NAME
-    if config.overwrite and out.exists():
-        clear_build_output(out)
-    if config_path.exists():
-        previous = json.loads(config_path.read_text("utf-8"))
+    config_name = f"{BUILD_DIR}/{CONFIG_NAME}"
+    if config.overwrite:
+        clear_build_output(store)
+    try:
+        previous = json.loads(store.read_bytes(config_name).decode("utf-8"))
+    except FileNotFoundError:
+        previous = None
+    if previous is not None:
         changes = diff_configs(previous["config"], record["config"])
         if previous["plan_digest"] != plan.digest:
             changes.append(
@@ -92,37 +102,41 @@ def prepare_output(out: Path, config: BuildConfig, plan: Plan) -> None:
             )
         if changes:
             raise BuildError(
-                f"{out} holds a build with other options:\n  "
+                f"{store.url} holds a build with other options:\n  "
                 + "\n  ".join(changes)
                 + "\nRerun with the original options to resume it, pass --overwrite to rebuild, "
                 "or choose another --output."
             )
-    elif out.exists() and any(out.iterdir()):
-        raise BuildError(f"{out} is not empty and holds no shard build; choose an empty --output")
-    (out / BUILD_DIR).mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out)
-    if not config_path.exists():
-        atomic_write_bytes(config_path, json.dumps(record, indent=1, sort_keys=True).encode())
+    elif not store.is_empty():
+        raise BuildError(
+            f"{store.url} is not empty and holds no shard build; choose an empty --output"
+        )
+    store.remove_stale_temps()
+    if previous is None:
+        store.write_bytes_atomic(config_name, json.dumps(record, indent=1, sort_keys=True).encode())
 
 
-def clear_build_output(out: Path) -> None:
+def clear_build_output(store: OutputStore) -> None:
     """Remove what a build writes (and nothing else) before `--overwrite`."""
-    if not (out / BUILD_DIR).exists() and not (out / MANIFEST_NAME).exists():
-        if any(out.iterdir()):
-            raise BuildError(f"{out} holds no shard build; refusing to clear it for --overwrite")
+    names = store.list()
+    if MANIFEST_NAME not in names and not any(n.startswith(f"{BUILD_DIR}/") for n in names):
+        if not store.is_empty():
+            raise BuildError(
+                f"{store.url} holds no shard build; refusing to clear it for --overwrite"
+            )
         return
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    (out / ERRORS_NAME).unlink(missing_ok=True)
-    shutil.rmtree(out / BUILD_DIR, ignore_errors=True)
-    for path in out.iterdir():
-        if path.is_file() and path.suffix in (".tar", ".parquet"):
-            path.unlink()
+    store.remove(MANIFEST_NAME)
+    store.remove(ERRORS_NAME)
+    store.remove_tree(BUILD_DIR)
+    for name in names:
+        if "/" not in name and name.endswith((".tar", ".parquet")):
+            store.remove(name)
 
 
-def run_tasks(plan: Plan, config: BuildConfig) -> list[ShardResult]:
-    """Run every shard task; returns results in plan order."""
+def run_tasks(plan: Plan, config: BuildConfig, output: str) -> list[ShardResult]:
+    """Run every shard task, writing to `output` (absolute); returns results in plan order."""
     build_kwargs = {
-        "output": str(Path(config.output).resolve()),
+        "output": output,
         "shaping": config.output_shaping(),
         "image": config.image,
         "formats": tuple(config.formats),
@@ -176,7 +190,7 @@ def assemble_manifest(plan: Plan, config: BuildConfig, results: list[ShardResult
     return manifest
 
 
-def write_errors(out: Path, results: list[ShardResult]) -> None:
+def write_errors(store: OutputStore, results: list[ShardResult]) -> None:
     """`errors.jsonl`: every skipped input with its reason, in shard order."""
     lines = []
     for result in results:
@@ -184,16 +198,16 @@ def write_errors(out: Path, results: list[ShardResult]) -> None:
             record = {"path": skip.path, "reason": skip.reason, "detail": skip.detail}
             record["shard"] = f"{result.split}-{result.info.index:06d}"
             lines.append(json.dumps(record, ensure_ascii=False))
-    atomic_write_bytes(out / ERRORS_NAME, ("\n".join(lines) + "\n" if lines else "").encode())
+    store.write_bytes_atomic(ERRORS_NAME, ("\n".join(lines) + "\n" if lines else "").encode())
 
 
-def enforce_skip_budget(manifest: Manifest, config: BuildConfig, out: Path) -> None:
+def enforce_skip_budget(manifest: Manifest, config: BuildConfig, store: OutputStore) -> None:
     skipped = sum(manifest.skipped.values())
     if manifest.inputs and skipped / manifest.inputs > config.max_skip_fraction:
         histogram = ", ".join(f"{reason}: {n}" for reason, n in sorted(manifest.skipped.items()))
         raise BuildError(
             f"{skipped} of {manifest.inputs} inputs were skipped ({skipped / manifest.inputs:.1%}), "
             f"over --max-skip-fraction {config.max_skip_fraction:.1%} ({histogram}). "
-            f"See {out / ERRORS_NAME}; fix the inputs or raise --max-skip-fraction and rerun "
+            f"See {store.location(ERRORS_NAME)}; fix the inputs or raise --max-skip-fraction and rerun "
             "(finished shards are kept)."
         )

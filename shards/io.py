@@ -1,21 +1,29 @@
-"""Atomic, checksummed file output for shards and their manifests.
+"""Atomic, checksummed file output for shards and their manifests, local or in an object store.
 
 Every file is written under a temporary name in its final directory, flushed
 and fsynced, then renamed, so a crash never leaves a partial file under a final
 name (Ray's datasinks and webdataset's ShardWriter write in place; we do not).
+In an object store the file is staged locally, then uploaded with one PUT (or
+one multipart upload), which the store makes visible all at once or not at all.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TMP_MARK = ".tmp-"
 _HASH_CHUNK = 4 * 2**20
+OUTPUT_SCHEMES = ("s3", "gs")  # object stores a build can write to, through fsspec
+STAGING_PREFIX = ".shardpipe-staging-"
 
 
 def temp_path_for(final: Path) -> Path:
@@ -82,3 +90,243 @@ def remove_stale_temps(directory: str | os.PathLike) -> list[Path]:
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+@dataclass(frozen=True)
+class StoredInfo:
+    """What a store knows about one stored file without reading it.
+
+    Attributes:
+        size: bytes.
+        etag: the object store's version tag, which changes whenever the object
+            is rewritten (with other content); None for local files.
+    """
+
+    size: int
+    etag: str | None = None
+
+
+class OutputStore(abc.ABC):
+    """Where a build writes: a local directory or an object-store prefix.
+
+    Names are relative, `/`-separated (`train-000000.tar`, `_build/config.json`).
+    Every write is atomic: a reader sees the whole file under its name or nothing.
+    """
+
+    url: str  # the directory or URL, for messages; never holds credentials
+
+    def location(self, name: str) -> str:
+        """Path or URL of `name`, for messages and for readers."""
+        return f"{self.url.rstrip('/')}/{name}"
+
+    @abc.abstractmethod
+    def info(self, name: str) -> StoredInfo | None:
+        """Size and version tag of `name`, or None when it does not exist."""
+
+    @abc.abstractmethod
+    def read_bytes(self, name: str) -> bytes:
+        """The content of a small file; raises FileNotFoundError when missing."""
+
+    @abc.abstractmethod
+    def write_bytes_atomic(self, name: str, data: bytes) -> None:
+        """Write a small file (marker, manifest) all at once."""
+
+    @abc.abstractmethod
+    def staged(self, name: str) -> contextlib.AbstractContextManager[Path]:
+        """Context manager yielding a local temporary path that becomes `name` on success.
+
+        On an exception nothing appears under `name` (an existing file there is
+        left untouched) and the temporary file is removed.
+        """
+
+    @abc.abstractmethod
+    def sha256(self, name: str) -> str:
+        """Hex sha256 of a stored file, read in chunks."""
+
+    @abc.abstractmethod
+    def list(self) -> list[str]:
+        """Every file name under the root, recursively, sorted."""
+
+    @abc.abstractmethod
+    def is_empty(self) -> bool:
+        """True when the root does not exist or holds nothing."""
+
+    @abc.abstractmethod
+    def remove(self, name: str) -> None:
+        """Delete one file; a missing file is not an error."""
+
+    @abc.abstractmethod
+    def remove_tree(self, name: str) -> None:
+        """Delete a directory (a prefix) and everything under it; missing is fine."""
+
+    @abc.abstractmethod
+    def remove_stale_temps(self) -> list[str]:
+        """Delete temporary files a crashed writer left at the root; returns their names."""
+
+
+class LocalStore(OutputStore):
+    """A local (or shared network) directory: temp file, fsync, rename."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).resolve()
+        self.url = str(self.root)
+
+    def location(self, name: str) -> str:
+        return str(self.root / name)
+
+    def info(self, name: str) -> StoredInfo | None:
+        try:
+            return StoredInfo((self.root / name).stat().st_size)
+        except FileNotFoundError:
+            return None
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+    def write_bytes_atomic(self, name: str, data: bytes) -> None:
+        (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.root / name, data)
+
+    @contextlib.contextmanager
+    def staged(self, name: str) -> Iterator[Path]:
+        (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.root / name) as tmp:
+            yield tmp
+
+    def sha256(self, name: str) -> str:
+        return file_sha256(self.root / name)
+
+    def list(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()
+        )
+
+    def is_empty(self) -> bool:
+        return not self.root.exists() or not any(self.root.iterdir())
+
+    def remove(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def remove_tree(self, name: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def remove_stale_temps(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return [p.name for p in remove_stale_temps(self.root)]
+
+
+class FsspecStore(OutputStore):
+    """An object-store prefix (`s3://bucket/prefix`) written through fsspec.
+
+    Files are staged in the local temp directory (`TMPDIR`) and uploaded once
+    complete; S3 commits a PUT or a multipart upload atomically, so no partial
+    object ever exists under a final key, and no temp object needs cleaning.
+    Credentials and the endpoint come from the client's standard environment
+    and config (for S3: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, `~/.aws/config`), or from
+    `storage_options`; they never appear in `url` or in messages.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        import fsspec  # lazily: local builds never pay for it
+
+        scheme = url.split("://", 1)[0].lower()
+        # A fresh instance that reads the environment now, and no listing cache:
+        # a resumed build must see what is in the store, not what was listed before.
+        options = {"skip_instance_cache": True, "use_listings_cache": False}
+        options.update(storage_options or {})
+        self.fs, root = fsspec.core.url_to_fs(url, **options)
+        self.root = root.rstrip("/")
+        self.url = f"{scheme}://{self.root}"
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def info(self, name: str) -> StoredInfo | None:
+        try:
+            details = self.fs.info(self._path(name))
+        except FileNotFoundError:
+            return None
+        if details.get("type") == "directory":
+            return None
+        etag = details.get("ETag") or details.get("etag")
+        return StoredInfo(int(details["size"]), str(etag) if etag else None)
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(self._path(name))
+
+    def write_bytes_atomic(self, name: str, data: bytes) -> None:
+        self.fs.pipe_file(self._path(name), data)  # one PUT: all or nothing
+
+    @contextlib.contextmanager
+    def staged(self, name: str) -> Iterator[Path]:
+        handle, tmp_name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=f"-{Path(name).name}")
+        os.close(handle)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            # One PUT below the multipart threshold, else one multipart upload
+            # that the client aborts on failure; either way the key appears whole.
+            self.fs.put_file(str(tmp), self._path(name))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def sha256(self, name: str) -> str:
+        digest = hashlib.sha256()
+        with self.fs.open(self._path(name), "rb", block_size=_HASH_CHUNK) as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def list(self) -> list[str]:
+        try:
+            paths = self.fs.find(self.root)
+        except FileNotFoundError:
+            return []
+        prefix = self.root + "/"
+        return sorted(p[len(prefix) :] for p in paths if p.startswith(prefix))
+
+    def is_empty(self) -> bool:
+        return not self.list()
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(name))
+
+    def remove_tree(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._path(name), recursive=True)
+
+    def remove_stale_temps(self) -> list[str]:
+        return []  # nothing is ever written under a temporary key
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """True for `scheme://` locations other than `file://`."""
+    text = os.fspath(location)
+    return "://" in text and not text.lower().startswith("file://")
+
+
+def open_output_store(
+    location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> OutputStore:
+    """The store for a build's `--output`: a directory, `file://`, `s3://` or `gs://` URL.
+
+    Raises:
+        ValueError: an unsupported scheme.
+    """
+    text = os.fspath(location)
+    if not is_remote(text):
+        return LocalStore(text[len("file://") :] if text.lower().startswith("file://") else text)
+    scheme = text.split("://", 1)[0].lower()
+    if scheme not in OUTPUT_SCHEMES:
+        raise ValueError(
+            f"cannot write shards to {scheme}:// URLs; use a directory or one of "
+            f"{', '.join(s + '://' for s in OUTPUT_SCHEMES)}"
+        )
+    return FsspecStore(text, storage_options)
