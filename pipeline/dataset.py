@@ -65,6 +65,7 @@ class WorkerStats:
     skipped: Counter = field(default_factory=Counter)
     refilled: int = 0
     decode_s: float = 0.0
+    budget: int = 10  # skips allowed before the worker stops
 
     def snapshot(self) -> dict:
         return {
@@ -133,7 +134,7 @@ class StreamSettings:
     channels_last: bool
     max_skip_fraction: float
     retry: RetryPolicy
-    storage_options: dict | None = None
+    storage_options: dict | None = field(default=None, repr=False)
     epoch_samples: int | None = None  # set: resampled mode with this many samples per epoch
     class_weights: tuple[float, ...] | None = None  # resampled mode: keep-probability per class
 
@@ -184,13 +185,14 @@ class ShardStream(IterableDataset):
             samples, planned, batches = self.plan_exact(epoch, segments, part, role, stats)
         else:
             samples, planned, batches = self.plan_resampled(epoch, segments, part, role, stats)
+        stats.budget = max(10, int(planned * self.settings.max_skip_fraction))
         rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
         shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
         skip_batches = roles_consumed(resumed, num_workers)[role]
         for _ in range(min(skip_batches * part.batch_size, planned)):
             next(shuffled, None)  # delivered before the interruption: read, never decoded
         sizes = batch_sizes(planned, batches, part.batch_size)[skip_batches:]
-        yield from self.iter_batches(shuffled, sizes, epoch, stats, planned)
+        yield from self.iter_batches(shuffled, sizes, epoch, stats)
 
     def plan_exact(self, epoch, segments, part, role, stats) -> tuple[Iterator[Sample], int, int]:
         """Every sample once per epoch (up to the epoch rule): this worker's pieces."""
@@ -249,10 +251,12 @@ class ShardStream(IterableDataset):
                     delivered += 1
                     yield sample
             except SHARD_ERRORS as error:
+                # Our SampleError reasons are slugs; anything else (a ShardReadError's
+                # free-text reason, a TarFormatError) is counted as an unreadable shard.
+                reason = error.reason if isinstance(error, SampleError) else "shard_unreadable"
                 lost = piece.stop - piece.start - delivered
-                reason = getattr(error, "reason", None) or "shard_unreadable"
-                stats.skipped[reason] += lost
                 log.warning("shard %s: %s; skipping its %d unread samples", spec.url, error, lost)
+                count_skips(stats, reason, lost, f"shard {spec.url}")
 
     def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
         s = self.settings
@@ -275,10 +279,9 @@ class ShardStream(IterableDataset):
                 )
 
     def iter_batches(
-        self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats, planned: int
+        self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats
     ) -> Iterator[tuple]:
         reserve: deque = deque(maxlen=RESERVE_SIZE)
-        budget = max(10, int(planned * self.settings.max_skip_fraction))
         for size in sizes:
             images, labels, keys = [], [], []
             while len(images) < size:
@@ -288,7 +291,9 @@ class ShardStream(IterableDataset):
                 try:
                     image, label = self.decode(sample, epoch, stats, repeat)
                 except SampleError as error:
-                    self.count_skip(sample, error, stats, budget)
+                    self.log_skip(sample, error, stats)
+                    where = f"{sample.get('__url__')} key {sample.get('__key__')}"
+                    count_skips(stats, error.reason, 1, where)
                     continue
                 reserve.append(sample)
                 images.append(image)
@@ -321,11 +326,8 @@ class ShardStream(IterableDataset):
         stats.refilled += 1
         return reserve[stats.refilled % len(reserve)], stats.refilled
 
-    def count_skip(
-        self, sample: Sample, error: SampleError, stats: WorkerStats, budget: int
-    ) -> None:
-        stats.skipped[error.reason] += 1
-        skipped = sum(stats.skipped.values())
+    def log_skip(self, sample: Sample, error: SampleError, stats: WorkerStats) -> None:
+        skipped = sum(stats.skipped.values()) + 1
         if skipped == 1 or skipped % LOG_EVERY == 0:
             log.warning(
                 "skipped sample %s of %s: %s (%d skipped so far)",
@@ -334,12 +336,6 @@ class ShardStream(IterableDataset):
                 error,
                 skipped,
             )
-        if skipped > budget:
-            raise LoaderDataError(
-                f"worker {stats.worker} skipped {skipped} samples, over its budget of {budget} "
-                f"({dict(stats.skipped)}); last: {sample.get('__url__')} key {sample.get('__key__')}. "
-                "Check the shards with `preprocess verify` or raise max_skip_fraction."
-            )
 
     def collate(self, images, labels, keys, stats: WorkerStats) -> tuple:
         batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
@@ -347,6 +343,18 @@ class ShardStream(IterableDataset):
             batch = batch.contiguous()
         label_tensor = torch.tensor(labels, dtype=torch.int64)
         return batch, label_tensor, keys if self.settings.with_keys else None, stats.snapshot()
+
+
+def count_skips(stats: WorkerStats, reason: str, count: int, where: str) -> None:
+    """Count skipped samples; past the worker's budget, stop with what and where."""
+    stats.skipped[reason] += count
+    skipped = sum(stats.skipped.values())
+    if skipped > stats.budget:
+        raise LoaderDataError(
+            f"worker {stats.worker} skipped {skipped} samples, over its budget of {stats.budget} "
+            f"({dict(stats.skipped)}); last: {where}. "
+            "Check the shards with `preprocess verify` or raise max_skip_fraction."
+        )
 
 
 def class_weight(weights: tuple[float, ...], sample: Sample, default: float) -> float:

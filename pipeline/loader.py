@@ -93,7 +93,8 @@ class LoaderConfig:
     crop_fraction: float = 0.875
     max_skip_fraction: float = 0.01
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    storage_options: dict | None = None
+    # repr=False: credentials put here must not leak wherever a config is logged.
+    storage_options: dict | None = field(default=None, repr=False)
     timeout: float = 0.0
     resampled: bool = False
     epoch_samples: int | None = None

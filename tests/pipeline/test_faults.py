@@ -200,3 +200,17 @@ def test_parquet_shards_stream_over_http_with_range_requests(shard_dir):
         ranged = [r for r in server.requests if r.path.endswith(".parquet") and r.range]
     assert remote == local
     assert ranged  # row groups were fetched by range, not the whole file up front
+
+
+def test_an_unreadable_shard_counts_against_the_skip_budget(shard_copy):
+    target = shard_copy / "train-000002.tar"
+    target.write_bytes(b"garbage" * 100)
+    with pytest.raises(LoaderDataError, match="over its budget"):
+        full_epoch(shard_copy, max_skip_fraction=0.01)
+    loader, _ = full_epoch(shard_copy, max_skip_fraction=1.0)
+    assert set(loader.stats.skipped) == {"shard_unreadable"}
+
+
+def test_storage_options_never_appear_in_config_reprs():
+    config = LoaderConfig(source="s3://bucket/manifest.json", storage_options={"secret": "hunter2"})
+    assert "hunter2" not in repr(config)
