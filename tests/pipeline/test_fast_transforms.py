@@ -1,0 +1,274 @@
+"""Tests for the simplejpeg + OpenCV crops (`pipeline.fast_transforms`) against the Pillow ones."""
+
+from __future__ import annotations
+
+import pickle
+import random
+import struct
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("simplejpeg")
+pytest.importorskip("cv2")
+
+from pipeline import fast_transforms  # noqa: E402
+from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop  # noqa: E402
+from pipeline.transforms import CenterCrop, RandomResizedCrop  # noqa: E402
+from shards.sample import SampleError  # noqa: E402
+from tests.oddimages import (  # noqa: E402
+    BANDS,
+    banded,
+    encode,
+    noise_image,
+    odd_image_bytes,
+    photo_jpeg,
+    truncated,
+)
+from tests.pipeline.conftest import loader_for  # noqa: E402
+
+# Mean absolute difference to Pillow's output, in grey levels, that still means "same pixels":
+# the filters differ slightly (OpenCV's bilinear vs Pillow's antialiased one). A wrong box or
+# a wrong flip gives tens of grey levels (see test_tolerance_detects_a_wrong_crop).
+TOLERANCE = 1.5
+SIZES = [(256, 341), (341, 256), (1024, 768), (100, 75), (300, 257)]
+
+
+def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+def outcome(transform, data: bytes, seed: int = 0):
+    """The output array, or the SampleError reason."""
+    try:
+        return transform(data, random.Random(seed))
+    except SampleError as error:
+        return error.reason
+
+
+def jpeg_with_size(width: int, height: int) -> bytes:
+    """A real 16x16 JPEG whose SOF0 header is patched to claim `width` x `height`."""
+    data = bytearray(encode(noise_image(16, 16), "JPEG", quality=90))
+    at = data.index(b"\xff\xc0")  # SOF0: marker, length(2), precision(1), height(2), width(2)
+    data[at + 5 : at + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+# --- same pixels as the Pillow transforms ------------------------------------------------
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+@pytest.mark.parametrize(
+    "fast,pillow",
+    [
+        (FastRandomResizedCrop(), RandomResizedCrop()),
+        (FastRandomResizedCrop(draft=False), RandomResizedCrop(draft=False)),
+        (
+            FastRandomResizedCrop(size=96, resample="bicubic"),
+            RandomResizedCrop(size=96, resample="bicubic"),
+        ),
+        (FastCenterCrop(), CenterCrop()),
+        (FastCenterCrop(size=64, crop_fraction=0.5), CenterCrop(size=64, crop_fraction=0.5)),
+    ],
+)
+def test_matches_pillow_geometry(width, height, fast, pillow):
+    for seed in range(6):
+        data = photo_jpeg(width, height, seed=seed)
+        ours, theirs = fast(data, random.Random(seed)), pillow(data, random.Random(seed))
+        assert ours.shape == theirs.shape == (fast.size, fast.size, 3)
+        assert mean_abs(ours, theirs) < TOLERANCE, (width, height, seed)
+
+
+def test_tolerance_detects_a_wrong_crop():
+    data = photo_jpeg(341, 256)
+    ours = FastRandomResizedCrop()(data, random.Random(1))
+    assert mean_abs(ours, RandomResizedCrop()(data, random.Random(2))) > 5 * TOLERANCE
+    flipped = RandomResizedCrop(hflip=1.0)(data, random.Random(1))
+    unflipped = RandomResizedCrop(hflip=0.0)(data, random.Random(1))
+    assert mean_abs(flipped, unflipped) > 5 * TOLERANCE
+
+
+@pytest.mark.parametrize("width,height", [(256, 341), (341, 256), (256, 256)])
+def test_center_crop_of_256_px_shards_is_exact(width, height):
+    data = photo_jpeg(width, height)
+    assert np.array_equal(
+        FastCenterCrop()(data, random.Random()), CenterCrop()(data, random.Random())
+    )
+
+
+def test_consumes_rng_exactly_like_pillow():
+    data = photo_jpeg(341, 256)
+    for seed in range(20):
+        ours, theirs = random.Random(seed), random.Random(seed)
+        FastRandomResizedCrop()(data, ours)
+        RandomResizedCrop()(data, theirs)
+        assert ours.getstate() == theirs.getstate()
+
+
+def test_nearest_is_bit_exact_on_whole_pixel_boxes():
+    data = photo_jpeg(256, 341, seed=3)
+    for seed in range(10):
+        fast = FastRandomResizedCrop(resample="nearest")(data, random.Random(seed))
+        pillow = RandomResizedCrop(resample="nearest")(data, random.Random(seed))
+        assert np.array_equal(fast, pillow)
+
+
+# --- determinism, flip, output contract --------------------------------------------------
+
+
+def test_deterministic_for_a_seed_and_different_across_seeds():
+    data = photo_jpeg(341, 256)
+    transform = FastRandomResizedCrop()
+    first = transform(data, random.Random(7))
+    assert np.array_equal(first, transform(data, random.Random(7)))
+    assert not np.array_equal(first, transform(data, random.Random(8)))
+
+
+@pytest.mark.parametrize("width,height", [(341, 256), (300, 257), (1024, 768)])
+def test_flip_mirrors_the_same_crop(width, height):
+    data = photo_jpeg(width, height)
+    for seed in range(5):
+        plain = FastRandomResizedCrop(hflip=0.0)(data, random.Random(seed))
+        flipped = FastRandomResizedCrop(hflip=1.0)(data, random.Random(seed))
+        assert np.abs(flipped.astype(int) - plain[:, ::-1].astype(int)).max() <= 1
+
+
+def test_flip_decisions_match_pillow():
+    data = photo_jpeg(341, 256)
+    flips = 0
+    for seed in range(20):
+        ours = FastRandomResizedCrop()(data, random.Random(seed))
+        assert mean_abs(ours, RandomResizedCrop()(data, random.Random(seed))) < TOLERANCE
+        unflipped = RandomResizedCrop(hflip=0.0)(data, random.Random(seed))
+        flips += mean_abs(ours, unflipped[:, ::-1]) < TOLERANCE
+    assert 0 < flips < 20  # both decisions occurred, and each matched Pillow's
+
+
+@pytest.mark.parametrize("transform", [FastRandomResizedCrop(size=96), FastCenterCrop(size=64)])
+def test_output_is_writable_contiguous_uint8(transform):
+    out = transform(photo_jpeg(300, 257), random.Random(0))
+    assert out.dtype == np.uint8 and out.flags.c_contiguous and out.flags.writeable
+    assert out.shape == (transform.size, transform.size, 3)
+
+
+def test_transforms_pickle_for_spawned_workers():
+    for transform in (FastRandomResizedCrop(size=64, hflip=0.3), FastCenterCrop(size=32)):
+        copy = pickle.loads(pickle.dumps(transform))
+        assert copy == transform
+        data = photo_jpeg(341, 256)
+        assert np.array_equal(copy(data, random.Random(1)), transform(data, random.Random(1)))
+
+
+def test_arguments_are_validated_like_pillow():
+    with pytest.raises(ValueError, match="resample"):
+        FastRandomResizedCrop(resample="box")
+    with pytest.raises(ValueError, match="scale"):
+        FastRandomResizedCrop(scale=(0.5, 0.1))
+    with pytest.raises(ValueError, match="crop_fraction"):
+        FastCenterCrop(crop_fraction=0.0)
+
+
+# --- bad input and fallbacks -------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data")  # Pillow, on exif_broken_ifd
+@pytest.mark.parametrize("name", sorted(odd_image_bytes()))
+def test_odd_images_give_the_pillow_outcome(name):
+    """Every odd or hostile file: the same reason as the Pillow transform, or the same pixels."""
+    _, data, _ = odd_image_bytes()[name]
+    ours, theirs = (
+        outcome(FastRandomResizedCrop(size=32), data),
+        outcome(RandomResizedCrop(size=32), data),
+    )
+    if isinstance(theirs, str):
+        assert ours == theirs
+    else:
+        assert not isinstance(ours, str), ours
+        assert mean_abs(ours, theirs) < TOLERANCE
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.999])
+def test_truncated_jpeg_is_truncated(fraction):
+    data = truncated(photo_jpeg(341, 256), fraction)
+    assert outcome(FastRandomResizedCrop(), data) == "truncated"
+    assert outcome(FastCenterCrop(), data) == "truncated"
+
+
+@pytest.mark.parametrize(
+    "data,reason",
+    [
+        (b"", "unidentified"),
+        (b"not an image at all", "unidentified"),
+        (b"\xff\xd8\xff" + b"garbage" * 20, "unidentified"),
+        (photo_jpeg(64, 64)[:40], "decode_error"),  # a cut header: Pillow's "Truncated File Read"
+    ],
+)
+def test_garbage_gives_the_decode_reasons(data, reason):
+    assert outcome(FastRandomResizedCrop(), data) == reason == outcome(RandomResizedCrop(), data)
+
+
+def test_pixel_cap_is_checked_on_the_header_before_decoding(monkeypatch):
+    import simplejpeg
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("decoded past the pixel cap")
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", refuse)
+    bomb = jpeg_with_size(60_000, 60_000)
+    for transform in (FastRandomResizedCrop(), FastCenterCrop()):
+        assert outcome(transform, bomb) == "too_many_pixels"
+    real = photo_jpeg(100, 100)
+    assert outcome(FastRandomResizedCrop(max_pixels=9_999), real) == "too_many_pixels"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+@pytest.mark.parametrize(
+    "fast,pillow",
+    [
+        (FastRandomResizedCrop(size=48), RandomResizedCrop(size=48)),
+        (FastCenterCrop(size=48), CenterCrop(size=48)),
+    ],
+)
+def test_png_and_webp_fall_back_to_pillow(fmt, fast, pillow):
+    data = encode(noise_image(120, 90), fmt)
+    for seed in range(3):
+        assert np.array_equal(fast(data, random.Random(seed)), pillow(data, random.Random(seed)))
+
+
+def test_cmyk_jpeg_falls_back_to_pillow():
+    data = encode(banded("CMYK", BANDS["CMYK"]), "JPEG")
+    fast, pillow = FastRandomResizedCrop(size=32), RandomResizedCrop(size=32)
+    assert np.array_equal(fast(data, random.Random(2)), pillow(data, random.Random(2)))
+
+
+def test_grey_jpeg_becomes_rgb():
+    data = encode(Image.new("L", (80, 60), 77), "JPEG")
+    out = FastCenterCrop(size=32)(data, random.Random())
+    assert out.shape == (32, 32, 3)
+    assert np.abs(out.astype(int) - 77).max() <= 1
+
+
+def test_missing_packages_name_the_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)
+    monkeypatch.setattr(fast_transforms._Backends, "pid", None)
+    with pytest.raises(ImportError, match=r"shardpipe\[fast\]"):
+        FastRandomResizedCrop()
+
+
+# --- through the loader ------------------------------------------------------------------
+
+
+def test_loader_accepts_the_fast_transform(shard_dir):
+    # 96 px, not the fixture's 32: 8x shrinks of tiny outputs differ more between the filters.
+    fast = loader_for(shard_dir, transform=FastRandomResizedCrop(size=96), seed=3, image_size=96)
+    pillow = loader_for(shard_dir, seed=3, image_size=96)
+    batches = 0
+    for (images, labels, keys), (ref_images, ref_labels, ref_keys) in zip(
+        fast, pillow, strict=True
+    ):
+        assert images.shape == ref_images.shape and images.dtype == ref_images.dtype
+        assert keys == ref_keys and labels.tolist() == ref_labels.tolist()
+        assert mean_abs(images.numpy(), ref_images.numpy()) < TOLERANCE
+        batches += 1
+    assert batches == len(pillow) > 0
