@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,11 @@ def list_sources(input_path: str) -> list[SourceItem]:
         InputError: no inputs, a malformed manifest, duplicates or escaping paths.
         FileNotFoundError: the input does not exist.
     """
+    if is_remote(input_path):
+        items = list_remote(input_path)
+        if not items:
+            raise InputError(f"no images found under {input_path}")
+        return sorted(items, key=_sort_key)
     path = Path(input_path)
     if not path.exists():
         raise FileNotFoundError(f"input {input_path} does not exist")
@@ -122,20 +128,22 @@ def list_manifest(manifest: Path) -> list[SourceItem]:
     return items
 
 
-def _read_rows(manifest: Path) -> list[dict]:
-    suffix = manifest.suffix.lower()
+def _read_rows(manifest: Path | str, opener=open) -> list[dict]:
+    """Rows of a CSV, JSONL or Parquet list; `opener` is `open` or an fsspec filesystem's."""
+    suffix = os.path.splitext(str(manifest))[1].lower()
     if suffix == ".csv":
-        with open(manifest, newline="", encoding="utf-8") as f:
+        with opener(manifest, "rt", newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     elif suffix == ".jsonl":
-        with open(manifest, encoding="utf-8") as f:
+        with opener(manifest, "rt", encoding="utf-8") as f:
             rows = [
                 _parse_json_line(manifest, i, line) for i, line in enumerate(f, 1) if line.strip()
             ]
     else:
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(manifest).to_pylist()
+        with opener(manifest, "rb") as f:
+            rows = pq.read_table(f).to_pylist()
     if rows and not {"path", "label"} <= set(rows[0]):
         raise InputError(f"{manifest} needs columns `path` and `label` (has {sorted(rows[0])})")
     return rows
@@ -149,3 +157,59 @@ def _parse_json_line(manifest: Path, number: int, line: str) -> dict:
     if not isinstance(row, dict):
         raise InputError(f"{manifest}:{number}: each line must be a JSON object")
     return row
+
+
+# Object stores an input may live in. Listing goes through fsspec; no scheme
+# that can run commands or reach arbitrary local paths is accepted.
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "memory")
+
+
+def is_remote(input_path: str) -> bool:
+    return "://" in input_path and not input_path.startswith("file://")
+
+
+def list_remote(url: str) -> list[SourceItem]:
+    """An ImageFolder tree or a list file in an object store, listed through fsspec.
+
+    Paths in a remote list file are relative to it and may not leave its prefix;
+    credentials and endpoints come from the store's standard environment.
+    """
+    import fsspec
+
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in REMOTE_SCHEMES:
+        raise InputError(f"input scheme {scheme}:// is not supported; use one of {REMOTE_SCHEMES}")
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    if root.lower().endswith(MANIFEST_SUFFIXES):
+        return _remote_list_file(fs, scheme, root)
+    items = []
+    for full in sorted(fs.find(root)):
+        rel = full[len(root) :].lstrip("/")
+        parts = rel.split("/")
+        if len(parts) < 2 or any(_is_hidden(p) for p in parts):
+            continue
+        if os.path.splitext(parts[-1])[1].lower() in IMAGE_SUFFIXES:
+            items.append(SourceItem(f"{scheme}://{full}", rel, parts[0]))
+    return items
+
+
+def _remote_list_file(fs, scheme: str, listing: str) -> list[SourceItem]:
+    base = posixpath.dirname(listing)
+    items, seen = [], set()
+    for number, row in enumerate(_read_rows(listing, opener=fs.open), start=1):
+        where = f"{scheme}://{listing}:{number}"
+        raw, label = str(row.get("path") or ""), row.get("label")
+        if not raw or label is None or str(label) == "":
+            raise InputError(f"{where}: every row needs `path` and `label`")
+        rel = posixpath.normpath(raw)
+        if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
+            raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
+        if rel in seen:
+            raise InputError(f"{where}: duplicate path {rel!r}")
+        seen.add(rel)
+        split = row.get("split")
+        items.append(
+            SourceItem(f"{scheme}://{base}/{rel}", rel, str(label), str(split) if split else None)
+        )
+    return items

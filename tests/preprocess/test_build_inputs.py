@@ -166,3 +166,27 @@ def test_empty_input_is_a_clear_error(tmp_path, capsys):
     )
     assert code == 1
     assert "no images found" in capsys.readouterr().err
+
+
+def test_inputs_in_an_object_store_are_listed_through_fsspec(sample_dir, built_shards, tmp_path):
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for path in sorted(sample_dir.rglob("*")):
+        if path.is_file():
+            memory.pipe(f"/images/{path.relative_to(sample_dir).as_posix()}", path.read_bytes())
+    memory.pipe("/images/.hidden/x.jpg", b"ignored")
+    memory.pipe("/images/class_000/notes.txt", b"ignored")
+    try:
+        summary = run_build(small_build_config("memory://images", tmp_path / "out"))
+        listing = "path,label\nclass_000/img_0000000.jpg,a\n../escape.jpg,a\n"
+        memory.pipe("/lists/bad.csv", listing.encode())
+        with pytest.raises(InputError, match="inside the list's prefix"):
+            run_build(small_build_config("memory://lists/bad.csv", tmp_path / "out2"))
+        with pytest.raises(InputError, match="not supported"):
+            run_build(small_build_config("ftp://host/images", tmp_path / "out3"))
+    finally:
+        memory.rm("/images", recursive=True)
+        memory.rm("/lists", recursive=True)
+    for shard in (built_shards.output).glob("*-*.*"):
+        assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes(), shard.name
