@@ -179,6 +179,7 @@ def test_inputs_in_an_object_store_are_listed_through_fsspec(sample_dir, built_s
     memory.pipe("/images/class_000/notes.txt", b"ignored")
     try:
         summary = run_build(small_build_config("memory://images", tmp_path / "out"))
+        assert summary.manifest.inputs == built_shards.manifest.inputs
         listing = "path,label\nclass_000/img_0000000.jpg,a\n../escape.jpg,a\n"
         memory.pipe("/lists/bad.csv", listing.encode())
         with pytest.raises(InputError, match="inside the list's prefix"):
