@@ -88,6 +88,12 @@ def add_build_shards(commands) -> None:
         "--resample", choices=("bilinear", "bicubic", "lanczos"), default=defaults.resample
     )
     p.add_argument("--encode", choices=("jpeg", "webp", "png"), default=defaults.encode)
+    p.add_argument(
+        "--backend",
+        choices=("pillow", "fast"),
+        default=defaults.backend,
+        help="`fast`: libjpeg-turbo + OpenCV for plain JPEGs (pip install 'shardpipe[fast]')",
+    )
     p.add_argument("--quality", type=int, default=defaults.quality)
     p.add_argument(
         "--max-pixels",
@@ -123,6 +129,7 @@ def build_config_from_args(args) -> BuildConfig:
         quality=args.quality,
         max_pixels=args.max_pixels,
         resample=args.resample,
+        backend=args.backend,
     )
     return BuildConfig(
         input=args.input,

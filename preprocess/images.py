@@ -56,6 +56,28 @@ LANCZOS (500x375 JPEGs to 341x256, quality 90; the team saw 600 vs 390 on two co
 first box-reduces by an integer factor when the source is over twice the target, which is
 what keeps large non-JPEG sources cheap.
 
+Backends. `pillow` (default) does everything with Pillow. `fast` (optional extra `fast`:
+simplejpeg and opencv-python-headless) takes over the common case, a baseline or progressive
+JPEG in RGB/YCbCr or grey, and hands everything else to the Pillow path unchanged:
+    - the same header checks run first, on Pillow's lazy open (allowlist, pixel cap, min side),
+      and libjpeg-turbo must read the same size from the header, so the cap covers what it
+      allocates;
+    - libjpeg-turbo decodes with the same DCT scale (1/2, 1/4, 1/8) that `draft` picks, in
+      strict mode: a truncated file or any libjpeg warning raises, and the input goes to the
+      Pillow path, which classifies it (`truncated`, `decode_error`) or accepts it exactly as
+      the `pillow` backend would. Nothing ever turns a cut file into a grey partial image;
+    - EXIF orientation is applied to the array, then OpenCV resizes with bilinear
+      (`INTER_LINEAR_EXACT`, bit-exact on every CPU) while the source is at most twice the
+      output, and with `INTER_AREA` beyond (huge sources that DCT scaling cannot bring close);
+      crop boxes are rounded to whole decoded pixels (off by less than half of one);
+    - JPEG output is encoded by libjpeg-turbo with Pillow's settings (4:2:0, accurate DCT,
+      baseline); WebP and PNG output go through Pillow's encoders.
+OpenCV's bilinear is not antialiased, which DCT scaling makes acceptable: after it the resize
+factor is below 2. Output geometry is identical to the Pillow backend's; pixels differ
+slightly (see docs/BENCHMARKS.md for speed and PSNR/SSIM against LANCZOS). The backend is part
+of the output-shaping config, so a build cannot be resumed with the other one. Importing
+OpenCV sets its thread pool to one thread: each worker process runs one image at a time.
+
 Inside the call the decompression-bomb warning is an error and Pillow's UserWarnings about
 tolerated data (corrupt EXIF, ...) are silenced, with `warnings.catch_warnings`, which
 changes process-wide filter state: call `process_image` from one thread per process, as Ray
@@ -64,6 +86,8 @@ tasks do.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import os
 import stat
@@ -73,6 +97,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from io import BytesIO
+from types import ModuleType
 
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
@@ -83,6 +108,8 @@ from shards.sample import SampleError
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
+BACKENDS = ("pillow", "fast")
+FAST_PACKAGES = ("simplejpeg", "cv2")  # import names of the `fast` extra's packages
 RESAMPLING = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -182,6 +209,8 @@ class ImageConfig:
         min_side: sources with a side below this are skipped as `too_small`.
         resample: `bilinear` (default, fast and antialiased), `bicubic` or `lanczos`.
         background: RGB colour that transparent pixels are composited onto.
+        backend: `pillow` (default) or `fast` (libjpeg-turbo + OpenCV for plain JPEGs,
+            Pillow for the rest; needs the `fast` extra and `resample="bilinear"`).
     """
 
     image_size: int = 256
@@ -194,9 +223,11 @@ class ImageConfig:
     min_side: int = 8
     resample: str = "bilinear"
     background: tuple[int, int, int] = (255, 255, 255)
+    backend: str = "pillow"
 
     def __post_init__(self) -> None:
         _check_choice("resize", self.resize, RESIZE_POLICIES)
+        _check_choice("backend", self.backend, BACKENDS)
         _check_choice("encode", self.encode, tuple(EXTENSIONS))
         _check_choice("resample", self.resample, tuple(RESAMPLING))
         if self.image_size < 1 or self.min_side < 1 or self.max_file_bytes < 1:
@@ -213,6 +244,8 @@ class ImageConfig:
             raise ValueError(f"max_aspect {self.max_aspect} must be at least 1")
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
             raise ValueError(f"background {self.background} must be three values in 0..255")
+        if self.backend == "fast":
+            _check_fast_backend(self.resample)
 
 
 @dataclass(frozen=True)
@@ -312,24 +345,32 @@ def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:
         # design; across 500k inputs they would only flood the worker logs.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
         with _open(data) as source:
-            orig_format, orig_mode = source.format or "", source.mode
-            header_size = source.size
-            _check_header(header_size, config)
-            _draft(source, config)
-            _load(source, data)
-            orientation = read_orientation(source)
-            width, height = header_size
-            orig_size = (height, width) if orientation >= 5 else (width, height)
-            image = source.transpose(_TRANSPOSE[orientation]) if orientation > 1 else source
-            image = to_rgb(image, config.background)
-            image = _resize(image, orig_size, config)
-            payload = _encode(image, config)
-            out_width, out_height = image.size
+            _check_header(source.size, config)
+            if config.backend == "fast":
+                result = _process_fast(source, data, config)
+                if result is not None:
+                    return result
+            return _process_pillow(source, data, config)
+
+
+def _process_pillow(
+    source: ImageFile.ImageFile, data: bytes, config: ImageConfig
+) -> ProcessedImage:
+    """The Pillow path for an opened source whose header passed `_check_header`."""
+    orig_format, orig_mode = source.format or "", source.mode
+    width, height = source.size
+    _draft(source, config)
+    _load(source, data)
+    orientation = read_orientation(source)
+    orig_size = (height, width) if orientation >= 5 else (width, height)
+    image = source.transpose(_TRANSPOSE[orientation]) if orientation > 1 else source
+    image = to_rgb(image, config.background)
+    image = _resize(image, orig_size, config)
     return ProcessedImage(
-        data=payload,
+        data=_encode(image, config),
         ext=EXTENSIONS[config.encode],
-        width=out_width,
-        height=out_height,
+        width=image.width,
+        height=image.height,
         orig_width=orig_size[0],
         orig_height=orig_size[1],
         orig_format=orig_format,
@@ -437,13 +478,7 @@ def _resize(image: Image.Image, orig_size: tuple[int, int], config: ImageConfig)
 
 
 def _encode(image: Image.Image, config: ImageConfig) -> bytes:
-    limit = _MAX_OUTPUT_SIDE[config.encode]
-    if max(image.size) > limit:
-        raise SampleError(
-            "too_many_pixels",
-            f"output {image.width}x{image.height} exceeds the {config.encode} limit of {limit} px "
-            "a side; use a resize policy other than `none`",
-        )
+    _check_output_size(image.width, image.height, config)
     image.info = {}  # nothing of the source's metadata (EXIF, ICC, XMP, comments) is written
     buffer = BytesIO()
     if config.encode == "jpeg":
@@ -453,6 +488,16 @@ def _encode(image: Image.Image, config: ImageConfig) -> bytes:
     else:
         image.save(buffer, "PNG", compress_level=_PNG_COMPRESS_LEVEL)
     return buffer.getvalue()
+
+
+def _check_output_size(width: int, height: int, config: ImageConfig) -> None:
+    limit = _MAX_OUTPUT_SIDE[config.encode]
+    if max(width, height) > limit:
+        raise SampleError(
+            "too_many_pixels",
+            f"output {width}x{height} exceeds the {config.encode} limit of {limit} px "
+            "a side; use a resize policy other than `none`",
+        )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -554,3 +599,136 @@ def _riff_truncated(data: bytes) -> bool:
     if not (data.startswith(b"RIFF") and data[8:12] == b"WEBP"):
         return False
     return int.from_bytes(data[4:8], "little") + 8 > len(data)
+
+
+# --- The `fast` backend (see "Backends" in the module docstring) -----------------------------
+
+# Orientation -> (transpose first?, OpenCV flip code after: 1 mirrors left-right, 0 top-bottom,
+# -1 both, None no flip): the array version of `_TRANSPOSE`. OpenCV's transpose and flip are
+# ~10x faster than copying a transposed numpy view.
+_ORIENT_ARRAY = {
+    2: (False, 1),
+    3: (False, -1),
+    4: (False, 0),
+    5: (True, None),
+    6: (True, 1),
+    7: (True, -1),
+    8: (True, 0),
+}
+_FAST_MODES = ("RGB", "L")  # Pillow's modes of YCbCr/RGB and grey JPEGs; CMYK/YCCK go to Pillow
+
+
+def fast_backend_available() -> bool:
+    """True when the packages of the `fast` extra can be imported."""
+    return all(importlib.util.find_spec(name) is not None for name in FAST_PACKAGES)
+
+
+def _check_fast_backend(resample: str) -> None:
+    if resample != "bilinear":
+        raise ValueError(
+            f"backend 'fast' resizes with OpenCV's bilinear filter, not {resample!r}; "
+            "use resample='bilinear' (--resample bilinear) or backend='pillow'"
+        )
+    if not fast_backend_available():
+        raise ValueError(
+            "backend 'fast' needs simplejpeg and opencv-python-headless: "
+            "pip install 'shardpipe[fast]', or use backend='pillow'"
+        )
+
+
+@functools.cache
+def _fast_modules() -> tuple[ModuleType, ModuleType]:
+    """Import simplejpeg and OpenCV on first use (only the `fast` backend pays for them)."""
+    import cv2
+    import simplejpeg
+
+    # One image at a time per worker process; OpenCV's own threads would oversubscribe the CPUs
+    # that Ray already hands out one per task.
+    cv2.setNumThreads(1)
+    return simplejpeg, cv2
+
+
+def _process_fast(
+    source: ImageFile.ImageFile, data: bytes, config: ImageConfig
+) -> ProcessedImage | None:
+    """The `fast` path for a plain JPEG; None hands the input to `_process_pillow`."""
+    if source.format != "JPEG" or source.mode not in _FAST_MODES:
+        return None
+    simplejpeg, cv2 = _fast_modules()
+    width, height = source.size
+    scale = _dct_scale(width, height, config)
+    expected = (-(-height // scale), -(-width // scale))  # libjpeg rounds scaled sizes up
+    try:
+        # libjpeg-turbo must see the size whose pixel count `_check_header` capped.
+        if tuple(simplejpeg.decode_jpeg_header(data)[:2]) != (height, width):
+            return None
+        # strict=True raises on truncation and on every libjpeg warning; Pillow's path then
+        # decides, so skip reasons and tolerated quirks match the `pillow` backend.
+        pixels = simplejpeg.decode_jpeg(
+            data, "RGB", min_height=expected[0], min_width=expected[1], strict=True
+        )
+    except ValueError:
+        return None
+    if pixels.shape[:2] != expected:
+        return None
+    orientation = read_orientation(source)
+    orig_size = (height, width) if orientation >= 5 else (width, height)
+    pixels = _resize_array(cv2, _orient_array(cv2, pixels, orientation), orig_size, config)
+    out_height, out_width = pixels.shape[:2]
+    _check_output_size(out_width, out_height, config)
+    if config.encode == "jpeg":
+        # Pillow's JPEG settings: 4:2:0 chroma, accurate integer DCT, baseline, no metadata.
+        payload = simplejpeg.encode_jpeg(pixels, config.quality, "RGB", "420", fastdct=False)
+    else:
+        payload = _encode(Image.fromarray(pixels), config)
+    return ProcessedImage(
+        data=payload,
+        ext=EXTENSIONS[config.encode],
+        width=out_width,
+        height=out_height,
+        orig_width=orig_size[0],
+        orig_height=orig_size[1],
+        orig_format=source.format,
+        orig_mode=source.mode,
+    )
+
+
+def _dct_scale(width: int, height: int, config: ImageConfig) -> int:
+    """The divisor (1, 2, 4 or 8) that Pillow's `draft` picks for `draft_request`."""
+    request = draft_request(width, height, config)
+    if request is None:
+        return 1
+    ratio = min(width // request[0], height // request[1])
+    return next(scale for scale in (8, 4, 2, 1) if ratio >= scale)
+
+
+def _orient_array(cv2: ModuleType, pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn (height, width, 3) stored pixels upright for EXIF `orientation` (1-8)."""
+    if orientation not in _ORIENT_ARRAY:
+        return pixels
+    transpose, flip = _ORIENT_ARRAY[orientation]
+    if transpose:
+        pixels = cv2.transpose(pixels)
+    return pixels if flip is None else cv2.flip(pixels, flip)
+
+
+def _resize_array(
+    cv2: ModuleType, pixels: np.ndarray, orig_size: tuple[int, int], config: ImageConfig
+) -> np.ndarray:
+    """Apply the plan for the upright source size to upright, possibly DCT-scaled pixels.
+
+    Returns a C-contiguous array, as the encoders need.
+    """
+    plan = plan_resize(*orig_size, config)
+    height, width = pixels.shape[:2]
+    sx, sy = width / orig_size[0], height / orig_size[1]
+    left, top, right, bottom = plan.box
+    crop = pixels[round(top * sy) : round(bottom * sy), round(left * sx) : round(right * sx)]
+    crop_height, crop_width = crop.shape[:2]
+    if (crop_width, crop_height) != plan.size:
+        # Bilinear is not antialiased: past a factor of 2 it would alias, so huge sources that
+        # DCT scaling could not bring within 2x of the output take the (slower) area filter.
+        far = crop_width > 2 * plan.size[0] or crop_height > 2 * plan.size[1]
+        interpolation = cv2.INTER_AREA if far else cv2.INTER_LINEAR_EXACT
+        crop = cv2.resize(np.ascontiguousarray(crop), plan.size, interpolation=interpolation)
+    return np.ascontiguousarray(crop)
