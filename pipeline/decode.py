@@ -29,6 +29,7 @@ from io import BytesIO
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
+from shards.imagedata import DECODER_ERRORS, riff_truncated
 from shards.sample import IMAGE_FIELDS, Sample, SampleError
 
 # Formats the loader lets Pillow parse: exactly what `preprocess build-shards` writes.
@@ -39,18 +40,6 @@ RESAMPLING = {
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
 }
-# Exceptions Pillow's own fuzzers accept from decoders of hostile files (Tests/oss-fuzz),
-# plus EOFError, raised by some plugins on data that stops early. MemoryError counts as data:
-# the pixel cap bounds what a legitimate image may allocate.
-DECODER_ERRORS = (
-    OSError,
-    SyntaxError,
-    ValueError,
-    NotImplementedError,
-    OverflowError,
-    EOFError,
-    MemoryError,
-)
 # A box at least this many times the output is first box-reduced by an integer factor:
 # cheap for large PNG/WEBP sources, which have no DCT scaling. Same value as preprocess.
 REDUCING_GAP = 2.0
@@ -241,16 +230,6 @@ def _draft(image: ImageFile.ImageFile, box: Box, size: tuple[int, int]) -> Box:
 def _classify(error: BaseException, data: bytes = b"") -> SampleError:
     """Map an exception raised by a Pillow decoder to a `SampleError` reason."""
     detail = f"{type(error).__name__}: {error}"
-    if isinstance(error, EOFError) or "truncated" in str(error) or _riff_truncated(data):
+    if isinstance(error, EOFError) or "truncated" in str(error) or riff_truncated(data):
         return SampleError("truncated", detail)
     return SampleError("decode_error", detail)
-
-
-def _riff_truncated(data: bytes) -> bool:
-    """True for a WEBP whose RIFF header declares more bytes than there are.
-
-    libwebp reports such a file only as "could not create decoder object".
-    """
-    if not (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
-        return False
-    return int.from_bytes(data[4:8], "little") + 8 > len(data)

@@ -102,6 +102,7 @@ from types import ModuleType
 import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 
+from shards.imagedata import DECODER_ERRORS, riff_truncated
 from shards.sample import SampleError
 
 # The only formats we ever let Pillow parse. Keep it short: each plugin is attack surface.
@@ -128,17 +129,6 @@ _WEBP_METHOD = 4
 _PNG_COMPRESS_LEVEL = 3
 _REDUCING_GAP = 2.0
 
-# Exceptions Pillow's own fuzzers accept from decoders of hostile files (Tests/oss-fuzz),
-# plus EOFError which some plugins raise on data that stops early.
-DECODER_ERRORS = (
-    OSError,
-    SyntaxError,
-    ValueError,
-    NotImplementedError,
-    OverflowError,
-    EOFError,
-    MemoryError,
-)
 
 # Same mapping as ImageOps.exif_transpose. We apply it ourselves because exif_transpose also
 # rewrites the EXIF block, which can raise on the malformed EXIF we must tolerate.
@@ -547,11 +537,7 @@ def _decoder_errors(data: bytes) -> Iterator[None]:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise SampleError("too_many_pixels", str(error)) from error
     except DECODER_ERRORS as error:
-        if (
-            isinstance(error, EOFError)
-            or "truncated" in str(error).lower()
-            or _riff_truncated(data)
-        ):
+        if isinstance(error, EOFError) or "truncated" in str(error).lower() or riff_truncated(data):
             raise SampleError("truncated", f"{type(error).__name__}: {error}") from error
         raise SampleError("decode_error", f"{type(error).__name__}: {error}") from error
 
@@ -592,13 +578,6 @@ def _describe_unidentified(data: bytes) -> str:
     if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
         return "WEBP signature but an unreadable header (corrupt or truncated)"
     return f"not an image in an allowed format ({', '.join(ALLOWED_FORMATS)})"
-
-
-def _riff_truncated(data: bytes) -> bool:
-    """True for a WebP whose RIFF header declares more bytes than there are."""
-    if not (data.startswith(b"RIFF") and data[8:12] == b"WEBP"):
-        return False
-    return int.from_bytes(data[4:8], "little") + 8 > len(data)
 
 
 # --- The `fast` backend (see "Backends" in the module docstring) -----------------------------
