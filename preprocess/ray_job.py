@@ -3,7 +3,9 @@
 One task per shard, at most two per CPU in flight so the driver's memory stays
 flat however many shards there are. Tasks are retried by Ray when a worker or
 node dies (`max_retries`); a data error never fails a task (it is a skip) and
-an environment error fails the job at once rather than being retried.
+an environment error fails the job at once rather than being retried. A task
+killed with its node leaves its temp files behind: they are swept once every
+task has finished, so the output holds exactly what a fault-free run writes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 
 from preprocess.build import ShardResult, build_shard
 from preprocess.plan import ShardTask
+from shards.io import open_output_store
 
 TASK_RETRIES = 3
 
@@ -39,8 +42,13 @@ def iter_ray(
         if address:
             ray.init(address=address, logging_level="WARNING")
         else:
+            # "local": a Ray of our own, even on a machine where `ray start` ran;
+            # plain ray.init() would join that cluster, then refuse num_cpus.
             ray.init(
-                num_cpus=workers or os.cpu_count(), include_dashboard=False, logging_level="WARNING"
+                address="local",
+                num_cpus=workers or os.cpu_count(),
+                include_dashboard=False,
+                logging_level="WARNING",
             )
     remote_build = ray.remote(build_with_options).options(num_cpus=1, max_retries=TASK_RETRIES)
     # Shared options travel once through the object store; Ray resolves the
@@ -54,6 +62,10 @@ def iter_ray(
             while len(pending) < max_in_flight and (task := next(queue, None)) is not None:
                 pending[remote_build.remote(task, options_ref)] = task
             if not pending:
+                # Each attempt writes temp files of its own name and a retry never
+                # reuses them; with every task done no writer is left, so any temp
+                # file now is an orphan of an attempt whose worker or node died.
+                open_output_store(build_kwargs["output"]).remove_stale_temps()
                 return
             done, _ = ray.wait(list(pending), num_returns=1)
             task = pending.pop(done[0])
