@@ -262,14 +262,15 @@ def test_with_every_shard_failing_the_loader_stops_with_a_clear_error(
     retry = RetryPolicy(attempts=2, base_delay=0.0, timeout=1.0)
     with (
         caplog.at_level(logging.WARNING, logger="pipeline"),
-        pytest.raises(LoaderDataError, match="no readable samples"),
+        pytest.raises(LoaderDataError, match="over its budget.*shard_unreadable.*preprocess verify"),
     ):
         epoch_keys(
             f"{s3_shards}/manifest.json",
             retry=retry,
             storage_options=moto_s3.storage_options(proxy.endpoint),
         )
-    assert f"cannot read shard {s3_shards}/train-000000.tar" in caplog.text
+    # The first unreadable shard already exceeds the skip budget and stops the loader.
+    assert f"cannot read shard {s3_shards}/train-0000" in caplog.text
 
 
 def test_credentials_never_appear_in_logs_or_errors(moto_s3, s3_shards, proxy, caplog):
