@@ -58,6 +58,8 @@ class LoaderConfig:
         transform: replaces the built-in crop; called as `transform(bytes, rng)`
             and returns uint8 HxWx3.
         max_skip_fraction: bad samples a worker may skip before it stops.
+        timeout: seconds to wait for one batch from a worker before raising
+            (a stuck, not dead, worker; dead ones raise at once). 0 waits forever.
         storage_options: fsspec options for object stores (e.g. endpoint_url).
         resampled: draw samples with replacement (shards weighted by size)
             instead of reading each once; an epoch is `epoch_samples` samples.
@@ -95,7 +97,7 @@ class LoaderConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # repr=False: credentials put here must not leak wherever a config is logged.
     storage_options: dict | None = field(default=None, repr=False)
-    timeout: float = 0.0
+    timeout: float = 600.0
     resampled: bool = False
     epoch_samples: int | None = None
     class_balance: bool = False
