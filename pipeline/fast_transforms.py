@@ -6,6 +6,7 @@ Same arguments, crop boxes, flips and `SampleError` reasons as `pipeline.transfo
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -96,9 +97,10 @@ class FastRandomResizedCrop:
     draft: bool = True
 
     def __post_init__(self) -> None:
-        self.pillow()  # validates the arguments exactly as the Pillow transform does
+        self.pillow  # noqa: B018 - builds the fallback, validating the arguments as Pillow does
         load_backends()  # fail in the main process, not later in every worker
 
+    @functools.cached_property
     def pillow(self) -> RandomResizedCrop:
         """The Pillow transform with the same arguments (the fallback for non-JPEG input)."""
         return RandomResizedCrop(
@@ -119,7 +121,7 @@ class FastRandomResizedCrop:
         """
         header = read_jpeg_header(image_bytes)
         if header is None:
-            return self.pillow()(image_bytes, rng)
+            return self.pillow(image_bytes, rng)
         width, height, colorspace = header
         check_pixels(width, height, self.max_pixels)
         box = sample_crop_box(width, height, self.scale, self.ratio, rng)
@@ -146,9 +148,10 @@ class FastCenterCrop:
     draft: bool = True
 
     def __post_init__(self) -> None:
-        self.pillow()
+        self.pillow  # noqa: B018 - builds the fallback, validating the arguments
         load_backends()
 
+    @functools.cached_property
     def pillow(self) -> CenterCrop:
         """The Pillow transform with the same arguments (the fallback for non-JPEG input)."""
         return CenterCrop(self.size, self.crop_fraction, self.resample, self.max_pixels, self.draft)
@@ -161,7 +164,7 @@ class FastCenterCrop:
         """
         header = read_jpeg_header(image_bytes)
         if header is None:
-            return self.pillow()(image_bytes, rng)
+            return self.pillow(image_bytes, rng)
         width, height, colorspace = header
         check_pixels(width, height, self.max_pixels)
         box = center_crop_box(width, height, self.size, self.crop_fraction)

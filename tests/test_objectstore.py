@@ -20,7 +20,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
 from pipeline.dataset import LoaderDataError  # noqa: E402
-from pipeline.loader import LoaderConfig, ShardLoader, build_loader  # noqa: E402
+from pipeline.loader import ShardLoader  # noqa: E402
 from pipeline.opener import RetryPolicy, ShardReadError, open_stream  # noqa: E402
 from preprocess.cli import main  # noqa: E402
 from preprocess.job import run_build  # noqa: E402
@@ -29,6 +29,7 @@ from shards.parquet import ParquetShardWriter, iter_parquet_samples  # noqa: E40
 from shards.tar import iter_tar_samples  # noqa: E402
 from tests.conftest import small_build_config  # noqa: E402
 from tests.objectstore import FaultProxy, MotoS3  # noqa: E402
+from tests.pipeline.conftest import loader_for  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -79,21 +80,7 @@ def bucket(moto_s3, request):
 
 def epoch_keys(source, **overrides) -> tuple[list[str], ShardLoader]:
     """Keys of one full epoch, in delivery order (every sample once: `uneven`, no drop)."""
-    options = dict(
-        source=source,
-        split="train",
-        batch_size=8,
-        image_size=32,
-        num_workers=0,
-        seed=11,
-        shuffle_buffer=64,
-        shuffle_initial=16,
-        with_keys=True,
-        epoch_rule="uneven",
-        drop_last=False,
-    )
-    options.update(overrides)
-    loader = build_loader(LoaderConfig(**options))
+    loader = loader_for(source, epoch_rule="uneven", drop_last=False, **overrides)
     keys = [k for _, _, batch in loader for k in batch]
     return keys, loader
 
@@ -262,7 +249,9 @@ def test_with_every_shard_failing_the_loader_stops_with_a_clear_error(
     retry = RetryPolicy(attempts=2, base_delay=0.0, timeout=1.0)
     with (
         caplog.at_level(logging.WARNING, logger="pipeline"),
-        pytest.raises(LoaderDataError, match="over its budget.*shard_unreadable.*preprocess verify"),
+        pytest.raises(
+            LoaderDataError, match="over its budget.*shard_unreadable.*preprocess verify"
+        ),
     ):
         epoch_keys(
             f"{s3_shards}/manifest.json",
