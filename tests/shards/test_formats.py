@@ -91,6 +91,49 @@ def test_tar_members_have_fixed_metadata_and_stock_tar_reads_them(tmp_path):
     assert listing.stdout.split() == [m.name for m in members]
 
 
+def tarfile_ustar(samples):
+    """What `tarfile` writes for the same members: the reference our packer must match."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in samples:
+            for field in sorted(f for f in sample if not f.startswith("__")):
+                info = tarfile.TarInfo(f"{sample['__key__']}.{field}")
+                info.size, info.mtime, info.mode, info.uid, info.gid = (
+                    len(sample[field]),
+                    0,
+                    0o444,
+                    0,
+                    0,
+                )
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(sample[field]))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 40])
+def test_tar_writer_bytes_equal_tarfile_ustar(count):
+    samples = make_samples(count)
+    # Keys of many lengths and payloads that end on and off block boundaries.
+    for i, sample in enumerate(samples):
+        sample["__key__"] = f"k{i}_" + "x" * (i * 7 % 90)
+        sample["jpg"] = bytes(range(256)) * (i % 5) + b"z" * (i * 37 % 512)
+    assert write_tar(samples) == tarfile_ustar(samples)
+
+
+def test_long_keys_get_a_pax_header_that_every_reader_follows(tmp_path):
+    import webdataset as wds
+
+    key = "a" * 128  # the longest valid key: past ustar's 100-byte name field
+    path = tmp_path / "long.tar"
+    path.write_bytes(write_tar([{"__key__": key, "jpg": b"xyz", "cls": b"1"}]))
+    with tarfile.open(path) as tar:
+        assert tar.getnames() == [f"{key}.cls", f"{key}.jpg"]
+    ours = list(iter_tar_samples(io.BytesIO(path.read_bytes()), "long.tar"))
+    assert [(s["__key__"], s["jpg"], s["cls"]) for s in ours] == [(key, b"xyz", b"1")]
+    stock = list(wds.WebDataset(str(path), shardshuffle=False))
+    assert [(s["__key__"], s["jpg"]) for s in stock] == [(key, b"xyz")]
+
+
 def test_parquet_row_groups_and_typed_metadata_columns():
     data = write_parquet(make_samples(10), row_group_size=4)
     assert parquet_row_groups(io.BytesIO(data)) == [4, 4, 2]
