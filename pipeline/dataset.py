@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.decode import decode_label, image_field_of
 from pipeline.opener import RetryPolicy, open_stream
 from pipeline.plan import (
@@ -148,8 +149,10 @@ class ShardStream(IterableDataset):
         settings: StreamSettings,
         transform: Callable,
         shared: SharedState,
+        ring: BatchRing | None = None,
     ) -> None:
         super().__init__()
+        self.ring = ring
         self.shards = shards
         self.counts = [s.samples for s in shards]
         self.settings = settings
@@ -339,32 +342,44 @@ class ShardStream(IterableDataset):
 
     def collate(self, images, labels, keys, stats: WorkerStats) -> tuple:
         label_tensor = torch.tensor(labels, dtype=torch.int64)
-        batch = stack_images(images, self.settings.channels_last)
+        batch = stack_images(images, self.settings.channels_last, self.ring)
         return batch, label_tensor, keys if self.settings.with_keys else None, stats.snapshot()
 
 
-def stack_images(images: list[np.ndarray], channels_last: bool) -> torch.Tensor:
-    """Write HWC images straight into one batch tensor, in shared memory inside a worker.
+def stack_images(
+    images: list[np.ndarray], channels_last: bool, ring: BatchRing | None = None
+) -> torch.Tensor | SlotBatch:
+    """Write HWC images straight into one batch buffer: a reused ring slot when one is free.
 
     np.stack, then a permuting copy, then the DataLoader's own copy into shared
     memory made three fresh batch-sized buffers (and their page faults) per
-    batch. This makes one: the DataLoader sends a tensor that is already shared
-    without copying it again (as its default_collate does).
+    batch. This makes at most one, and none when the ring has a free slot (see
+    `pipeline.batchring`). Without a slot, the buffer is made in shared memory
+    inside a worker, so the DataLoader sends it without copying it again.
+
+    Returns:
+        A uint8 `[B, 3, H, W]` tensor (NHWC strides when `channels_last`), or a
+        `SlotBatch` that the consumer turns into that tensor.
     """
     height, width, channels = images[0].shape
-    shape = (
-        (len(images), height, width, channels)
-        if channels_last
-        else (len(images), channels, height, width)
-    )
-    batch = torch.empty(shape, dtype=torch.uint8)
-    if get_worker_info() is not None:
-        batch.share_memory_()
+    nhwc = (len(images), height, width, channels)
+    shape = nhwc if channels_last else (len(images), channels, height, width)
+    info = get_worker_info()
+    slot = ring.acquire(info.id if info else 0, shape) if ring is not None else None
+    if slot is not None:
+        slots = slot.writable()
+    else:
+        batch = torch.empty(shape, dtype=torch.uint8)
+        if info is not None:
+            batch.share_memory_()
+        slots = batch.numpy()
     # numpy assignment: a plain memcpy (or one transposing loop) per image, no
     # per-call dispatch or thread-pool overhead as with torch's copy_.
-    slots = batch.numpy()
     for index, image in enumerate(images):
         slots[index] = image if channels_last else image.transpose(2, 0, 1)
+    if slot is not None:
+        slot.channels_last = channels_last
+        return slot
     return batch.permute(0, 3, 1, 2) if channels_last else batch
 
 

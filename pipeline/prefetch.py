@@ -54,12 +54,15 @@ class CudaPrefetcher:
     no look-ahead.
 
     Args:
-        loader: yields `(images, labels)` or `(images, labels, keys)`; `images` uint8 NCHW.
+        loader: yields `(images, labels)` or `(images, labels, keys)`; `images` uint8
+            `[B, 3, H, W]` in either memory format.
         device: where batches go, e.g. `"cuda"`, `"cuda:1"` or `"cpu"`.
         dtype: floating dtype of the output images.
         mean: per-channel mean of images scaled to [0, 1].
         std: per-channel standard deviation of images scaled to [0, 1].
-        channels_last: output images in `torch.channels_last` memory format.
+        channels_last: output images in `torch.channels_last` memory format; otherwise in
+            the contiguous NCHW format, whatever the layout the loader delivers (its default
+            channels-last batches are transposed on the device, where it is cheap).
     """
 
     def __init__(
@@ -84,7 +87,7 @@ class CudaPrefetcher:
         self.loader = loader
         self.device = device
         self.dtype = dtype
-        self.memory_format = torch.channels_last if channels_last else torch.preserve_format
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # Folding the 1/255 into the constants turns the normalization into one sub and one div.
         scaled_mean = [m * 255 for m in mean]
         scaled_std = [s * 255 for s in std]

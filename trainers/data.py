@@ -59,7 +59,8 @@ def loader_config(
         world_size=info.world_size,
         shuffle_buffer=config.shuffle_buffer,
         shuffle_initial=config.shuffle_initial,
-        channels_last=config.channels_last,
+        # The loader's layout is free either way; CudaPrefetcher gives the model its format.
+        channels_last=True,
         pin_memory=info.device.type == "cuda",
         **extra,
     )

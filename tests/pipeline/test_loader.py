@@ -28,16 +28,19 @@ def test_batches_are_uint8_images_and_int64_labels(shard_dir):
     assert len(batches) == len(loader) > 0
     images, labels = batches[0]
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
-    assert images.is_contiguous()
+    assert images.is_contiguous(memory_format=torch.channels_last)  # the default layout
     assert labels.dtype == torch.int64 and labels.shape == (8,)
     assert int(labels.min()) >= 0 and int(labels.max()) < 4
     assert images.float().std() > 5  # real pixels, not a constant fill
 
 
-def test_channels_last_is_a_free_nhwc_view(shard_dir):
-    images, _, _ = next(iter(loader_for(shard_dir, channels_last=True)))
-    assert images.shape == (8, 3, 32, 32)
-    assert images.is_contiguous(memory_format=torch.channels_last)
+def test_both_layouts_hold_the_same_pixels(shard_dir):
+    nhwc, _, nhwc_keys = next(iter(loader_for(shard_dir, channels_last=True)))
+    nchw, _, nchw_keys = next(iter(loader_for(shard_dir, channels_last=False)))
+    assert nhwc.shape == nchw.shape == (8, 3, 32, 32)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and not nhwc.is_contiguous()
+    assert nchw.is_contiguous()
+    assert nhwc_keys == nchw_keys and torch.equal(nhwc, nchw)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -82,6 +82,16 @@ def test_channels_last_output_keeps_values():
     assert torch.equal(nhwc, plain)
 
 
+def test_channels_last_input_comes_out_nchw_unless_asked():
+    batches = synthetic_batches(count=1)
+    nhwc_input = [
+        (images.contiguous(memory_format=torch.channels_last), labels) for images, labels in batches
+    ]
+    (plain, _), *_ = list(CudaPrefetcher(batches, "cpu"))
+    (out, _), *_ = list(CudaPrefetcher(nhwc_input, "cpu"))
+    assert out.is_contiguous() and torch.equal(out, plain)
+
+
 def test_real_loader_batches_and_keys_pass_through(shard_dir):
     raw = list(loader_for(shard_dir))
     prefetched = list(CudaPrefetcher(loader_for(shard_dir), "cpu"))
