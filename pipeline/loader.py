@@ -203,8 +203,10 @@ class ShardLoader:
         if c.transform is not None:
             return c.transform
         if c.is_train:
-            return RandomResizedCrop(size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip)
-        return CenterCrop(size=c.image_size, crop_fraction=c.crop_fraction)
+            return RandomResizedCrop(
+                size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip, writable=False
+            )
+        return CenterCrop(size=c.image_size, crop_fraction=c.crop_fraction, writable=False)
 
     def make_ring(self) -> BatchRing:
         """Slots for a batch of `image_size` crops: one being built, `prefetch_factor`

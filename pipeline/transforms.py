@@ -28,7 +28,7 @@ class Transform(Protocol):
     """
 
     def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
-        """Return a C-contiguous uint8 array of shape (height, width, 3)."""
+        """Return a C-contiguous uint8 array of shape (height, width, 3) (may be read-only)."""
         ...
 
 
@@ -45,6 +45,8 @@ class RandomResizedCrop:
         max_pixels: images whose header declares more pixels are skipped unread, at most
             Pillow's `Image.MAX_IMAGE_PIXELS`.
         draft: let libjpeg decode large JPEGs at 1/2, 1/4 or 1/8 scale when the crop allows.
+        writable: False returns read-only arrays, one copy fewer (the loader's setting,
+            since it copies each image into the batch).
     """
 
     size: int = 224
@@ -54,6 +56,7 @@ class RandomResizedCrop:
     resample: str = "bilinear"
     max_pixels: int = 64_000_000
     draft: bool = True
+    writable: bool = True
 
     def __post_init__(self) -> None:
         _check_common(self.size, self.resample, self.max_pixels)
@@ -73,7 +76,8 @@ class RandomResizedCrop:
         box = sample_crop_box(*image.size, self.scale, self.ratio, rng)
         flip = rng.random() < self.hflip  # drawn after the box, as in torchvision's order
         size = (self.size, self.size)
-        return decode_crop(image, box, size, RESAMPLING[self.resample], flip, self.draft)
+        resample = RESAMPLING[self.resample]
+        return decode_crop(image, box, size, resample, flip, self.draft, self.writable)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class CenterCrop:
         resample: `nearest`, `bilinear`, `bicubic` or `lanczos`.
         max_pixels: images whose header declares more pixels are skipped unread.
         draft: let libjpeg decode large JPEGs at 1/2, 1/4 or 1/8 scale.
+        writable: False returns read-only arrays, one copy fewer.
     """
 
     size: int = 224
@@ -96,6 +101,7 @@ class CenterCrop:
     resample: str = "bilinear"
     max_pixels: int = 64_000_000
     draft: bool = True
+    writable: bool = True
 
     def __post_init__(self) -> None:
         _check_common(self.size, self.resample, self.max_pixels)
@@ -111,7 +117,8 @@ class CenterCrop:
         image = open_image(image_bytes, self.max_pixels)
         box = center_crop_box(*image.size, self.size, self.crop_fraction)
         size = (self.size, self.size)
-        return decode_crop(image, box, size, RESAMPLING[self.resample], False, self.draft)
+        resample = RESAMPLING[self.resample]
+        return decode_crop(image, box, size, resample, False, self.draft, self.writable)
 
 
 def sample_crop_box(

@@ -10,6 +10,7 @@ a partial sample.
 from __future__ import annotations
 
 import tarfile
+import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -149,6 +150,22 @@ def _parse_number(field: bytes, what: str) -> int:
         raise TarFormatError(f"bad {what} field {field!r} in tar header") from error
 
 
+def header_checksum(header: bytes) -> int:
+    """The ustar checksum: the sum of the header's bytes, its checksum field read as spaces.
+
+    zlib's Adler-32 starts from 1 and keeps the byte sum modulo 65521 in its low 16
+    bits, which is the exact sum for up to 256 bytes (at most 65,280). Three such
+    pieces cost ~0.3 us against ~3 us for Python's `sum` over 504 bytes, three times
+    a sample.
+    """
+    pieces = (
+        (zlib.adler32(header[:148]) & 0xFFFF)
+        + (zlib.adler32(header[156:412]) & 0xFFFF)
+        + (zlib.adler32(header[412:BLOCK]) & 0xFFFF)
+    )
+    return pieces - 3 + 8 * 32
+
+
 def _parse_pax(data: bytes) -> dict[str, str]:
     records, pos = {}, 0
     while pos < len(data):
@@ -185,9 +202,7 @@ def iter_tar_members(stream: BinaryIO) -> Iterator[tuple[str, bool, int]]:
                 raise TarFormatError("truncated tar: no end-of-archive block")
         if header == b"\0" * BLOCK:
             return
-        expected = _parse_number(header[148:156], "checksum")
-        actual = sum(header[:148]) + 8 * 32 + sum(header[156:])
-        if expected != actual:
+        if _parse_number(header[148:156], "checksum") != header_checksum(header):
             raise TarFormatError("not a tar archive (header checksum mismatch)")
         size = _parse_number(header[124:136], "size")
         kind = header[156:157]

@@ -521,3 +521,11 @@ def test_decodes_every_sample_of_built_tar_shards(built_shards):
                 assert 0 <= decode_label(sample) < 4
                 decoded += 1
     assert decoded == sum(split.samples for split in built_shards.manifest.splits.values())
+
+
+@pytest.mark.parametrize("make", [RandomResizedCrop, CenterCrop])
+def test_read_only_output_holds_the_same_pixels(jpeg_256, make):
+    copy = make(size=64)(jpeg_256, random.Random(3))
+    view = make(size=64, writable=False)(jpeg_256, random.Random(3))
+    assert copy.flags.writeable and not view.flags.writeable
+    assert view.flags.c_contiguous and np.array_equal(copy, view)

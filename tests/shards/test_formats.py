@@ -280,3 +280,11 @@ def test_tar_reader_can_start_mid_shard(seekable):
     assert list(iter_tar_samples(io.BytesIO(data), "u", start=9)) == []
     with pytest.raises(TarFormatError):  # truncation inside skipped data still shows
         list(iter_tar_samples(io.BytesIO(data[: len(data.rstrip(b"\0")) - 300]), "u", start=7))
+
+
+def test_header_checksum_is_the_byte_sum_even_at_the_extremes():
+    from shards.tar import header_checksum
+
+    # All-0xFF is the largest sum each Adler-32 piece must hold exactly.
+    for header in (bytes(512), b"\xff" * 512, bytes(range(256)) * 2):
+        assert header_checksum(header) == sum(header[:148]) + 8 * 32 + sum(header[156:])
