@@ -39,7 +39,7 @@ from pipeline.plan import (
 from pipeline.resume import Segment, remaining_after, roles_consumed, worker_positions
 from pipeline.sources import ShardSpec
 from shards.parquet import iter_parquet_samples
-from shards.sample import Sample, SampleError
+from shards.sample import IMAGE_FIELDS, Sample, SampleError
 from shards.tar import TarFormatError, iter_tar_samples
 
 log = logging.getLogger("pipeline")
@@ -50,6 +50,9 @@ LOG_EVERY = 100
 RESERVE_SIZE = 32
 MAX_FRUITLESS_READS = 100_000
 MAX_SEGMENTS = 8
+# What the stream decodes: the image and its label. A shard's `json` metadata is
+# passed over unread (seeked past in tars, a column not read in Parquet).
+STREAM_FIELDS = frozenset((*IMAGE_FIELDS, "cls"))
 _SEGMENT_FIELDS = 8
 
 
@@ -268,10 +271,10 @@ class ShardStream(IterableDataset):
             spec.url, s.retry, storage_options=s.storage_options, random_access=random_access
         ) as stream:
             if spec.fmt == "parquet":
-                yield from iter_parquet_samples(stream, spec.url, start, stop)
+                yield from iter_parquet_samples(stream, spec.url, start, stop, fields=STREAM_FIELDS)
                 return
             delivered = 0
-            for sample in iter_tar_samples(stream, spec.url, start=start):
+            for sample in iter_tar_samples(stream, spec.url, fields=STREAM_FIELDS, start=start):
                 if start + delivered >= stop:
                     return
                 delivered += 1

@@ -15,7 +15,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shards.sample import IMAGE_FIELDS, Sample, check_key
+from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, Sample, check_key
 
 ROW_GROUP_SIZE = 128
 # Metadata fields copied out of the json document into typed columns.
@@ -97,18 +97,25 @@ class ParquetShardWriter:
 
 
 def iter_parquet_samples(
-    source: BinaryIO | str, url: str, start: int = 0, stop: int | None = None
+    source: BinaryIO | str,
+    url: str,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    fields: frozenset[str] = ALLOWED_FIELDS,
 ) -> Iterator[Sample]:
     """Yield rows `[start, stop)` as the same dicts the tar reader yields.
 
     Reads one row group at a time and skips row groups outside the range
     without reading them, so a loader can split one shard between workers.
+    Like the tar reader, yields only `fields`: a `json` column left out is never read.
     """
     parquet = pq.ParquetFile(source)
     image_field = next((n for n in parquet.schema_arrow.names if n in IMAGE_FIELDS), None)
     if image_field is None:
         raise ValueError(f"{url} has no image column (one of {IMAGE_FIELDS})")
-    columns = ["__key__", image_field, "cls", "json"]
+    with_json = "json" in fields
+    columns = ["__key__", image_field, "cls", *(["json"] if with_json else [])]
     stop = parquet.metadata.num_rows if stop is None else stop
     first_row = 0
     for group in range(parquet.num_row_groups):
@@ -124,15 +131,17 @@ def iter_parquet_samples(
         keys = table.column("__key__").to_pylist()
         images = table.column(image_field).to_pylist()
         labels = table.column("cls").to_pylist()
-        metas = table.column("json").to_pylist()
+        metas = table.column("json").to_pylist() if with_json else [None] * len(keys)
         for key, image, label, meta in zip(keys, images, labels, metas, strict=True):
-            yield {
+            sample = {
                 "__key__": key,
                 "__url__": url,
                 image_field: image,
                 "cls": str(label).encode("ascii"),
-                "json": meta.encode("utf-8"),
             }
+            if with_json:
+                sample["json"] = meta.encode("utf-8")
+            yield sample
 
 
 def parquet_row_groups(source: BinaryIO | str) -> list[int]:

@@ -288,3 +288,15 @@ def test_header_checksum_is_the_byte_sum_even_at_the_extremes():
     # All-0xFF is the largest sum each Adler-32 piece must hold exactly.
     for header in (bytes(512), b"\xff" * 512, bytes(range(256)) * 2):
         assert header_checksum(header) == sum(header[:148]) + 8 * 32 + sum(header[156:])
+
+
+def test_readers_leave_out_fields_not_asked_for():
+    samples = make_samples(6)
+    wanted = frozenset({"jpg", "cls"})
+    from_tar = list(iter_tar_samples(io.BytesIO(write_tar(samples)), "m.tar", fields=wanted))
+    from_parquet = list(
+        iter_parquet_samples(io.BytesIO(write_parquet(samples)), "m.parquet", fields=wanted)
+    )
+    expected = [{k: s[k] for k in ("__key__", "jpg", "cls")} for s in samples]
+    assert strip_url(from_tar) == expected
+    assert strip_url(from_parquet) == expected
