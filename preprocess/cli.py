@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
+from preprocess.sizing import parse_bytes
 from shards.manifest import SHARD_FORMATS
 
 
@@ -101,7 +102,14 @@ def add_build_shards(commands) -> None:
         default=defaults.max_pixels,
         help="skip images whose header declares more pixels",
     )
-    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument("--shard-size", type=int, default=None, help="samples per shard (1000)")
+    sizes.add_argument(
+        "--shard-bytes",
+        type=parse_bytes,
+        default=None,
+        help="aim for tar shards of about this size instead, e.g. 512MB or 1GiB",
+    )
     p.add_argument(
         "--formats", default=",".join(SHARD_FORMATS), help="comma-separated: tar,parquet"
     )
@@ -135,7 +143,8 @@ def build_config_from_args(args) -> BuildConfig:
         input=args.input,
         output=args.output,
         image=image,
-        shard_size=args.shard_size,
+        shard_size=args.shard_size or 1000,
+        shard_bytes=args.shard_bytes,
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         val_fraction=args.val_fraction,
         seed=args.seed,

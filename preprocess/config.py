@@ -36,6 +36,9 @@ class BuildConfig:
         output: directory that receives shards, `manifest.json` and `errors.jsonl`.
         image: per-image decode/resize/encode options.
         shard_size: samples per shard (fewer when inputs are skipped).
+        shard_bytes: instead of `shard_size`, aim for tar shards of about this many
+            bytes; the count is measured on a fixed probe of the inputs
+            (`preprocess.sizing`) and recorded in the manifest.
         formats: shard formats to write; both hold the same samples and keys.
         val_fraction: share of inputs put in `val` by a hash of their path,
             unless the manifest has a `split` column.
@@ -54,6 +57,7 @@ class BuildConfig:
     output: str
     image: ImageConfig = field(default_factory=ImageConfig)
     shard_size: int = 1000
+    shard_bytes: int | None = None
     formats: tuple[str, ...] = SHARD_FORMATS
     val_fraction: float = 0.0
     seed: int = 0
@@ -68,6 +72,8 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if self.shard_size < 1:
             raise ValueError("--shard-size must be at least 1")
+        if self.shard_bytes is not None and self.shard_bytes < 1:
+            raise ValueError("--shard-bytes must be at least 1")
         if not self.formats or any(f not in SHARD_FORMATS for f in self.formats):
             raise ValueError(
                 f"--formats takes a comma-separated subset of {','.join(SHARD_FORMATS)}"
@@ -86,6 +92,9 @@ class BuildConfig:
         data = asdict(self)
         for name in RUNTIME_ONLY:
             data.pop(name)
+        # One of the two sizes shapes the output; without a byte target the record is the
+        # one builds made before `shard_bytes` existed, so they still resume.
+        data.pop("shard_size" if self.shard_bytes is not None else "shard_bytes")
         data["formats"] = list(self.formats)
         data["image"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()

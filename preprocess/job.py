@@ -18,6 +18,7 @@ from preprocess.build import BUILD_DIR, ShardResult, image_field
 from preprocess.config import BuildConfig, diff_configs
 from preprocess.plan import Plan, build_plan
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
+from preprocess.sizing import shard_size_for_bytes
 from preprocess.sources import list_sources
 from shards.io import OutputStore, is_remote, open_output_store
 from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo
@@ -59,9 +60,11 @@ def run_build(config: BuildConfig) -> BuildSummary:
     """
     started = time.perf_counter()
     store = open_output_store(config.output)
-    plan = build_plan(
-        list_sources(config.input), config.shard_size, config.val_fraction, config.seed
-    )
+    items = list_sources(config.input)
+    shard_size = config.shard_size
+    if config.shard_bytes is not None:
+        shard_size = shard_size_for_bytes(items, config.shard_bytes, config.image)
+    plan = build_plan(items, shard_size, config.val_fraction, config.seed)
     prepare_output(store, config, plan)
     results = run_tasks(plan, config, store.url)
     manifest = assemble_manifest(plan, config, results)
@@ -172,6 +175,7 @@ def assemble_manifest(plan: Plan, config: BuildConfig, results: list[ShardResult
         **config.output_shaping(),
         "input": config.input,
         "plan_digest": plan.digest,
+        "shard_size": plan.shard_size,  # derived when --shard-bytes was given
     }
     manifest = Manifest(
         classes=plan.classes,

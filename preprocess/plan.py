@@ -41,6 +41,7 @@ class Plan:
     tasks: list[ShardTask]
     inputs: int
     digest: str  # changes whenever any input path, label, split or order changes
+    shard_size: int
 
 
 def path_digest(rel: str) -> bytes:
@@ -106,7 +107,7 @@ def build_plan(items: list[SourceItem], shard_size: int, val_fraction: float, se
             tasks.append(ShardTask(split, index, chunk))
         for sample in samples:
             digest.update(f"{split}\t{sample.rel}\t{sample.label}\n".encode())
-    return Plan(classes, tasks, len(items), digest.hexdigest())
+    return Plan(classes, tasks, len(items), digest.hexdigest(), shard_size)
 
 
 def _by_key(sample: PlannedSample) -> str:
