@@ -65,7 +65,8 @@ class LoaderConfig:
             slots (`pipeline.batchring`), `prefetch_factor + 2` batches per worker,
             instead of fresh shared memory per batch (~8% of a worker's time goes
             to new pages otherwise). Safe when batches are held: a slot is reused
-            only once no tensor over it is left.
+            only once no tensor over it is left. Needs persistent workers (the
+            default) when `num_workers > 0`.
         transform: replaces the built-in crop; called as `transform(bytes, rng)`
             and returns uint8 HxWx3.
         max_skip_fraction: bad samples a worker may skip before it stops.
@@ -171,7 +172,11 @@ class ShardLoader:
         )
         self.settings = settings
         self.shared = SharedState()
-        self.ring = self.make_ring() if config.reuse_buffers else None
+        # Workers that exit with every iteration can take slots with them (batches
+        # still queued when they are shut down are never received, so never freed);
+        # persistent ones hand those batches over when the next iteration drains them.
+        reusable = config.num_workers == 0 or config.persistent_workers
+        self.ring = self.make_ring() if config.reuse_buffers and reusable else None
         self.dataset = ShardStream(
             source.shards, settings, self.make_transform(), self.shared, self.ring
         )

@@ -1,6 +1,7 @@
 """Reused batch buffers: slots come back when batches are dropped, never while they are held."""
 
 import gc
+import itertools
 import pickle
 
 import pytest
@@ -99,3 +100,18 @@ def test_dropped_batches_reuse_the_ring(shard_dir, workers):
     del images, ref_images
     gc.collect()
     assert loader.ring.free_slots() == loader.ring.workers * loader.ring.slots
+
+
+def test_an_abandoned_epoch_gives_its_slots_back_to_the_next(shard_dir):
+    loader = loader_for(shard_dir, num_workers=2, prefetch_factor=2)
+    taken = list(itertools.islice(loader, 2))  # stop early: workers hold prefetched batches
+    del taken
+    batches = sum(1 for _ in loader)  # the next iteration drains and frees them
+    gc.collect()
+    assert batches > 0
+    assert loader.ring.free_slots() == loader.ring.workers * loader.ring.slots
+
+
+def test_workers_that_exit_every_epoch_allocate_instead(shard_dir):
+    assert loader_for(shard_dir, num_workers=2, persistent_workers=False).ring is None
+    assert loader_for(shard_dir, num_workers=0, persistent_workers=False).ring is not None
