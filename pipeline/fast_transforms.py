@@ -10,18 +10,14 @@ import functools
 import math
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import ModuleType
+from typing import ClassVar
 
 import numpy as np
 
 from pipeline.decode import RESAMPLING, Box, decode_crop, draft_scale, open_image
-from pipeline.transforms import (
-    CenterCrop,
-    RandomResizedCrop,
-    center_crop_box,
-    sample_crop_box,
-)
+from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
 from shards.sample import SampleError
 
 FAST_HINT = (
@@ -73,8 +69,43 @@ def load_backends() -> tuple[ModuleType, ModuleType]:
     return _Backends.simplejpeg, _Backends.cv2
 
 
+class _FastCrop:
+    """The validation, Pillow fallback and decode of both fast crops.
+
+    Mixed into a `RandomCropSpec` or `CenterCropSpec` dataclass, which holds the
+    arguments and chooses the crop; `pillow_class` is the matching Pillow transform.
+    """
+
+    pillow_class: ClassVar[type[RandomResizedCrop | CenterCrop]]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc] - the spec checks the arguments
+        load_backends()  # fail in the main process, not later in every worker
+
+    @functools.cached_property
+    def pillow(self) -> RandomResizedCrop | CenterCrop:
+        """The Pillow transform with the same arguments (the fallback for non-JPEG input)."""
+        names = [field.name for field in fields(self)]  # type: ignore[arg-type]
+        return self.pillow_class(**{name: getattr(self, name) for name in names})
+
+    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+        """Decode this transform's crop of `image_bytes` at `size` x `size`, flipped if drawn.
+
+        Raises:
+            SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
+        """
+        header = read_jpeg_header(image_bytes)
+        if header is None:
+            return self.pillow(image_bytes, rng)
+        width, height, colorspace = header
+        check_pixels(width, height, self.max_pixels)
+        box, flip = self.choose_crop(width, height, rng)  # the Pillow transform's draws
+        crop = JpegCrop(image_bytes, width, height, colorspace)
+        return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels)
+
+
 @dataclass(frozen=True)
-class FastRandomResizedCrop:
+class FastRandomResizedCrop(_FastCrop, RandomCropSpec):
     """`pipeline.transforms.RandomResizedCrop`, decoded by simplejpeg and resized by OpenCV.
 
     The same rng draws in the same order give the same crop box and flip. JPEGs decode at
@@ -88,50 +119,11 @@ class FastRandomResizedCrop:
             `pipeline.transforms.RandomResizedCrop`.
     """
 
-    size: int = 224
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip: float = 0.5
-    resample: str = "bilinear"
-    max_pixels: int = 64_000_000
-    draft: bool = True
-
-    def __post_init__(self) -> None:
-        self.pillow  # noqa: B018 - builds the fallback, validating the arguments as Pillow does
-        load_backends()  # fail in the main process, not later in every worker
-
-    @functools.cached_property
-    def pillow(self) -> RandomResizedCrop:
-        """The Pillow transform with the same arguments (the fallback for non-JPEG input)."""
-        return RandomResizedCrop(
-            self.size,
-            self.scale,
-            self.ratio,
-            self.hflip,
-            self.resample,
-            self.max_pixels,
-            self.draft,
-        )
-
-    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
-        """Decode a random crop of `image_bytes`, resized to `size` x `size`, maybe flipped.
-
-        Raises:
-            SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
-        """
-        header = read_jpeg_header(image_bytes)
-        if header is None:
-            return self.pillow(image_bytes, rng)
-        width, height, colorspace = header
-        check_pixels(width, height, self.max_pixels)
-        box = sample_crop_box(width, height, self.scale, self.ratio, rng)
-        flip = rng.random() < self.hflip  # after the box, as in the Pillow transform
-        crop = JpegCrop(image_bytes, width, height, colorspace)
-        return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels)
+    pillow_class = RandomResizedCrop
 
 
 @dataclass(frozen=True)
-class FastCenterCrop:
+class FastCenterCrop(_FastCrop, CenterCropSpec):
     """`pipeline.transforms.CenterCrop`, decoded by simplejpeg and resized by OpenCV.
 
     Same source region and fallbacks as `FastRandomResizedCrop`; ignores `rng`.
@@ -141,35 +133,7 @@ class FastCenterCrop:
             `pipeline.transforms.CenterCrop`.
     """
 
-    size: int = 224
-    crop_fraction: float = 0.875
-    resample: str = "bilinear"
-    max_pixels: int = 64_000_000
-    draft: bool = True
-
-    def __post_init__(self) -> None:
-        self.pillow  # noqa: B018 - builds the fallback, validating the arguments
-        load_backends()
-
-    @functools.cached_property
-    def pillow(self) -> CenterCrop:
-        """The Pillow transform with the same arguments (the fallback for non-JPEG input)."""
-        return CenterCrop(self.size, self.crop_fraction, self.resample, self.max_pixels, self.draft)
-
-    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
-        """Decode the centre crop of `image_bytes` at `size` x `size`.
-
-        Raises:
-            SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
-        """
-        header = read_jpeg_header(image_bytes)
-        if header is None:
-            return self.pillow(image_bytes, rng)
-        width, height, colorspace = header
-        check_pixels(width, height, self.max_pixels)
-        box = center_crop_box(width, height, self.size, self.crop_fraction)
-        crop = JpegCrop(image_bytes, width, height, colorspace)
-        return crop.decode(box, self.size, self.resample, False, self.draft, self.max_pixels)
+    pillow_class = CenterCrop
 
 
 def read_jpeg_header(data: bytes) -> tuple[int, int, str] | None:

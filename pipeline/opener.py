@@ -279,7 +279,95 @@ def _transient_fsspec_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-class RetryingFsspecFile(io.RawIOBase):
+class _RetryingReader(io.RawIOBase):
+    """The read loop, failure budget and identity check both remote readers share.
+
+    A failed read drops the connection (`_source`), waits out the policy's
+    backoff and reconnects at `_pos`, so no byte is skipped or read twice.
+    Subclasses connect (`_reopen`), read (`_read_some`) and decide how a failed
+    read is reported (`_drop`).
+    """
+
+    # Errors closing a connection that is already broken: ignored.
+    _transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS
+
+    def __init__(self, url: str, retry: RetryPolicy, offset: int = 0) -> None:
+        super().__init__()
+        self._url, self.url = url, redact_url(url)
+        self.retry = retry
+        self.size: int | None = None
+        self._etag: str | None = None
+        self._source: Any = None  # the open response or file; None between connections
+        self._pos = offset
+        self._failures = 0  # consecutive, reset by progress
+        self.retries = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Read up to `len(buffer)` bytes of what has arrived; 0 only at the end."""
+        if self.closed:
+            raise ValueError(f"read from closed stream {self.url}")
+        view = memoryview(buffer).cast("B")
+        while True:
+            if self._source is None:
+                self._reopen()
+            data = self._read_some(len(view))
+            if data is None:  # the read failed and `_drop` counted it
+                continue
+            if not data and view and self.size is not None and self._pos < self.size:
+                self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
+                continue
+            view[: len(data)] = data
+            self._pos += len(data)
+            if data:
+                self._failures = 0
+            return len(data)
+
+    def close(self) -> None:
+        self._disconnect()
+        super().close()
+
+    def _read_some(self, size: int) -> bytes | None:
+        """Read up to `size` bytes from `_source`; None once a failure went to `_drop`."""
+        raise NotImplementedError
+
+    def _reopen(self) -> None:
+        """Connect again at `_pos` after a failed read."""
+        raise NotImplementedError
+
+    def _drop(self, exc: BaseException) -> None:
+        """Forget a connection whose read failed, then count the failure with `_fail`."""
+        raise NotImplementedError
+
+    def _disconnect(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            with contextlib.suppress(*self._transient):
+                source.close()
+
+    def _fail(
+        self, exc: BaseException, reason: str, *, retry_after: float = 0.0, give_up: bool = False
+    ) -> None:
+        """Count a failed try: wait out the backoff, or raise with `reason` past the budget."""
+        self._failures += 1
+        self.retries += 1
+        if give_up or self._failures >= self.retry.attempts:
+            raise ShardReadError(self._url, reason, self._failures) from exc
+        time.sleep(self.retry.delay(self._failures, self._url, retry_after))
+
+    def _same_object(self, size: int | None, etag: str | None) -> bool:
+        """Whether a new connection reads the object the first one did, which fixes it."""
+        if self.size is None and self._etag is None:
+            self.size, self._etag = size, etag
+            return True
+        return not (
+            (self._etag and etag != self._etag) or (self.size is not None and size != self.size)
+        )
+
+
+class RetryingFsspecFile(_RetryingReader):
     """A seekable object-store file whose reads survive failures by reopening at the position.
 
     A failed open or read (503, a cut or stalled body) is retried after the
@@ -302,24 +390,14 @@ class RetryingFsspecFile(io.RawIOBase):
         open_options: Mapping[str, Any] | None = None,
         secrets: list[str] | None = None,
     ) -> None:
-        super().__init__()
-        self._url, self.url = url, redact_url(url)
-        self._fs, self.retry = fs, retry
+        super().__init__(url, retry)
+        self._fs = fs
         self._open_options = dict(open_options or {})
         self._secrets = list(secrets or [])
         self._permanent = _permanent_fsspec_errors()
         self._transient = _transient_fsspec_errors()
-        self.size: int | None = None
-        self._etag: str | None = None
-        self._file: Any = None
-        self._pos = 0
-        self._failures = 0  # consecutive, reset by progress
-        self.retries = 0
         self.reopens = 0
         self._connect()  # eagerly, so that a missing object surfaces at open time
-
-    def readable(self) -> bool:
-        return True
 
     def seekable(self) -> bool:
         return True
@@ -330,46 +408,24 @@ class RetryingFsspecFile(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size or 0}[whence]
         self._pos = max(0, base + offset)
-        if self._file is not None:
-            self._file.seek(self._pos)  # no request: the next read fetches from here
+        if self._source is not None:
+            self._source.seek(self._pos)  # no request: the next read fetches from here
         return self._pos
 
-    def readinto(self, buffer: Any) -> int:
-        if self.closed:
-            raise ValueError(f"read from closed stream {self.url}")
-        view = memoryview(buffer).cast("B")
-        while True:
-            if self._file is None:
-                self._reopen()
-            try:
-                data = self._file.read(len(view))
-            except self._permanent as exc:
-                raise self._error(exc) from exc
-            except self._transient as exc:
-                self._drop(exc)
-                continue
-            except IndexError as exc:
-                # s3fs (2026.9) indexes `args[0]` of a read timeout that has no args
-                # while translating it; the context is the real, transient failure.
-                if not isinstance(exc.__context__, self._transient):
-                    raise
-                self._drop(exc.__context__)
-                continue
-            if not data and view and self.size is not None and self._pos < self.size:
-                self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
-                continue
-            view[: len(data)] = data
-            self._pos += len(data)
-            if data:
-                self._failures = 0
-            return len(data)
-
-    def close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(*self._transient):
-                self._file.close()
-            self._file = None
-        super().close()
+    def _read_some(self, size: int) -> bytes | None:
+        try:
+            return self._source.read(size)
+        except self._permanent as exc:
+            raise self._error(exc) from exc
+        except self._transient as exc:
+            self._drop(exc)
+        except IndexError as exc:
+            # s3fs (2026.9) indexes `args[0]` of a read timeout that has no args
+            # while translating it; the context is the real, transient failure.
+            if not isinstance(exc.__context__, self._transient):
+                raise
+            self._drop(exc.__context__)
+        return None
 
     def _connect(self) -> None:
         """Open the object at `self._pos`, retrying transient failures."""
@@ -379,22 +435,16 @@ class RetryingFsspecFile(io.RawIOBase):
             except self._permanent as exc:
                 raise self._error(exc) from exc
             except self._transient as exc:
-                self._fail(exc)
+                self._fail(exc, self._reason(exc))
                 continue
-            self._check_identity(file)
+            details = getattr(file, "details", None) or {}
+            etag = details.get("ETag") or details.get("etag")
+            if not self._same_object(getattr(file, "size", None), etag):
+                file.close()
+                raise ShardReadError(self._url, "the shard changed in the store while being read")
             file.seek(self._pos)
-            self._file = file
+            self._source = file
             return
-
-    def _check_identity(self, file: Any) -> None:
-        details = getattr(file, "details", None) or {}
-        etag = details.get("ETag") or details.get("etag")
-        size = getattr(file, "size", None)
-        if self.size is None and self._etag is None:  # the first open fixes the identity
-            self.size, self._etag = size, etag
-        elif (self._etag and etag != self._etag) or size != self.size:
-            file.close()
-            raise ShardReadError(self._url, "the shard changed in the store while being read")
 
     def _reopen(self) -> None:
         if self.reopens >= self.retry.max_resumes:
@@ -405,32 +455,23 @@ class RetryingFsspecFile(io.RawIOBase):
         self._connect()
 
     def _drop(self, exc: BaseException) -> None:
-        """Forget a file whose read failed, then count the failure."""
-        if self._file is not None:
-            with contextlib.suppress(*self._transient):
-                self._file.close()
-            self._file = None
-        self._fail(exc)
+        self._disconnect()
+        self._fail(exc, self._reason(exc))
 
-    def _fail(self, exc: BaseException) -> None:
-        """Count a failed try: wait out the backoff, or raise past the budget."""
-        self._failures += 1
-        self.retries += 1
-        if self._failures >= self.retry.attempts:
-            raise self._error(exc) from exc
-        time.sleep(self.retry.delay(self._failures, self._url))
-
-    def _error(self, exc: BaseException) -> ShardReadError:
+    def _reason(self, exc: BaseException) -> str:
         reason = scrub(_describe(exc), self._secrets)
         hint = {
             FileNotFoundError: "; check the URL and that the shard was uploaded",
             PermissionError: "; check the credentials (environment, ~/.aws, or storage_options)",
         }.get(type(exc), "")
         where = f" at byte {self._pos}" if self._pos else ""
-        return ShardReadError(self._url, f"{reason}{where}{hint}", max(1, self._failures))
+        return f"{reason}{where}{hint}"
+
+    def _error(self, exc: BaseException) -> ShardReadError:
+        return ShardReadError(self._url, self._reason(exc), max(1, self._failures))
 
 
-class RetryingStream(io.RawIOBase):
+class RetryingStream(_RetryingReader):
     """An http(s) body that survives dropped connections by resuming where it stopped.
 
     After a mid-body failure it re-requests with `Range: bytes=<offset>-`; a
@@ -440,106 +481,60 @@ class RetryingStream(io.RawIOBase):
 
     Attributes:
         url: the redacted URL.
+        size: the body's size in bytes; None if the server sends no length.
         retries: failed tries so far (opening and mid-stream).
         resumes: reconnections after a mid-body failure.
     """
 
     def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY, offset: int = 0) -> None:
-        super().__init__()
-        self._url = url
-        self.url = redact_url(url)
-        self.retry = retry
-        self.retries = 0
+        super().__init__(url, retry, offset)
         self.resumes = 0
-        self._offset = offset
-        self._size: int | None = None
-        self._etag: str | None = None
-        self._failures = 0  # consecutive, reset by progress
-        self._response: http.client.HTTPResponse | None = None
         self._connect()  # open eagerly so that 404 and friends surface at open time
 
-    def readable(self) -> bool:
-        return True
+    def _read_some(self, size: int) -> bytes | None:
+        try:
+            # read1: return what has arrived instead of waiting to fill the buffer.
+            return self._source.read1(size)
+        except ssl.SSLCertVerificationError:
+            raise
+        except TRANSIENT_ERRORS as exc:
+            self._drop(exc)
+            return None
 
-    def readinto(self, buffer: Any) -> int:
-        """Read up to `len(buffer)` bytes of what has arrived; 0 only at the end."""
-        if self.closed:
-            raise ValueError(f"read from closed stream {self.url}")
-        view = memoryview(buffer).cast("B")
-        while True:
-            if self._response is None:
-                self._resume()
-            try:
-                # read1: return what has arrived instead of waiting to fill the buffer.
-                chunk = self._response.read1(len(view))
-            except ssl.SSLCertVerificationError:
-                raise
-            except TRANSIENT_ERRORS as exc:
-                self._drop(exc)
-                continue
-            if not chunk and view and self._size is not None and self._offset < self._size:
-                self._drop(ConnectionError(f"body ended at byte {self._offset} of {self._size}"))
-                continue
-            view[: len(chunk)] = chunk
-            self._offset += len(chunk)
-            if chunk:
-                self._failures = 0
-            return len(chunk)
-
-    def close(self) -> None:
-        if self._response is not None:
-            self._response.close()
-            self._response = None
-        super().close()
-
-    def _drop(self, exc: BaseException) -> None:
-        """Count a mid-body failure and forget the broken response."""
-        if self._response is not None:
-            self._response.close()
-            self._response = None
-        self._failures += 1
-        self.retries += 1
-        if self._failures >= self.retry.attempts or self.resumes >= self.retry.max_resumes:
-            reason = f"failed at byte {self._offset}: {_describe(exc)} ({self.resumes} resumes)"
-            raise ShardReadError(self._url, reason, self._failures) from exc
-        time.sleep(self.retry.delay(self._failures, self._url))
-
-    def _resume(self) -> None:
+    def _reopen(self) -> None:
         self.resumes += 1
         self._connect()
 
+    def _drop(self, exc: BaseException) -> None:
+        self._disconnect()
+        reason = f"failed at byte {self._pos}: {_describe(exc)} ({self.resumes} resumes)"
+        self._fail(exc, reason, give_up=self.resumes >= self.retry.max_resumes)
+
     def _connect(self) -> None:
-        """Request the body from `self._offset`, retrying transient failures."""
+        """Request the body from `self._pos`, retrying transient failures."""
         while True:
             try:
-                response = _request(self._url, self._offset, self.retry.timeout)
-                self._response = self._position(response)
+                response = _request(self._url, self._pos, self.retry.timeout)
+                self._source = self._position(response)
                 return
             except ShardReadError:
                 raise
             except ssl.SSLCertVerificationError as exc:
                 raise ShardReadError(self._url, _describe(exc), self._failures + 1) from exc
             except (*TRANSIENT_ERRORS, _RetryableStatus) as exc:
-                self._failures += 1
-                self.retries += 1
-                if self._failures >= self.retry.attempts:
-                    raise ShardReadError(self._url, _describe(exc), self._failures) from exc
                 retry_after = getattr(exc, "retry_after", 0.0)
-                time.sleep(self.retry.delay(self._failures, self._url, retry_after))
+                self._fail(exc, _describe(exc), retry_after=retry_after)
 
     def _position(self, response: http.client.HTTPResponse) -> http.client.HTTPResponse:
-        """Check that `response` is the same object, and skip to `self._offset`."""
+        """Check that `response` is the same object, and skip to `self._pos`."""
         start, size = _body_span(response)
-        etag = response.getheader("ETag")
-        if self._size is None and self._etag is None:  # the first response fixes the identity
-            self._size, self._etag = size, etag
-        elif (self._etag and etag != self._etag) or (self._size is not None and size != self._size):
+        if not self._same_object(size, response.getheader("ETag")):
             response.close()
             raise ShardReadError(self._url, "the shard changed on the server while being read")
-        if start > self._offset:
+        if start > self._pos:
             response.close()
-            raise ShardReadError(self._url, f"server resumed at byte {start}, not {self._offset}")
-        _skip(response, self._offset - start)  # a server without Range support: start == 0
+            raise ShardReadError(self._url, f"server resumed at byte {start}, not {self._pos}")
+        _skip(response, self._pos - start)  # a server without Range support: start == 0
         return response
 
 
@@ -557,7 +552,7 @@ class HttpRangeFile(io.RawIOBase):
         self._url, self.retry = url, retry
         self._stream: RetryingStream | None = RetryingStream(url, retry)
         self._pos = 0
-        self.size = self._stream._size
+        self.size = self._stream.size
         if self.size is None:
             self._stream.close()
             raise ShardReadError(url, "the server sends no Content-Length; random access needs it")

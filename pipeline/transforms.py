@@ -33,7 +33,37 @@ class Transform(Protocol):
 
 
 @dataclass(frozen=True)
-class RandomResizedCrop:
+class RandomCropSpec:
+    """The checked arguments of a random resized crop, and its draw of crop box and flip.
+
+    Shared by `RandomResizedCrop` (which documents the attributes) and
+    `pipeline.fast_transforms.FastRandomResizedCrop`, so both draw the same crops.
+    """
+
+    size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    resample: str = "bilinear"
+    max_pixels: int = 64_000_000
+    draft: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self.size, self.resample, self.max_pixels)
+        for name, (low, high) in (("scale", self.scale), ("ratio", self.ratio)):
+            if not 0 < low <= high:
+                raise ValueError(f"{name} {(low, high)} must satisfy 0 < low <= high")
+        if not 0 <= self.hflip <= 1:
+            raise ValueError(f"hflip {self.hflip} is a probability and must be in 0..1")
+
+    def choose_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, bool]:
+        """The source box to crop from a `width` x `height` image, and whether to flip it."""
+        box = sample_crop_box(width, height, self.scale, self.ratio, rng)
+        return box, rng.random() < self.hflip  # drawn after the box, as in torchvision's order
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(RandomCropSpec):
     """Training crop: torchvision's RandomResizedCrop and RandomHorizontalFlip in one decode.
 
     Attributes:
@@ -49,22 +79,7 @@ class RandomResizedCrop:
             since it copies each image into the batch).
     """
 
-    size: int = 224
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip: float = 0.5
-    resample: str = "bilinear"
-    max_pixels: int = 64_000_000
-    draft: bool = True
     writable: bool = True
-
-    def __post_init__(self) -> None:
-        _check_common(self.size, self.resample, self.max_pixels)
-        for name, (low, high) in (("scale", self.scale), ("ratio", self.ratio)):
-            if not 0 < low <= high:
-                raise ValueError(f"{name} {(low, high)} must satisfy 0 < low <= high")
-        if not 0 <= self.hflip <= 1:
-            raise ValueError(f"hflip {self.hflip} is a probability and must be in 0..1")
 
     def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
         """Decode a random crop of `image_bytes`, resized to `size` x `size`, maybe flipped.
@@ -72,16 +87,35 @@ class RandomResizedCrop:
         Raises:
             SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
         """
-        image = open_image(image_bytes, self.max_pixels)
-        box = sample_crop_box(*image.size, self.scale, self.ratio, rng)
-        flip = rng.random() < self.hflip  # drawn after the box, as in torchvision's order
-        size = (self.size, self.size)
-        resample = RESAMPLING[self.resample]
-        return decode_crop(image, box, size, resample, flip, self.draft, self.writable)
+        return _decode(self, image_bytes, rng, self.writable)
 
 
 @dataclass(frozen=True)
-class CenterCrop:
+class CenterCropSpec:
+    """The checked arguments of a centre crop, and its crop box.
+
+    Shared by `CenterCrop` (which documents the attributes) and
+    `pipeline.fast_transforms.FastCenterCrop`.
+    """
+
+    size: int = 224
+    crop_fraction: float = 0.875
+    resample: str = "bilinear"
+    max_pixels: int = 64_000_000
+    draft: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self.size, self.resample, self.max_pixels)
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction {self.crop_fraction} must be in (0, 1]")
+
+    def choose_crop(self, width: int, height: int, rng: random.Random) -> tuple[Box, bool]:
+        """The source box to crop from a `width` x `height` image; never flipped, `rng` unused."""
+        return center_crop_box(width, height, self.size, self.crop_fraction), False
+
+
+@dataclass(frozen=True)
+class CenterCrop(CenterCropSpec):
     """Evaluation crop: resize the shorter side to `round(size / crop_fraction)`, then crop the centre.
 
     Gives the pixels of torchvision's `Resize(round(size / crop_fraction))` followed by
@@ -96,17 +130,7 @@ class CenterCrop:
         writable: False returns read-only arrays, one copy fewer.
     """
 
-    size: int = 224
-    crop_fraction: float = 0.875
-    resample: str = "bilinear"
-    max_pixels: int = 64_000_000
-    draft: bool = True
     writable: bool = True
-
-    def __post_init__(self) -> None:
-        _check_common(self.size, self.resample, self.max_pixels)
-        if not 0 < self.crop_fraction <= 1:
-            raise ValueError(f"crop_fraction {self.crop_fraction} must be in (0, 1]")
 
     def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
         """Decode the centre crop of `image_bytes` at `size` x `size`.
@@ -114,11 +138,7 @@ class CenterCrop:
         Raises:
             SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
         """
-        image = open_image(image_bytes, self.max_pixels)
-        box = center_crop_box(*image.size, self.size, self.crop_fraction)
-        size = (self.size, self.size)
-        resample = RESAMPLING[self.resample]
-        return decode_crop(image, box, size, resample, False, self.draft, self.writable)
+        return _decode(self, image_bytes, rng, self.writable)
 
 
 def sample_crop_box(
@@ -191,3 +211,12 @@ def _check_common(size: int, resample: str, max_pixels: int) -> None:
             f"max_pixels {max_pixels} must be in 1..{limit} (Pillow's MAX_IMAGE_PIXELS); "
             "raise the cap only together with the per-worker memory limit"
         )
+
+
+def _decode(
+    spec: RandomCropSpec | CenterCropSpec, image_bytes: bytes, rng: random.Random, writable: bool
+) -> np.ndarray:
+    image = open_image(image_bytes, spec.max_pixels)
+    box, flip = spec.choose_crop(*image.size, rng)
+    size = (spec.size, spec.size)
+    return decode_crop(image, box, size, RESAMPLING[spec.resample], flip, spec.draft, writable)

@@ -17,9 +17,10 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from tests.servers import QuietHandler, ServerThread
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 STALL_LIMIT_S = 30.0  # a stalled handler gives up after this, or when the server stops
@@ -64,8 +65,7 @@ class LocalHTTPServer:
         self._faults: dict[str, list[Fault]] = {}
         self._lock = threading.Lock()
         self._release = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving = ServerThread(_Handler, self, "server")
 
     # Fault injection -----------------------------------------------------
     def fail(self, path: str, count: int, status: int = 503) -> None:
@@ -96,28 +96,15 @@ class LocalHTTPServer:
     # Lifecycle -----------------------------------------------------------
     @property
     def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the server is not running; use it in a with-block")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._serving.url
 
     def __enter__(self) -> str:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.owner = self  # type: ignore[attr-defined]
-        # A short poll interval: shutdown() waits up to one interval.
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self._thread.start()
+        self._serving.start()
         return self.url
 
     def __exit__(self, *exc_info: object) -> None:
-        self._release.set()
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._release.set()  # stalled handlers finish, so that the server can stop
+        self._serving.stop()
 
     # Used by the handler -------------------------------------------------
     def _add(self, path: str, fault: Fault) -> None:
@@ -141,16 +128,7 @@ class LocalHTTPServer:
             self.bytes_sent[path] = self.bytes_sent.get(path, 0) + count
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
-        pass  # keep test output clean
-
-    @property
-    def owner(self) -> LocalHTTPServer:
-        return self.server.owner  # type: ignore[attr-defined]
-
+class _Handler(QuietHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         path = unquote(urlsplit(self.path).path)
         fault = self.owner._take_fault(path)
@@ -213,8 +191,4 @@ class _Handler(BaseHTTPRequestHandler):
     def _write(self, path: str, body: bytes) -> None:
         # Counted before sending, so a client that holds the bytes sees the count.
         self.owner._count_sent(path, len(body))
-        try:
-            self.wfile.write(body)
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client gave up, as clients under test do
+        self._send_bytes(body)

@@ -19,9 +19,10 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tests.servers import QuietHandler, ServerThread
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
@@ -164,8 +165,7 @@ class FaultProxy:
         self.faults: list[ProxyFault] = []
         self._lock = threading.Lock()
         self._release = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving = ServerThread(_ProxyHandler, self, "proxy")
 
     # Fault injection -----------------------------------------------------
     def fail(
@@ -221,28 +221,15 @@ class FaultProxy:
     # Lifecycle -----------------------------------------------------------
     @property
     def endpoint(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the proxy is not running; use it in a with-block")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._serving.url
 
     def __enter__(self) -> FaultProxy:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
-        self._server.daemon_threads = True
-        self._server.owner = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self._thread.start()
+        self._serving.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._release.set()
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-        self._server = None
+        self._release.set()  # stalled handlers finish, so that the proxy can stop
+        self._serving.stop()
 
     # Used by the handler -------------------------------------------------
     def _add(self, fault: ProxyFault) -> ProxyFault:
@@ -265,16 +252,7 @@ class FaultProxy:
             return chosen
 
 
-class _ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
-        pass  # keep test output clean
-
-    @property
-    def owner(self) -> FaultProxy:
-        return self.server.owner  # type: ignore[attr-defined]
-
+class _ProxyHandler(QuietHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         self._proxy()
 
@@ -302,12 +280,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         if fault is None:
-            self._write(payload)
+            self._send_bytes(payload)
             return
-        self._write(payload[: fault.after_bytes])
+        self._send_bytes(payload[: fault.after_bytes])
         if fault.kind == "stall":
             self.owner._release.wait(STALL_LIMIT_S)
-            self._write(payload[fault.after_bytes :])
+            self._send_bytes(payload[fault.after_bytes :])
         elif fault.reset:
             # SO_LINGER 0: close() sends RST, so the client sees ECONNRESET.
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -351,11 +329,4 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         if self.command != "HEAD":
-            self._write(payload)
-
-    def _write(self, payload: bytes) -> None:
-        try:
-            self.wfile.write(payload)
-            self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client gave up, as clients under test do
+            self._send_bytes(payload)
