@@ -16,7 +16,7 @@ from pathlib import Path
 
 from preprocess.build import BUILD_DIR, ShardResult, image_field
 from preprocess.config import BuildConfig, diff_configs
-from preprocess.plan import Plan, build_plan
+from preprocess.plan import Plan, ShardTask, build_plan
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
 from preprocess.sizing import shard_size_for_bytes
 from preprocess.sources import list_sources
@@ -146,16 +146,27 @@ def run_tasks(plan: Plan, config: BuildConfig, output: str) -> list[ShardResult]
         "num_classes": len(plan.classes),
         "row_group_size": config.row_group_size,
     }
+    tasks = dispatch_order(plan.tasks)
     if config.executor == "inline":
-        stream = iter_inline(plan.tasks, build_kwargs)
+        stream = iter_inline(tasks, build_kwargs)
     else:
-        stream = iter_ray(plan.tasks, build_kwargs, config.ray_address, config.workers)
+        stream = iter_ray(tasks, build_kwargs, config.ray_address, config.workers)
     by_name = {}
     with progress_bar(plan.inputs, config.progress) as bar:
         for result in stream:
             by_name[(result.split, result.info.index)] = result
             bar.update(result.info.samples + len(result.skipped))
     return [by_name[(t.split, t.index)] for t in plan.tasks]
+
+
+def dispatch_order(tasks: list[ShardTask]) -> list[ShardTask]:
+    """Largest shards first (plan order among equals), so the small ones fill the end.
+
+    A split's last shard and a small `val` split are shorter than the rest; sent last,
+    they keep the other workers busy while the final full shards finish, instead of
+    leaving workers idle behind one long task. Results are put back in plan order.
+    """
+    return sorted(tasks, key=lambda task: -len(task.samples))
 
 
 def progress_bar(total: int, enabled: bool):

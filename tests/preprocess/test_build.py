@@ -15,8 +15,10 @@ import pytest
 import webdataset as wds
 
 from preprocess.cli import main
-from preprocess.job import run_build
+from preprocess.job import dispatch_order, run_build
+from preprocess.plan import build_plan
 from preprocess.ray_job import BuildError
+from preprocess.sources import list_sources
 from shards.manifest import read_manifest
 from shards.parquet import iter_parquet_samples
 from shards.tar import iter_tar_samples
@@ -297,3 +299,17 @@ def test_verify_names_the_first_bad_shard(built_shards, tmp_path, damage, capsys
         other.write_bytes(a)
     assert main(["verify", str(out)]) == 1
     assert "train-000001.tar" in capsys.readouterr().err
+
+
+def test_small_shards_are_sent_last_and_results_keep_plan_order(sample_dir, tmp_path):
+    plan = build_plan(list_sources(str(sample_dir)), 50, 0.2, 0)
+    order = dispatch_order(plan.tasks)
+    sizes = [len(task.samples) for task in order]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) > 1
+    full = [t for t in plan.tasks if len(t.samples) == 50]
+    assert order[: len(full)] == full  # equal shards keep their plan order
+    summary = run_build(small_build_config(sample_dir, tmp_path / "o", shard_size=50))
+    names = [
+        (s.index, split) for split, info in summary.manifest.splits.items() for s in info.shards
+    ]
+    assert names == sorted(names, key=lambda pair: (pair[1], pair[0]))
