@@ -34,9 +34,21 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=1000)
     parser.add_argument("--result", default=None, help="write the JSON result here")
     args = parser.parse_args()
-    command = [sys.executable, "-m", "preprocess.cli", "build-shards", "--input", args.input,
-               "--output", args.output, "--formats", args.formats, "--shard-size",
-               str(args.shard_size), "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "preprocess.cli",
+        "build-shards",
+        "--input",
+        args.input,
+        "--output",
+        args.output,
+        "--formats",
+        args.formats,
+        "--shard-size",
+        str(args.shard_size),
+        "--no-progress",
+    ]
     free_before = free_disk_bytes(Path(args.output).parent)
     clock = Stopwatch()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
