@@ -115,3 +115,17 @@ def test_an_abandoned_epoch_gives_its_slots_back_to_the_next(shard_dir):
 def test_workers_that_exit_every_epoch_allocate_instead(shard_dir):
     assert loader_for(shard_dir, num_workers=2, persistent_workers=False).ring is None
     assert loader_for(shard_dir, num_workers=0, persistent_workers=False).ring is not None
+
+
+def test_the_pin_thread_copies_a_slot_out_and_frees_it(monkeypatch):
+    # Pinning needs CUDA; a copy stands in for it, which is all the slot logic sees.
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, device=None: self.clone())
+    ring = BatchRing(workers=1, slots=1, slot_bytes=2 * 2 * 2 * 3)
+    slot = ring.acquire(0, (2, 2, 2, 3))
+    slot.writable()[:] = 5
+    slot.channels_last = True
+    pinned = slot.pin_memory()
+    del slot
+    gc.collect()
+    assert ring.free_slots() == 1  # freed as soon as the copy is made
+    assert not ring.holds(pinned) and pinned.shape == (2, 3, 2, 2) and int(pinned.sum()) == 120
