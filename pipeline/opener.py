@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urljoin, urlsplit
 
-from pipeline.urls import FSSPEC_SCHEMES, HTTP_SCHEMES, redact_url, url_scheme, validate_url
+from pipeline.urls import FSSPEC_SCHEMES, HTTP_SCHEMES, url_scheme, validate_url
+from shards.redact import redact_text, redact_url
 
 LOCAL_BUFFER_SIZE = 1 << 20
 HTTP_BUFFER_SIZE = 1 << 20
@@ -50,7 +51,6 @@ FSSPEC_RANDOM_CACHE = ("readahead", 1 * 2**20)
 FSSPEC_BUFFER_SIZE = 64 * 2**10  # the block cache holds the data; this batches small reads
 # storage_options whose values are credentials: scrubbed from every message.
 SECRET_OPTION = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -237,17 +237,6 @@ def secrets_in(options: Any) -> list[str]:
             elif isinstance(value, Mapping):
                 found += secrets_in(value)
     return found
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """`text` with credential values masked and every URL in it redacted."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return _URL_IN_TEXT.sub(_redact_match, text)
-
-
-def _redact_match(match: re.Match) -> str:
-    return redact_url(match.group(0))
 
 
 def _permanent_fsspec_errors() -> tuple[type[BaseException], ...]:
@@ -459,7 +448,7 @@ class RetryingFsspecFile(_RetryingReader):
         self._fail(exc, self._reason(exc))
 
     def _reason(self, exc: BaseException) -> str:
-        reason = scrub(_describe(exc), self._secrets)
+        reason = redact_text(_describe(exc), self._secrets)
         hint = {
             FileNotFoundError: "; check the URL and that the shard was uploaded",
             PermissionError: "; check the credentials (environment, ~/.aws, or storage_options)",

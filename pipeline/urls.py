@@ -31,6 +31,8 @@ import re
 from collections.abc import Collection, Sequence
 from urllib.parse import unquote, urlsplit
 
+from shards.redact import redact_url
+
 MAX_SHARDS = 1_000_000
 
 LOCAL_SCHEMES = frozenset({"", "file"})
@@ -47,56 +49,12 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _REMOTE_URL_CHARS = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*$")
 _IPV6_HOST = re.compile(r"\[[0-9A-Fa-f:.]*\]")  # `[::1]` holds '::' legitimately
 _RANGE = re.compile(r"^(\d{1,18})\.\.(\d{1,18})$")
-# Query parameter names whose values are secrets (matched case-insensitively).
-_SECRET_PARAMS = frozenset(
-    {"sig", "signature", "key", "apikey", "api_key", "auth", "authorization", "code", "sas"}
-)
-_SECRET_PARAM_PARTS = ("token", "signature", "secret", "password", "credential", "api-key")
 
 
 def url_scheme(url: str) -> str:
     """Return the lower-case scheme of `url`, or `""` for a plain local path."""
     match = _SCHEME.match(url)
     return match.group(1).lower() if match else ""
-
-
-def redact_url(url: str) -> str:
-    """Return `url` with credentials removed, for logs, errors and sample metadata.
-
-    `user:password@` becomes `***@`, and the values of secret query parameters
-    (`X-Amz-Signature`, `X-Amz-Credential`, `X-Amz-Security-Token`, `token`,
-    `sig`, ...) become `REDACTED`. Local paths are returned unchanged. Never
-    raises, since it is called while reporting other errors.
-    """
-    if not isinstance(url, str):
-        return repr(url)
-    if not url_scheme(url):
-        return url
-    url = _redact_userinfo(url)
-    head, sep, rest = url.partition("?")
-    if not sep:
-        return url
-    query, hash_sep, fragment = rest.partition("#")
-    params = [_redact_param(param) for param in query.split("&")]
-    return f"{head}?{'&'.join(params)}{hash_sep}{fragment}"
-
-
-def _redact_userinfo(url: str) -> str:
-    start = url.find("://")
-    if start < 0:
-        return url
-    start += 3
-    end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
-    # The last '@' of the authority ends the userinfo, as in urlsplit: a password may hold '@'.
-    at = url.rfind("@", start, end)
-    return url if at < 0 else f"{url[:start]}***{url[at:]}"
-
-
-def _redact_param(param: str) -> str:
-    name, sep, _value = param.partition("=")
-    lowered = unquote(name).lower()
-    secret = lowered in _SECRET_PARAMS or any(part in lowered for part in _SECRET_PARAM_PARTS)
-    return f"{name}{sep}REDACTED" if secret and sep else param
 
 
 def url_suffix_format(url: str) -> str:

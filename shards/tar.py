@@ -298,7 +298,9 @@ def _pass_over(stream: BinaryIO, size: int, name: str) -> None:
         _skip(stream, size, name)
 
 
-def count_tar_samples(stream: BinaryIO, fields: frozenset[str] = ALLOWED_FIELDS) -> int:
+def count_tar_samples(
+    stream: BinaryIO, url: str = "", limits=None, fields: frozenset[str] = ALLOWED_FIELDS
+) -> int:
     """Count samples (distinct adjacent keys with an allowlisted field) by reading headers only.
 
     Seeks over member data when the stream can seek, so counting a local shard

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from pipeline.loader import LoaderConfig, ShardLoader, build_loader
 from pipeline.opener import DEFAULT_RETRY, open_stream
 from pipeline.sources import ShardSpec, is_manifest_source
-from pipeline.urls import redact_url
+from shards.redact import redact_url
 from shards.sample import ALLOWED_FIELDS
 from shards.tar import BLOCK, iter_tar_members, split_member_name
 from trainers.config import TrainConfig

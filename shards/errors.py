@@ -1,0 +1,85 @@
+"""The one error type for bad shard bytes, and the read limits every shard reader obeys.
+
+A reader that meets a shard it cannot trust raises `ShardError`: the loader and
+`preprocess verify` catch exactly that (plus transient I/O errors), count it and move
+on; any other exception from a reader is a bug and propagates. Problems confined to
+one sample (an oversized member, a null cell, a name that is not UTF-8) are not
+shard errors: the reader yields that sample with `__error__` set to a `SampleError`,
+so it costs one counted skip and the rest of the shard survives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shards.redact import redact_url
+
+
+class ShardError(Exception):
+    """A shard's bytes break the format or the manifest's promises; the shard is skipped.
+
+    Attributes:
+        reason: a short stable slug (`bad_header`, `truncated`, `shard_short`,
+            `shard_long`, `schema`, `checksum`, `too_large`, ...), the key of the
+            loader's shard-error counts.
+        url: the shard URL, redacted: safe to log.
+        key: the sample key being read when the problem showed, if known.
+        detail: what exactly is wrong, and what to do about it.
+    """
+
+    def __init__(self, reason: str, url: str, detail: str = "", key: str | None = None) -> None:
+        self.reason = reason
+        self.url = redact_url(url)
+        self.key = key
+        self.detail = detail
+        where = f"shard {self.url}" + (f" (sample {key})" if key is not None else "")
+        super().__init__(f"{where}: {reason}" + (f": {detail}" if detail else ""))
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        # Keeps the attributes when the error crosses a DataLoader worker's pipe.
+        return (type(self), (self.reason, self.url, self.detail, self.key))
+
+
+# Why these defaults: a member (or Parquet cell) holds one encoded image; 64 MiB is
+# ~30x the largest photo a training set stores and keeps one worker's peak memory
+# bounded. Extended headers (pax records, GNU long names) are a few hundred bytes in
+# practice. A shard of 10k samples has ~30k members; a million allows 30x that and
+# still stops a server that streams headers forever. 64 GiB bounds a shard whose
+# manifest gives no byte count (a manifest's count is used instead when it has one).
+# A Parquet row group is read whole by pyarrow, so its size is the reader's peak
+# memory; ours are 128 rows, ~15 MiB for 256-px JPEGs.
+MAX_MEMBER_BYTES = 64 * 2**20
+MAX_HEADER_BYTES = 1 * 2**20
+MAX_MEMBERS = 1_000_000
+MAX_SHARD_BYTES = 64 * 2**30
+MAX_ROW_GROUP_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Caps one shard read obeys; past any of them the shard is bad (`ShardError`).
+
+    Attributes:
+        member_bytes: one tar member's data or one Parquet cell; larger ones make
+            their sample a counted skip (`member_too_large`), read past unread.
+        header_bytes: one tar extended header (pax records, GNU long name).
+        members: tar members in one shard (every kind, skipped ones too).
+        shard_bytes: bytes of one shard; the manifest's byte count when known.
+        row_group_bytes: one Parquet row group's uncompressed size, which is what
+            reading it costs in memory; rebuild with a smaller `--row-group-size`.
+    """
+
+    member_bytes: int = MAX_MEMBER_BYTES
+    header_bytes: int = MAX_HEADER_BYTES
+    members: int = MAX_MEMBERS
+    shard_bytes: int = MAX_SHARD_BYTES
+    row_group_bytes: int = MAX_ROW_GROUP_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("member_bytes", "header_bytes", "members", "shard_bytes", "row_group_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ReadLimits.{name} must be a positive integer, got {value!r}")
+
+
+DEFAULT_LIMITS = ReadLimits()

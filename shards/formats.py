@@ -1,0 +1,129 @@
+"""The shard-format registry: the one place that knows which formats exist and how each is read.
+
+Every caller (build, verify, loader, shuffle inspection, trainer) goes through a
+`ShardFormat` and never dispatches on a format's name itself. Both readers share one
+signature and one contract:
+
+* `iter_samples(stream, url, start=0, stop=None, *, fields, limits, declared)` yields
+  the samples with index in `[start, stop)` as `Sample` dicts holding `__key__`,
+  `__url__` (redacted) and the requested `fields` that the sample has; other fields
+  are passed over unread. A sample is a tar key group with at least one allowlisted
+  member, or a Parquet row. `stop=None` reads to `declared` (when given) or the end.
+* A problem confined to one sample makes it a sample with `__error__` (a `SampleError`):
+  one counted skip. A problem with the shard raises `ShardError`, after every good
+  sample before it was yielded. A shard that ends before `stop` raises `shard_short`;
+  one holding more than `declared` samples raises `shard_long` once the declared ones
+  are out (its extra samples are never read).
+* `count_samples(stream, url, limits)` counts samples the same way, reading headers
+  or the footer only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import urlsplit
+
+from shards import parquet, tar
+from shards.errors import ReadLimits
+from shards.redact import redact_url
+from shards.sample import Sample
+
+
+class ShardWriter(Protocol):
+    """What build-shards writes through: one sample at a time, then `close`."""
+
+    count: int
+
+    def write(self, sample: Sample) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """One on-disk shard format.
+
+    Attributes:
+        name: the name used in manifests and options (`tar`, `parquet`).
+        suffix: the file suffix that identifies it in a URL (`.tar`).
+        random_access: readers seek (Parquet's footer, then row groups), so remote
+            streams must be opened seekable.
+        min_sample_bytes: the fewest bytes one sample can take in a file of this
+            format; a manifest claiming more samples than `bytes // this` lies.
+        open_writer: `(fileobj, image_field, row_group_size) -> ShardWriter`.
+        iter_samples: the reader; see the module docstring for its contract.
+        count_samples: `(stream, url, limits) -> int`, headers or footer only.
+    """
+
+    name: str
+    suffix: str
+    random_access: bool
+    min_sample_bytes: int
+    open_writer: Callable[[BinaryIO, str, int], ShardWriter]
+    iter_samples: Callable[..., Iterator[Sample]]
+    count_samples: Callable[[Any, str, ReadLimits], int]
+
+
+def _tar_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
+    return tar.TarShardWriter(fileobj)
+
+
+def _parquet_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
+    return parquet.ParquetShardWriter(fileobj, image_field, row_group_size)
+
+
+TAR = ShardFormat(
+    name="tar",
+    suffix=".tar",
+    random_access=False,
+    # A sample's smallest form: one header block for an empty member.
+    min_sample_bytes=tar.BLOCK,
+    open_writer=_tar_writer,
+    iter_samples=tar.iter_tar_samples,
+    count_samples=tar.count_tar_samples,
+)
+PARQUET = ShardFormat(
+    name="parquet",
+    suffix=".parquet",
+    random_access=True,
+    min_sample_bytes=1,
+    open_writer=_parquet_writer,
+    iter_samples=parquet.iter_parquet_samples,
+    count_samples=parquet.count_parquet_samples,
+)
+FORMATS: dict[str, ShardFormat] = {fmt.name: fmt for fmt in (TAR, PARQUET)}
+FORMAT_NAMES = tuple(FORMATS)
+
+
+def get_format(name: str) -> ShardFormat:
+    """The format called `name`.
+
+    Raises:
+        ValueError: no such format; the message lists the known ones.
+    """
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown shard format {name!r}; known formats: {', '.join(FORMAT_NAMES)}"
+        ) from None
+
+
+def format_of_url(url: str) -> ShardFormat:
+    """The format a shard URL's path suffix names; query strings and fragments are ignored.
+
+    Raises:
+        ValueError: the suffix names no format (compressed `.tar.gz` shards are not
+            supported: we never inflate data).
+    """
+    path = urlsplit(url).path if "://" in url else url
+    for fmt in FORMATS.values():
+        if path.lower().endswith(fmt.suffix):
+            return fmt
+    suffixes = ", ".join(fmt.suffix for fmt in FORMATS.values())
+    raise ValueError(
+        f"cannot tell the shard format of {redact_url(url)!r}: its path must end in one of "
+        f"{suffixes}; pass a manifest.json or its directory to read a dataset"
+    )
