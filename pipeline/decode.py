@@ -23,17 +23,11 @@ process, as DataLoader workers do.
 
 from __future__ import annotations
 
-import warnings
-from io import BytesIO
-
 import numpy as np
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile
 
-from shards.imagedata import DECODER_ERRORS, riff_truncated
-from shards.sample import IMAGE_FIELDS, Sample, SampleError
+from shards.imagedata import DECODER_ERRORS, classify_decoder_error
 
-# Formats the loader lets Pillow parse: exactly what `preprocess build-shards` writes.
-ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
 RESAMPLING = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -50,89 +44,6 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's 
 
 _ALPHA_MODES = frozenset(("RGBA", "LA", "PA", "RGBa", "La"))
 _DCT_SCALES = (8, 4, 2)  # what libjpeg can decode to directly: 1/8, 1/4, 1/2
-_MAX_LABEL_DIGITS = 18  # fits int64; anything longer is garbage, not a class index
-
-
-def image_field_of(sample: Sample) -> str:
-    """Return the name of the image field a sample holds: `jpg`, `webp` or `png`.
-
-    Fields are tried in that order, so a sample holding several uses the first.
-
-    Raises:
-        SampleError: `no_image` when the sample holds none of them.
-    """
-    for field in IMAGE_FIELDS:
-        if field in sample:
-            return field
-    fields = sorted(name for name in sample if not name.startswith("__"))
-    raise SampleError(
-        "no_image",
-        f"sample {sample.get('__key__')!r} has no {'/'.join(IMAGE_FIELDS)} field "
-        f"(fields: {', '.join(fields) or 'none'})",
-    )
-
-
-def decode_label(sample: Sample) -> int:
-    """Return the class index stored in the sample's `cls` field (ASCII digits, e.g. `b"3"`).
-
-    Raises:
-        SampleError: `no_label` when `cls` is missing, `bad_label` when it is not a
-            non-negative integer of at most 18 digits.
-    """
-    key = sample.get("__key__")
-    if "cls" not in sample:
-        raise SampleError("no_label", f"sample {key!r} has no cls field")
-    value = sample["cls"]
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value  # already decoded by a user's own reader stage
-    text = value.encode("ascii", "replace") if isinstance(value, str) else value
-    if isinstance(text, (bytes, bytearray)):
-        text = text.strip()
-        # bytes.isdigit() is ASCII-only, so no sign, no underscores, no Unicode digits.
-        if 0 < len(text) <= _MAX_LABEL_DIGITS and text.isdigit():
-            return int(text)
-    raise SampleError(
-        "bad_label", f"sample {key!r}: cls {value!r:.40} is not a non-negative integer"
-    )
-
-
-def open_image(data: bytes, max_pixels: int) -> ImageFile.ImageFile:
-    """Read the header of an encoded image without decoding its pixels.
-
-    Only the plugins in `ALLOWED_FORMATS` ever see the bytes, so no other parser (and
-    never Ghostscript) runs on shard data.
-
-    Args:
-        data: encoded JPEG, PNG or WEBP bytes.
-        max_pixels: largest `width * height` accepted, checked on the header.
-
-    Returns:
-        The lazily opened image: `.size` and `.format` are known, pixels are not decoded.
-
-    Raises:
-        SampleError: `unidentified`, `too_many_pixels`, `truncated` or `decode_error`.
-    """
-    with warnings.catch_warnings():
-        # Pillow only warns between MAX_IMAGE_PIXELS and twice that; here a warning is a skip.
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
-            image = Image.open(BytesIO(data), formats=ALLOWED_FORMATS)
-        except UnidentifiedImageError as error:
-            raise SampleError(
-                "unidentified",
-                f"{type(error).__name__}: not a {', '.join(ALLOWED_FORMATS)} image "
-                f"(starts with {bytes(data[:8])!r})",
-            ) from error
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-            raise SampleError("too_many_pixels", f"{type(error).__name__}: {error}") from error
-        except DECODER_ERRORS as error:
-            raise _classify(error, data) from error
-    width, height = image.size
-    if width * height > max_pixels:
-        raise SampleError(
-            "too_many_pixels", f"header says {width}x{height} = {width * height} > {max_pixels}"
-        )
-    return image
 
 
 def decode_crop(
@@ -171,7 +82,7 @@ def decode_crop(
     try:
         image.load()
     except DECODER_ERRORS as error:
-        raise _classify(error) from error
+        raise classify_decoder_error(error) from error
     rgb = to_rgb(image)
     out = rgb.resize(size, resample, box=box, reducing_gap=REDUCING_GAP)
     if flip:
@@ -228,11 +139,3 @@ def _draft(image: ImageFile.ImageFile, box: Box, size: tuple[int, int]) -> Box:
     extent = result[1]
     fx, fy = extent[2] / width, extent[3] / height
     return (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
-
-
-def _classify(error: BaseException, data: bytes = b"") -> SampleError:
-    """Map an exception raised by a Pillow decoder to a `SampleError` reason."""
-    detail = f"{type(error).__name__}: {error}"
-    if isinstance(error, EOFError) or "truncated" in str(error) or riff_truncated(data):
-        return SampleError("truncated", detail)
-    return SampleError("decode_error", detail)

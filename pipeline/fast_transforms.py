@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from pipeline.decode import RESAMPLING, Box, decode_crop, draft_scale, open_image
+from pipeline.decode import RESAMPLING, Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
+from shards.imagedata import open_image
 from shards.sample import SampleError
 
 FAST_HINT = (

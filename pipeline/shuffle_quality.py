@@ -19,13 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.dataset import batch_sizes
-from pipeline.decode import decode_label
 from pipeline.loader import LoaderConfig, ShardLoader
 from pipeline.opener import RetryPolicy, open_stream
 from pipeline.plan import Partition, shard_order, shuffle_buffer, worker_rng
 from pipeline.resume import worker_positions
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
-from shards.sample import SampleError
+from shards.sample import SampleError, decode_label
 from shards.tar import TarFormatError, iter_tar_samples
 
 LABEL_FIELDS = frozenset({"cls"})

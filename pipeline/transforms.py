@@ -15,7 +15,8 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from pipeline.decode import RESAMPLING, Box, decode_crop, open_image
+from pipeline.decode import RESAMPLING, Box, decode_crop
+from shards.imagedata import open_image
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back
 

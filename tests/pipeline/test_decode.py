@@ -15,20 +15,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.decode import (
-    decode_crop,
-    decode_label,
-    draft_scale,
-    image_field_of,
-    open_image,
-)
+from pipeline.decode import decode_crop, draft_scale
 from pipeline.transforms import (
     CenterCrop,
     RandomResizedCrop,
     center_crop_box,
     sample_crop_box,
 )
-from shards.sample import SampleError
+from shards.imagedata import open_image
+from shards.sample import SampleError, decode_label, image_field_of
 
 
 def encode(array: np.ndarray, fmt: str = "JPEG", **options) -> bytes:

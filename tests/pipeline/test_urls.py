@@ -8,10 +8,10 @@ import pytest
 
 from pipeline.urls import (
     expand_urls,
-    redact_url,
     url_suffix_format,
     validate_url,
 )
+from shards.redact import redact_url
 
 HOSTILE_URLS = [
     "pipe:rm -rf ~",
