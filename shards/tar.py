@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import BinaryIO
 
+from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.redact import redact_url
 from shards.sample import ALLOWED_FIELDS, Sample, SampleError, check_key
 
 BLOCK = 512
-MAX_MEMBER_BYTES = 64 * 2**20
-MAX_MEMBERS_PER_SAMPLE = 16
 
 
 class TarShardWriter:
@@ -98,13 +98,40 @@ def member_header(name: str, size: int) -> bytes:
     )
 
 
-class TarFormatError(ValueError):
-    """The stream is not a well-formed, complete tar archive."""
-
-
-MAX_HEADER_DATA = 1 * 2**20  # pax and GNU long-name payloads
+MAX_MEMBERS_PER_SAMPLE = 16
 _REGULAR = (b"0", b"\0", b"7")
+_EXTENDED = (b"x", b"g", b"L", b"K")
+_ZERO_BLOCK = bytes(BLOCK)
 _SKIP_CHUNK = 1 * 2**20
+# One bit per allowlisted field: a duplicate is found without a per-sample set.
+_FIELD_BITS = {field: 1 << bit for bit, field in enumerate(sorted(ALLOWED_FIELDS))}
+# Longest decimal a pax length or size may have: 10**20 bytes is past every cap, and
+# `int` refuses strings past 4300 digits with a ValueError we would rather not meet.
+_MAX_DECIMAL_DIGITS = 20
+_VERIFY = "run `preprocess verify` on the dataset to list the bad shards, then rebuild them"
+_ADVICE = {
+    "not_tar": "check that the URL names a tar shard (the manifest's format)",
+    "truncated": "the shard is incomplete (an interrupted write or download); fetch or rebuild it",
+    "bad_header": f"the shard is corrupt; {_VERIFY}",
+    "too_large": "the shard breaks a read cap (ReadLimits); if it is genuine, raise the cap, "
+    f"otherwise {_VERIFY}",
+    "too_many_members": "the shard has more members than ReadLimits.members allows; if it is "
+    f"genuine, raise the cap, otherwise {_VERIFY}",
+    "non_adjacent_key": f"a sample's members must be adjacent; {_VERIFY}",
+    "duplicate_field": f"{_VERIFY}",
+    "too_many_fields": f"{_VERIFY}",
+}
+
+
+def _error(reason: str, url: str, detail: str, key: str | None = None) -> ShardError:
+    return ShardError(reason, url, f"{detail}; {_ADVICE[reason]}", key)
+
+
+def _past_shard_bytes(max_bytes: int, offset: int) -> str:
+    return (
+        f"the member at byte {offset} runs past the {max_bytes} bytes the shard may have "
+        "(ReadLimits.shard_bytes: the manifest's byte count when it gives one)"
+    )
 
 
 def split_member_name(name: str) -> tuple[str, str]:
@@ -114,40 +141,6 @@ def split_member_name(name: str) -> tuple[str, str]:
     if dot < 0:
         return name, ""
     return name[:dot], name[dot + 1 :]
-
-
-def _read_exact(stream: BinaryIO, size: int, what: str) -> bytes:
-    data = stream.read(size)
-    if len(data) != size:
-        # Streams may return short reads; keep reading until EOF before giving up.
-        parts = [data]
-        got = len(data)
-        while got < size:
-            more = stream.read(size - got)
-            if not more:
-                raise TarFormatError(f"truncated tar: unexpected end of data in {what}")
-            parts.append(more)
-            got += len(more)
-        data = b"".join(parts)
-    return data
-
-
-def _skip(stream: BinaryIO, size: int, what: str) -> None:
-    while size > 0:
-        size -= len(_read_exact(stream, min(size, _SKIP_CHUNK), what))
-
-
-def _parse_number(field: bytes, what: str) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for large values
-        value = int.from_bytes(field[1:], "big")
-        if field[0] & 0x40:
-            raise TarFormatError(f"negative {what} in tar header")
-        return value
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError as error:
-        raise TarFormatError(f"bad {what} field {field!r} in tar header") from error
 
 
 def header_checksum(header: bytes) -> int:
@@ -166,151 +159,342 @@ def header_checksum(header: bytes) -> int:
     return pieces - 3 + 8 * 32
 
 
-def _parse_pax(data: bytes) -> dict[str, str]:
-    records, pos = {}, 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        if space < 0:
-            break
-        length = int(data[pos:space])
-        if length <= 0:
-            raise TarFormatError("bad pax record length")
-        record = data[space + 1 : pos + length - 1]
-        key, _, value = record.partition(b"=")
-        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
+def _number(field: bytes) -> int:
+    """A header number field's value, or -1 when it is malformed or negative.
+
+    Octal is read strictly: optional leading spaces, digits 0-7, then NULs or spaces.
+    `int(text, 8)` alone would take a sign (`-0000001000`, which used to seek the
+    reader back onto the same header forever), underscores and other whitespace.
+    GNU base-256 starts with 0x80 (positive) or 0xff (negative, refused).
+    """
+    first = field[0]
+    if first >= 0x80:
+        return int.from_bytes(field[1:], "big") if first == 0x80 else -1
+    text = field.rstrip(b"\0 ").lstrip(b" ")
+    if not text.isdigit():  # bytes.isdigit: ASCII digits only, False when empty
+        return -1
+    try:
+        return int(text, 8)
+    except ValueError:  # an 8 or a 9
+        return -1
 
 
-def iter_tar_members(stream: BinaryIO) -> Iterator[tuple[str, bool, int]]:
-    """Yield `(name, is_regular, size)` for each member; the caller must then call
-    `read_member` or `skip_member` exactly once before advancing.
+def _decimal(text: bytes) -> int:
+    """A pax decimal (ASCII digits only), or -1."""
+    if not text.isdigit() or len(text) > _MAX_DECIMAL_DIGITS:
+        return -1
+    return int(text)
 
+
+def _parse_pax(data: bytes, url: str) -> tuple[bytes | None, int]:
+    """The `path` (raw bytes, or None) and `size` (or -1) of pax records.
+
+    Each record is `<decimal length> <key>=<value>\\n`, its length counting the whole
+    record; anything else is `bad_header`, as is a `size` that is not plain digits.
+    """
+    path, size, pos, end = None, -1, 0, len(data)
+    while pos < end:
+        space = data.find(b" ", pos, pos + _MAX_DECIMAL_DIGITS + 1)
+        length = _decimal(data[pos:space]) if space > pos else -1
+        stop = pos + length
+        if length <= space - pos + 1 or stop > end or data[stop - 1] != 0x0A:
+            raise _error("bad_header", url, f"malformed pax record at offset {pos}")
+        name, equals, value = data[space + 1 : stop - 1].partition(b"=")
+        if not equals:
+            raise _error("bad_header", url, f"pax record without '=' at offset {pos}")
+        if name == b"path":
+            path = value
+        elif name == b"size":
+            size = _decimal(value)
+            if size < 0:
+                raise _error("bad_header", url, f"pax size {value[:40]!r} is not a decimal")
+        pos = stop
+    return path, size
+
+
+def _printable_name(raw: bytes) -> str:
+    """A printable stand-in for a member name that is not UTF-8, for its skip record."""
+    name = raw.decode("utf-8", "backslashreplace")
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+
+
+def _read_exact(stream: BinaryIO, size: int, url: str, what: str, key: str | None) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        # Streams may return short reads; keep reading until EOF before giving up.
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = stream.read(size - got)
+            if not more:
+                raise _error("truncated", url, f"the stream ended inside {what}", key)
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
+
+
+def _skip(stream: BinaryIO, size: int, url: str, what: str, key: str | None) -> None:
+    while size > 0:
+        size -= len(_read_exact(stream, min(size, _SKIP_CHUNK), url, what, key))
+
+
+def _read_header(stream: BinaryIO, header: bytes, url: str, offset: int) -> bytes:
+    """Complete a short header read, or raise `truncated` at the end of the stream."""
+    while len(header) < BLOCK:
+        more = stream.read(BLOCK - len(header))
+        if not more:
+            what = (
+                "the stream is empty"
+                if offset == 0 and not header
+                else (
+                    f"the stream ended at byte {offset + len(header)} without the end-of-archive block"
+                )
+            )
+            raise _error("truncated", url, what)
+        header += more
+    return header
+
+
+def _iter_members(
+    stream: BinaryIO, url: str, limits: ReadLimits
+) -> Iterator[tuple[str, bool, int, int, bool]]:
+    """Yield `(name, is_regular, size, padded_size, bad_name)` for each member.
+
+    The caller must read or pass over exactly `padded_size` bytes before advancing.
     Our own parser instead of `tarfile` because `tarfile` in stream mode ends
     silently on a truncated archive and returns short member data (a truncated
     shard would look complete), and because it loops forever on crafted negative
-    offsets before Python 3.13.6 (CVE-2025-8194). This one checks header
-    checksums, requires the end-of-archive block, and rejects negative sizes.
+    offsets before Python 3.13.6 (CVE-2025-8194). This one checks every header's
+    checksum and numbers, requires the end-of-archive block, only moves forward,
+    and counts members and bytes (seeked-over data too) against `limits` before
+    the caller reads them. `bad_name` is True when the name is not UTF-8: `name`
+    is then a printable stand-in.
     """
-    long_name: str | None = None
-    pax: dict[str, str] = {}
+    read = stream.read
+    max_members, max_bytes, max_header = limits.members, limits.shard_bytes, limits.header_bytes
+    members = consumed = extended = 0
+    has_extended = False
+    long_name: bytes | None = None
+    pax_path: bytes | None = None
+    pax_size = -1
     while True:
-        header = stream.read(BLOCK)
-        if len(header) < BLOCK:
-            header += stream.read(BLOCK - len(header)) if header else b""
-            if len(header) < BLOCK:
-                raise TarFormatError("truncated tar: no end-of-archive block")
-        if header == b"\0" * BLOCK:
+        header = read(BLOCK)
+        if len(header) != BLOCK:
+            header = _read_header(stream, header, url, consumed)
+        offset = consumed
+        consumed += BLOCK
+        if header == _ZERO_BLOCK:
+            if has_extended:
+                raise _error("truncated", url, "the archive ends after an extended header")
             return
-        if _parse_number(header[148:156], "checksum") != header_checksum(header):
-            raise TarFormatError("not a tar archive (header checksum mismatch)")
-        size = _parse_number(header[124:136], "size")
+        members += 1
+        if members > max_members:
+            raise _error("too_many_members", url, f"more than {max_members} members")
+        if _number(header[148:156]) != header_checksum(header):
+            if members == 1:
+                raise _error("not_tar", url, "the first header's checksum does not match")
+            raise _error("bad_header", url, f"header checksum mismatch at byte {offset}")
+        size = _number(header[124:136])
+        if size < 0:
+            raise _error("bad_header", url, f"bad size field {header[124:136]!r} at byte {offset}")
         kind = header[156:157]
-        if kind in (b"x", b"g", b"L", b"K"):
-            if size > MAX_HEADER_DATA:
-                raise TarFormatError(f"tar extended header of {size} bytes exceeds the cap")
-            data = _read_exact(stream, size, "extended header")
-            _skip(stream, -size % BLOCK, "padding")
+        if kind in _EXTENDED:
+            extended += size
+            has_extended = True
+            if extended > max_header:
+                raise _error(
+                    "too_large", url, f"extended header over {max_header} bytes at byte {offset}"
+                )
+            consumed += size + (-size % BLOCK)
+            if consumed > max_bytes:
+                raise _error("too_large", url, _past_shard_bytes(max_bytes, offset))
+            data = _read_exact(stream, size, url, "an extended header", None)
+            _skip(stream, -size % BLOCK, url, "an extended header's padding", None)
             if kind == b"x":
-                pax = _parse_pax(data)
+                path, size = _parse_pax(data, url)
+                pax_path = pax_path if path is None else path
+                pax_size = pax_size if size < 0 else size
             elif kind == b"L":
-                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                long_name = data.split(b"\0", 1)[0]
             continue
-        name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        if header[257:262] == b"ustar":
-            prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if prefix:
-                name = f"{prefix}/{name}"
-        name = pax.get("path", long_name or name)
-        if "size" in pax:
-            size = int(pax["size"])
-        long_name, pax = None, {}
-        yield name, kind in _REGULAR, size
+        end = header.find(0, 0, 100)
+        raw = header[: end if end >= 0 else 100]
+        # Only POSIX ustar has a name prefix there; GNU tar keeps other fields at 345.
+        if header[345] and header[257:263] == b"ustar\0":
+            raw = header[345:500].split(b"\0", 1)[0] + b"/" + raw
+        if has_extended:
+            raw = pax_path if pax_path is not None else long_name if long_name is not None else raw
+            size = pax_size if pax_size >= 0 else size
+            long_name, pax_path, pax_size, extended, has_extended = None, None, -1, 0, False
+        padded = size + (-size % BLOCK)
+        consumed += padded
+        if consumed > max_bytes:
+            raise _error("too_large", url, _past_shard_bytes(max_bytes, offset))
+        try:
+            name, bad = raw.decode("utf-8"), False
+        except UnicodeDecodeError:
+            name, bad = _printable_name(raw), True
+        yield name, kind in _REGULAR, size, padded, bad
 
 
 def iter_tar_samples(
     stream: BinaryIO,
     url: str,
+    start: int = 0,
+    stop: int | None = None,
     *,
     fields: frozenset[str] = ALLOWED_FIELDS,
-    max_member_bytes: int = MAX_MEMBER_BYTES,
-    start: int = 0,
+    limits: ReadLimits = DEFAULT_LIMITS,
+    declared: int | None = None,
 ) -> Iterator[Sample]:
-    """Yield samples from a tar stream, grouping adjacent members by key.
+    """Yield the samples with index in `[start, stop)` of a tar stream.
 
-    The first `start` samples are passed over without reading their data
-    (seeking when the stream can), so a loader can begin mid-shard cheaply.
+    A sample is a group of adjacent members with one key, at least one of them an
+    allowlisted field (`ALLOWED_FIELDS`); indices count every sample whatever
+    `fields` asks for. Only members in `fields` are read; the rest, and the samples
+    before `start`, are passed over unread (seeking when the stream can), so
+    `fields=frozenset()` lists keys from the headers alone. A sample is yielded only
+    once the next key starts or the archive ends cleanly, so a truncated shard never
+    leaks a partial sample; reading stops at the header of sample `stop`.
 
-    Non-regular members (links, devices, dirs) and fields outside `fields` are
-    skipped unread. A sample is only yielded once the next key starts or the
-    archive ends cleanly, so a truncated shard never leaks a partial sample.
+    Args:
+        stream: the shard's bytes, read forward only.
+        url: the shard's URL; only its redacted form appears in `__url__` and errors.
+        start: index of the first sample to yield.
+        stop: index past the last sample to yield; defaults to `declared`.
+        fields: the fields to read into each sample.
+        limits: caps on members, header bytes, shard bytes and member bytes.
+        declared: the manifest's sample count for this shard, if known.
+
+    Yields:
+        Sample dicts with `__key__`, `__url__` and the fields in `fields` the sample
+        has. A sample with a member over `limits.member_bytes` comes without that
+        member and with `__error__ = SampleError("member_too_large")`; one whose
+        member name is not UTF-8 comes with a printable key, no fields and
+        `__error__ = SampleError("bad_name")`: each is one counted skip.
 
     Raises:
-        TarFormatError: the stream is not a complete tar (truncated, garbage).
-        SampleError: `duplicate_field`, `too_many_fields` or `non_adjacent_key`
-            (the shard is malformed; the caller decides whether to skip it).
-
-    A sample with an oversized member is yielded with `__error__` set to a
-    `SampleError("member_too_large")` and without that member's bytes, so the
-    consumer counts it as one skipped sample and the rest of the shard survives.
+        ShardError: after every good sample before the problem was yielded:
+            `not_tar`, `truncated`, `bad_header`, `too_large`, `too_many_members`,
+            `non_adjacent_key`, `duplicate_field`, `too_many_fields`, `shard_short`
+            (the archive ends before sample `stop`) or `shard_long` (a sample
+            follows the `declared` ones; it is not read).
     """
-    seen_keys: set[str] = set()
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    if stop is None:
+        stop = declared
+    if stop is not None and stop <= start:
+        return
+    shown = redact_url(url)
+    samples = _iter_samples(stream, shown, start, stop, fields, limits, declared)
+    count = yield from samples
+    if stop is not None and count < stop:
+        raise ShardError(
+            "shard_short",
+            shown,
+            f"the archive ends after {count} samples, {stop} expected; the shard or its "
+            f"manifest is wrong: {_VERIFY}",
+        )
+
+
+def _iter_samples(
+    stream: BinaryIO,
+    url: str,
+    start: int,
+    stop: int | None,
+    fields: frozenset[str],
+    limits: ReadLimits,
+    declared: int | None,
+) -> Generator[Sample, None, int]:
+    """`iter_tar_samples` past its checks; returns how many samples the archive holds."""
+    seekable = stream.seekable()
+    max_member = limits.member_bytes
+    seen: set[str] = set()
     pending: Sample | None = None
+    current: str | None = None
     index = -1
-    for name, regular, size in iter_tar_members(stream):
-        padded = size + (-size % BLOCK)
+    mask = extra = 0
+    for name, regular, size, padded, bad in _iter_members(stream, url, limits):
         key, field = split_member_name(name)
-        if not regular or field not in fields:
-            _pass_over(stream, padded, name)
+        bit = _FIELD_BITS.get(field) if regular else None
+        if bit is None:
+            if key == current:
+                extra += 1
+                if extra > MAX_MEMBERS_PER_SAMPLE:
+                    raise _error(
+                        "too_many_fields", url, f"over {MAX_MEMBERS_PER_SAMPLE} members", key
+                    )
+            _pass_over(stream, seekable, padded, url, name, key)
             continue
-        if pending is None or key != pending["__key__"]:
-            if pending is not None and index >= start:
+        if key != current:
+            if pending is not None:
                 yield pending
-            if key in seen_keys:
-                raise SampleError("non_adjacent_key", f"{key} appears twice in {url}")
-            seen_keys.add(key)
-            pending = {"__key__": key, "__url__": url}
+                pending = None
             index += 1
-        if index < start:
-            _pass_over(stream, padded, name)
+            if declared is not None and index >= declared:
+                raise ShardError(
+                    "shard_long",
+                    url,
+                    f"sample {key} follows the {declared} samples the manifest declares; the "
+                    f"extra samples are not read: {_VERIFY}",
+                )
+            if stop is not None and index >= stop:
+                return index
+            if key in seen:
+                raise _error("non_adjacent_key", url, f"{key} appears twice", key)
+            seen.add(key)
+            current, mask, extra = key, 0, 0
+            if index >= start:
+                pending = {"__key__": key, "__url__": url}
+        if mask & bit:
+            raise _error("duplicate_field", url, f"{name} appears twice", key)
+        mask |= bit
+        if pending is None or bad or field not in fields:
+            if bad and pending is not None and "__error__" not in pending:
+                pending["__error__"] = SampleError(
+                    "bad_name", f"member {name} of {url} has a name that is not UTF-8"
+                )
+            _pass_over(stream, seekable, padded, url, name, key)
             continue
-        if size > max_member_bytes:
+        if size > max_member:
             pending["__error__"] = SampleError(
-                "member_too_large", f"{name} in {url} is {size} bytes (cap {max_member_bytes})"
+                "member_too_large", f"{name} in {url} is {size} bytes (cap {max_member})"
             )
-            _pass_over(stream, padded, name)
+            _pass_over(stream, seekable, padded, url, name, key)
             continue
-        if field in pending:
-            raise SampleError("duplicate_field", f"{name} twice in {url}")
-        if len(pending) > MAX_MEMBERS_PER_SAMPLE:
-            raise SampleError("too_many_fields", f"{key} in {url}")
-        pending[field] = _read_exact(stream, size, name)
-        _skip(stream, padded - size, name)
-    if pending is not None and index >= start:
+        pending[field] = _read_exact(stream, size, url, f"member {name}", key)
+        if padded != size:
+            _skip(stream, padded - size, url, f"the padding of member {name}", key)
+    if pending is not None:
         yield pending
+    return index + 1
 
 
-def _pass_over(stream: BinaryIO, size: int, name: str) -> None:
-    """Skip member data: seek where possible (a truncation then shows at the next header)."""
-    if size and stream.seekable():
-        stream.seek(size, 1)
-    else:
-        _skip(stream, size, name)
+def _pass_over(stream: BinaryIO, seekable: bool, size: int, url: str, name: str, key: str) -> None:
+    """Skip member data: seek where possible (a truncation then shows at the next header).
 
-
-def count_tar_samples(
-    stream: BinaryIO, url: str = "", limits=None, fields: frozenset[str] = ALLOWED_FIELDS
-) -> int:
-    """Count samples (distinct adjacent keys with an allowlisted field) by reading headers only.
-
-    Seeks over member data when the stream can seek, so counting a local shard
-    reads a few KB per sample at most.
+    `size` is never negative (the header parser refuses negative numbers), so a
+    seek only moves forward.
     """
-    count, last_key = 0, None
-    for name, regular, size in iter_tar_members(stream):
-        _pass_over(stream, size + (-size % BLOCK), name)
-        key, field = split_member_name(name)
-        if regular and field in fields and key != last_key:
-            count += 1
-            last_key = key
+    if seekable:
+        if size:
+            stream.seek(size, 1)
+    else:
+        _skip(stream, size, url, f"member {name}", key)
+
+
+def count_tar_samples(stream: BinaryIO, url: str, limits: ReadLimits = DEFAULT_LIMITS) -> int:
+    """Count samples as `iter_tar_samples` sees them, from the headers alone.
+
+    Seeks over member data when the stream can, so counting a local shard reads
+    one block per member.
+
+    Raises:
+        ShardError: as `iter_tar_samples`.
+    """
+    count = 0
+    for _sample in iter_tar_samples(stream, url, fields=frozenset(), limits=limits):
+        count += 1
     return count

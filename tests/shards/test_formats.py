@@ -9,9 +9,10 @@ import tarfile
 import pyarrow.parquet as pq
 import pytest
 
+from shards.errors import ReadLimits, ShardError
 from shards.parquet import ParquetShardWriter, iter_parquet_samples, parquet_row_groups
-from shards.sample import SampleError, check_key
-from shards.tar import TarFormatError, TarShardWriter, iter_tar_samples
+from shards.sample import check_key
+from shards.tar import TarShardWriter, iter_tar_samples
 
 
 def make_samples(n):
@@ -186,21 +187,21 @@ def test_reader_ignores_links_devices_and_unlisted_fields():
 
 
 def test_reader_rejects_non_adjacent_and_duplicate_members():
-    with pytest.raises(SampleError) as info:
+    with pytest.raises(ShardError) as info:
         list(
             iter_tar_samples(
                 io.BytesIO(tar_with([("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")])), "u"
             )
         )
     assert info.value.reason == "non_adjacent_key"
-    with pytest.raises(SampleError) as info:
+    with pytest.raises(ShardError) as info:
         list(iter_tar_samples(io.BytesIO(tar_with([("a.jpg", b"1"), ("a.jpg", b"2")])), "u"))
     assert info.value.reason == "duplicate_field"
 
 
 def test_oversized_member_skips_only_that_sample():
     data = tar_with([("a.jpg", b"x" * 5000), ("a.cls", b"1"), ("b.jpg", b"y"), ("b.cls", b"2")])
-    samples = list(iter_tar_samples(io.BytesIO(data), "u", max_member_bytes=1000))
+    samples = list(iter_tar_samples(io.BytesIO(data), "u", limits=ReadLimits(member_bytes=1000)))
     assert samples[0]["__error__"].reason == "member_too_large"
     assert "jpg" not in samples[0]
     assert samples[1]["jpg"] == b"y" and "__error__" not in samples[1]
@@ -213,7 +214,7 @@ def test_truncated_tar_never_yields_a_partial_sample(fraction):
     end_of_members = len(data.rstrip(b"\0"))
     cut = data[: int(end_of_members * fraction)]
     seen = []
-    with pytest.raises(TarFormatError):
+    with pytest.raises(ShardError):
         for sample in iter_tar_samples(io.BytesIO(cut), "u"):
             seen.append(sample)
     # Everything yielded is complete and equal to what was written.
@@ -235,13 +236,13 @@ def test_tar_cut_at_a_member_boundary_is_still_truncated():
     complete = write_tar(samples)
     boundary = len(data.rstrip(b"\0"))
     boundary += -boundary % 512
-    with pytest.raises(TarFormatError):
+    with pytest.raises(ShardError):
         list(iter_tar_samples(io.BytesIO(complete[:boundary]), "u"))
 
 
 @pytest.mark.parametrize("payload", [b"", b"<html>not a tar</html>" * 40, bytes(range(256)) * 4])
 def test_garbage_and_empty_streams_are_not_tars(payload):
-    with pytest.raises(TarFormatError):
+    with pytest.raises(ShardError):
         list(iter_tar_samples(io.BytesIO(payload), "u"))
 
 
@@ -251,7 +252,7 @@ def test_negative_size_header_is_rejected_not_looped():
     header[148:156] = b" " * 8
     checksum = sum(header[:512])
     header[148:156] = b"%06o\0 " % checksum
-    with pytest.raises(TarFormatError):
+    with pytest.raises(ShardError):
         list(iter_tar_samples(io.BytesIO(bytes(header) + b"\0" * 1024), "u"))
 
 
@@ -278,7 +279,7 @@ def test_tar_reader_can_start_mid_shard(seekable):
     stream = io.BytesIO(data) if seekable else Unseekable(data)
     assert strip_url(list(iter_tar_samples(stream, "u", start=4))) == samples[4:]
     assert list(iter_tar_samples(io.BytesIO(data), "u", start=9)) == []
-    with pytest.raises(TarFormatError):  # truncation inside skipped data still shows
+    with pytest.raises(ShardError):  # truncation inside skipped data still shows
         list(iter_tar_samples(io.BytesIO(data[: len(data.rstrip(b"\0")) - 300]), "u", start=7))
 
 
