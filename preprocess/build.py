@@ -10,40 +10,73 @@ after checking its checksums.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from preprocess.images import EXTENSIONS, ImageConfig, process_image, read_source
-from preprocess.plan import ShardTask
+from preprocess.plan import PlannedSample, ShardTask
+from shards.formats import get_format
 from shards.io import OutputStore, file_sha256, open_output_store
 from shards.manifest import FileInfo, ShardInfo, shard_name
-from shards.parquet import ParquetShardWriter
 from shards.sample import Sample, SampleError
-from shards.tar import TarShardWriter
 
 BUILD_DIR = "_build"
+# Skip reasons that say nothing about the input's bytes, only about the machine or the
+# tree at the time: a plain rerun tries these inputs again (`retry_skips`). Every other
+# reason is a data error, tried again only once the file's size or mtime changed.
+ENVIRONMENT_REASONS = frozenset({"missing", "unreadable", "io_error", "loop", "outside_input"})
+# Read errors confined to one input file (a bad sector, a stale NFS handle); any other
+# OSError (no memory, no file descriptors, a network down) is the worker's and propagates.
+_INPUT_IO_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ENXIO})
 
 
 @dataclass(frozen=True)
 class Skip:
-    """One input that was not written, and why."""
+    """One input that was not written, and why.
+
+    Attributes:
+        size, mtime_ns: the file's stat when it was skipped (None when it could not be
+            stat'ed, or in markers written before they were recorded); a rerun tries a
+            data error again only when these changed.
+    """
 
     path: str
     reason: str
     detail: str
+    size: int | None = None
+    mtime_ns: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Skip:
+        """A marker's skip entry; fields unknown to this version are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def environmental(self) -> bool:
+        return self.reason in ENVIRONMENT_REASONS
 
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What a task reports back: the shard's manifest entry and its skipped inputs."""
+    """What a task reports back: the shard's manifest entry and its skipped inputs.
+
+    Attributes:
+        retried: inputs skipped by an earlier run that this run tried again.
+        recovered: of those, the inputs now written (their shard was rebuilt).
+    """
 
     split: str
     info: ShardInfo
     skipped: list[Skip]
     reused: bool  # True when a complete shard from an earlier run was kept
+    retried: int = 0
+    recovered: int = 0
 
 
 def image_field(config: ImageConfig) -> str:
@@ -73,21 +106,31 @@ def build_shard(
     formats: tuple[str, ...],
     num_classes: int,
     row_group_size: int,
+    confine_root: str | None = None,
 ) -> ShardResult:
     """Build one shard, or reuse it if an earlier run completed it and it checks out.
 
+    A reused shard's skipped inputs are tried again first (`retry_skips`): when one
+    of them reads now, the shard is rebuilt and gains it, byte-identical to a shard
+    built with the input there from the start.
+
     Args:
         output: the output directory or object-store URL (see `open_output_store`).
+        confine_root: the resolved input root under `--confine-to-input`, else None.
 
-    Data errors of single inputs are skipped and reported; environment errors
-    (disk full, permissions, an upload that failed) propagate and leave no file
+    Data errors of single inputs are skipped and reported, and so are inputs that
+    cannot be read (missing, permission denied, an I/O error); errors of the machine
+    or the output (disk full, an upload that failed) propagate and leave no file
     under a final name.
     """
     store = open_output_store(output)
     digest = task_digest(task, shaping)
     reused = load_complete_shard(store, task, digest)
+    retried = 0
     if reused is not None:
-        return reused
+        retried, changed = retry_skips(task, reused.skipped, image, confine_root)
+        if not changed:
+            return ShardResult(reused.split, reused.info, reused.skipped, True, retried)
     field = image_field(image)
     names = {fmt: shard_name(task.split, task.index, fmt) for fmt in formats}
     with contextlib.ExitStack() as stack:
@@ -96,7 +139,7 @@ def build_shard(
         # its marker is not part of the build: a rerun rewrites it.
         staged = {fmt: stack.enter_context(store.staged(names[fmt])) for fmt in formats}
         skipped, class_counts = write_formats(
-            task, staged, image, field, num_classes, row_group_size
+            task, staged, image, field, num_classes, row_group_size, confine_root
         )
         # Hashed before the commit: an upload is then never read back to hash it.
         files = {
@@ -104,10 +147,57 @@ def build_shard(
             for fmt in formats
         }
     info = ShardInfo(task.index, len(task.samples) - len(skipped), files, class_counts)
-    result = ShardResult(task.split, info, skipped, reused=False)
+    recovered = 0
+    if reused is not None:
+        still_skipped = {skip.path for skip in skipped}
+        recovered = sum(skip.path not in still_skipped for skip in reused.skipped)
+    result = ShardResult(task.split, info, skipped, False, retried, recovered)
     etags = committed_etags(store, files)
     store.write_bytes_atomic(marker_name(task), _marker_json(result, digest, etags))
     return result
+
+
+def retry_skips(
+    task: ShardTask, skipped: list[Skip], image: ImageConfig, confine_root: str | None
+) -> tuple[int, bool]:
+    """Try a reused shard's skipped inputs again: (how many were tried, whether any changed).
+
+    An environmental skip is tried by reading the input again: it changed when it
+    reads now or fails for another reason. A data error is not read again unless
+    the file's size or mtime differ from those recorded with the skip (so a corrupt
+    file costs one `stat` per rerun, not a decode); a marker that recorded neither
+    (written before they were) has nothing to compare, so its data errors stay.
+    """
+    by_rel = {planned.rel: planned for planned in task.samples}
+    tried = 0
+    changed = False
+    for skip in skipped:
+        planned = by_rel.get(skip.path)
+        if planned is None:
+            continue
+        if skip.environmental:
+            tried += 1
+            try:
+                read_input(planned, image, confine_root)
+            except SampleError as error:
+                changed = changed or error.reason != skip.reason
+            else:
+                changed = True
+        elif skip.size is not None and _stat_of(planned.path) != (skip.size, skip.mtime_ns):
+            tried += 1
+            changed = True
+    return tried, changed
+
+
+def _stat_of(path: str) -> tuple[int | None, int | None]:
+    """(size, mtime_ns) of a local input, (None, None) when it has none to give."""
+    if "://" in path:
+        return None, None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None, None
+    return info.st_size, info.st_mtime_ns
 
 
 def write_formats(
@@ -117,6 +207,7 @@ def write_formats(
     field: str,
     num_classes: int,
     row_group_size: int,
+    confine_root: str | None = None,
 ) -> tuple[list[Skip], list[int]]:
     """Write the task's samples to one file per format; returns skips and class counts."""
     skipped: list[Skip] = []
@@ -125,16 +216,14 @@ def write_formats(
         writers = []
         for fmt, path in paths.items():
             fileobj: BinaryIO = stack.enter_context(open(path, "wb"))
-            if fmt == "tar":
-                writers.append(TarShardWriter(fileobj))
-            else:
-                writers.append(ParquetShardWriter(fileobj, field, row_group_size))
+            writers.append(get_format(fmt).open_writer(fileobj, field, row_group_size))
         try:
             for planned in task.samples:
                 try:
-                    sample = make_sample(planned, task.split, image, field)
+                    sample = make_sample(planned, task.split, image, field, confine_root)
                 except SampleError as error:
-                    skipped.append(Skip(planned.rel, error.reason, error.detail))
+                    size, mtime_ns = _stat_of(planned.path)
+                    skipped.append(Skip(planned.rel, error.reason, error.detail, size, mtime_ns))
                     continue
                 class_counts[planned.label] += 1
                 for writer in writers:
@@ -171,9 +260,43 @@ def committed_etags(store: OutputStore, files: dict[str, FileInfo]) -> dict[str,
     return etags
 
 
-def make_sample(planned, split: str, image: ImageConfig, field: str) -> Sample:
+def read_input(planned: PlannedSample, image: ImageConfig, confine_root: str | None) -> bytes:
+    """One input's bytes; a file that cannot be read is a skip, not the build's end.
+
+    Raises:
+        SampleError: `read_source`'s reasons, `unreadable` (permission denied),
+            `io_error` (EIO and kin), `loop` (a symlink that resolves to itself).
+        OSError: an error of the machine rather than the file; it propagates.
+    """
+    try:
+        return read_source(planned.path, image.max_file_bytes, confine_to=confine_root)
+    except PermissionError as error:
+        raise SampleError(
+            "unreadable",
+            f"{planned.path}: {error.strerror}; fix its permissions and rerun (it is retried)",
+        ) from error
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise SampleError(
+                "loop", f"{planned.path}: a symlink that resolves to itself; fix the link"
+            ) from error
+        if error.errno in _INPUT_IO_ERRNOS:
+            raise SampleError(
+                "io_error",
+                f"{planned.path}: {error.strerror}; check the disk and rerun (it is retried)",
+            ) from error
+        raise
+
+
+def make_sample(
+    planned: PlannedSample,
+    split: str,
+    image: ImageConfig,
+    field: str,
+    confine_root: str | None = None,
+) -> Sample:
     """Read and process one input into the sample dict written to every format."""
-    processed = process_image(read_source(planned.path, image.max_file_bytes), image)
+    processed = process_image(read_input(planned, image, confine_root), image)
     meta = {
         "source": planned.rel,
         "split": split,
@@ -229,5 +352,5 @@ def load_complete_shard(store: OutputStore, task: ShardTask, digest: str) -> Sha
             continue
         if store.sha256(file.name) != file.sha256:
             return None
-    skipped = [Skip(**s) for s in document["skipped"]]
+    skipped = [Skip.from_dict(s) for s in document["skipped"]]
     return ShardResult(document["split"], info, skipped, reused=True)

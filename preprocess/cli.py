@@ -125,6 +125,13 @@ def add_build_shards(commands) -> None:
     p.add_argument("--executor", choices=("ray", "inline"), default="ray")
     p.add_argument("--workers", type=int, default=None, help="CPUs for a local Ray (default: all)")
     p.add_argument("--overwrite", action="store_true", help="rebuild everything")
+    p.add_argument(
+        "--confine-to-input",
+        action="store_true",
+        help="read nothing outside the input root: a file or directory symlink resolving "
+        "outside it is skipped as `outside_input` (checked again when each file is "
+        "opened); by default symlinks are followed, as torchvision's ImageFolder does",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=run_build_shards)
 
@@ -155,6 +162,7 @@ def build_config_from_args(args) -> BuildConfig:
         workers=args.workers,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        confine_to_input=args.confine_to_input,
     )
 
 
@@ -190,6 +198,18 @@ def format_summary(summary) -> str:
     lines = ["  ".join(cell.rjust(width[i]) for i, cell in enumerate(row)) for row in rows]
     lines.append(f"inputs {m.inputs}, written {m.written}, skipped {sum(m.skipped.values())}")
     lines += [f"  skipped {reason}: {n}" for reason, n in sorted(m.skipped.items())]
+    if summary.left_out:
+        lines.append(
+            "not inputs: "
+            + ", ".join(f"{reason} {n}" for reason, n in sorted(summary.left_out.items()))
+            + " (named ones in errors.jsonl)"
+        )
+    if summary.links_followed:
+        lines.append(f"symlinks followed: {summary.links_followed}")
+    if summary.shards_reused or summary.retried:
+        lines.append(
+            f"rerun: retried {summary.retried} skipped inputs, recovered {summary.recovered}"
+        )
     lines.append(
         "bytes: "
         + ", ".join(f"{fmt} {human_bytes(b)}" for fmt, b in summary.bytes_by_format.items())

@@ -51,6 +51,11 @@ class BuildConfig:
         workers: CPUs for a local Ray (None: all).
         overwrite: rebuild everything, replacing an existing output.
         progress: show a progress bar.
+        confine_to_input: read nothing outside the input root (the tree, or a list
+            file's directory): a file or directory symlink resolving outside it is
+            skipped as `outside_input`, checked again when each file is opened. By
+            default symlinks are followed wherever they point, as torchvision's
+            ImageFolder does.
     """
 
     input: str
@@ -68,6 +73,7 @@ class BuildConfig:
     workers: int | None = None
     overwrite: bool = False
     progress: bool = True
+    confine_to_input: bool = False
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
@@ -95,6 +101,10 @@ class BuildConfig:
         # One of the two sizes shapes the output; without a byte target the record is the
         # one builds made before `shard_bytes` existed, so they still resume.
         data.pop("shard_size" if self.shard_bytes is not None else "shard_bytes")
+        # Confinement decides which inputs are read, so it shapes the output; left out
+        # when off, so records of builds made before the option existed still resume.
+        if not self.confine_to_input:
+            data.pop("confine_to_input")
         data["formats"] = list(self.formats)
         data["image"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()

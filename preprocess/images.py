@@ -86,6 +86,7 @@ tasks do.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.util
 import math
@@ -274,23 +275,31 @@ class ResizePlan:
     box: tuple[int, int, int, int]
 
 
-def read_source(path_or_url: str, max_bytes: int) -> bytes:
+def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None) -> bytes:
     """Read one input, refusing files over `max_bytes`.
 
     Plain paths are read directly; anything with a scheme (`file://`, `s3://`, ...) goes
     through fsspec. Schemes are validated by the planner, not here.
 
+    Args:
+        confine_to: a resolved directory (`--confine-to-input`): a local path whose real
+            path lies outside it is refused, checked here, when the file is opened, so
+            a link that appeared after listing is caught too.
+
     Raises:
-        SampleError: `missing` (absent or not a regular file), `too_large_file`, `empty`.
+        SampleError: `missing` (absent or not a regular file), `too_large_file`, `empty`,
+            `outside_input`.
         OSError: any other I/O failure (permissions, network, disk): an environment error.
     """
     try:
         if "://" in path_or_url:
             data = _read_url(path_or_url, max_bytes)
         else:
-            data = _read_local(path_or_url, max_bytes)
+            data = _read_local(path_or_url, max_bytes, confine_to)
     except (FileNotFoundError, NotADirectoryError) as error:
-        raise SampleError("missing", f"{path_or_url}: {error.strerror or error}") from error
+        raise SampleError(
+            "missing", f"{path_or_url}: {error.strerror or error}; restore it and rerun"
+        ) from error
     if len(data) > max_bytes:
         raise SampleError("too_large_file", f"more than {max_bytes} bytes")
     if not data:
@@ -298,15 +307,46 @@ def read_source(path_or_url: str, max_bytes: int) -> bytes:
     return data
 
 
-def _read_local(path: str, max_bytes: int) -> bytes:
+def _read_local(path: str, max_bytes: int, confine_to: str | None = None) -> bytes:
+    flags = os.O_RDONLY | os.O_NONBLOCK  # a FIFO swapped in after the stat must not block
+    if confine_to is not None:
+        path = _confined_path(path, confine_to)
+        flags |= os.O_NOFOLLOW  # the resolved path has no link; one appearing now fails
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
         # Opening a FIFO or a device would block or never end.
         raise SampleError("missing", f"{path} is not a regular file")
     if info.st_size > max_bytes:
         raise SampleError("too_large_file", f"{info.st_size} bytes > {max_bytes}")
-    with open(path, "rb") as file:
-        return file.read(max_bytes + 1)  # +1: detects a file that grew since stat
+    try:
+        with open(path, "rb", opener=functools.partial(_open_with, flags=flags)) as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise SampleError("missing", f"{path} is not a regular file")
+            return file.read(max_bytes + 1)  # +1: detects a file that grew since stat
+    except OSError as error:
+        if confine_to is not None and error.errno == errno.ELOOP:
+            raise SampleError(
+                "outside_input", f"{path} became a symlink while it was opened; rerun"
+            ) from error
+        raise
+
+
+def _open_with(path: str, default_flags: int, flags: int) -> int:
+    # An `open` opener: our flags instead of the default ones (`os.open` fds are not inherited).
+    return os.open(path, flags)
+
+
+def _confined_path(path: str, root: str) -> str:
+    """The real path of `path`, refused (`outside_input`) when it is not under `root`."""
+    real = os.path.realpath(path)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise SampleError(
+            "outside_input",
+            f"{path} resolves to {real}, outside the input root {root} "
+            "(--confine-to-input); point the link inside the root, or build without "
+            "--confine-to-input to follow it",
+        )
+    return real
 
 
 def _read_url(url: str, max_bytes: int) -> bytes:

@@ -19,7 +19,7 @@ from preprocess.config import BuildConfig, diff_configs
 from preprocess.plan import Plan, ShardTask, build_plan
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
 from preprocess.sizing import shard_size_for_bytes
-from preprocess.sources import list_sources
+from preprocess.sources import Listing, scan_sources
 from shards.io import OutputStore, is_remote, open_output_store
 from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo
 
@@ -45,6 +45,10 @@ class BuildSummary:
     shards_reused: int
     images_processed: int  # inputs read this run (excludes reused shards)
     bytes_by_format: dict[str, int] = field(default_factory=dict)
+    retried: int = 0  # inputs skipped by an earlier run and tried again by this one
+    recovered: int = 0  # of those, the inputs written now
+    links_followed: int = 0  # symlinks (files and directories) listed through
+    left_out: dict[str, int] = field(default_factory=dict)  # tree entries not inputs, by reason
 
     @property
     def images_per_s(self) -> float:
@@ -60,15 +64,16 @@ def run_build(config: BuildConfig) -> BuildSummary:
     """
     started = time.perf_counter()
     store = open_output_store(config.output)
-    items = list_sources(config.input)
+    listing = scan_sources(config.input, confine=config.confine_to_input)
     shard_size = config.shard_size
     if config.shard_bytes is not None:
-        shard_size = shard_size_for_bytes(items, config.shard_bytes, config.image)
-    plan = build_plan(items, shard_size, config.val_fraction, config.seed)
+        shard_size = shard_size_for_bytes(listing.items, config.shard_bytes, config.image)
+    plan = build_plan(listing.items, shard_size, config.val_fraction, config.seed)
     prepare_output(store, config, plan)
-    results = run_tasks(plan, config, store.url)
-    manifest = assemble_manifest(plan, config, results)
-    write_errors(store, results)
+    confine_root = listing.root if config.confine_to_input else None
+    results = run_tasks(plan, config, store.url, confine_root)
+    manifest = assemble_manifest(plan, config, results, listing)
+    write_errors(store, results, listing)
     enforce_skip_budget(manifest, config, store)
     store.write_bytes_atomic(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
     built = [r for r in results if not r.reused]
@@ -84,6 +89,10 @@ def run_build(config: BuildConfig) -> BuildSummary:
         shards_reused=len(results) - len(built),
         images_processed=sum(r.info.samples + len(r.skipped) for r in built),
         bytes_by_format=dict(bytes_by_format),
+        retried=sum(r.retried for r in results),
+        recovered=sum(r.recovered for r in results),
+        links_followed=listing.links_followed,
+        left_out=listing.left_out_counts(),
     )
 
 
@@ -136,8 +145,13 @@ def clear_build_output(store: OutputStore) -> None:
             store.remove(name)
 
 
-def run_tasks(plan: Plan, config: BuildConfig, output: str) -> list[ShardResult]:
-    """Run every shard task, writing to `output` (absolute); returns results in plan order."""
+def run_tasks(
+    plan: Plan, config: BuildConfig, output: str, confine_root: str | None = None
+) -> list[ShardResult]:
+    """Run every shard task, writing to `output` (absolute); returns results in plan order.
+
+    `confine_root` is the resolved input root that tasks confine reads to, or None.
+    """
     build_kwargs = {
         "output": output,
         "shaping": config.output_shaping(),
@@ -145,6 +159,7 @@ def run_tasks(plan: Plan, config: BuildConfig, output: str) -> list[ShardResult]
         "formats": tuple(config.formats),
         "num_classes": len(plan.classes),
         "row_group_size": config.row_group_size,
+        "confine_root": confine_root,
     }
     tasks = dispatch_order(plan.tasks)
     if config.executor == "inline":
@@ -175,18 +190,33 @@ def progress_bar(total: int, enabled: bool):
     return tqdm(total=total, unit="img", disable=not enabled, smoothing=0.1, desc="build-shards")
 
 
-def assemble_manifest(plan: Plan, config: BuildConfig, results: list[ShardResult]) -> Manifest:
+def assemble_manifest(
+    plan: Plan, config: BuildConfig, results: list[ShardResult], listing: Listing | None = None
+) -> Manifest:
+    """The manifest: every planned input and every input refused at listing, accounted for.
+
+    Files refused at listing (a name that is not UTF-8) are inputs that were
+    skipped; tree entries that are not inputs at all (other suffixes, loops, ...)
+    are counted in `config.listing`, with the symlinks followed.
+    """
+    listing = listing or Listing([])
     splits: dict[str, SplitInfo] = {}
     for name in sorted({r.split for r in results}):
         infos = [r.info for r in results if r.split == name]
         counts = [sum(i.class_counts[c] for i in infos) for c in range(len(plan.classes))]
         splits[name] = SplitInfo(name, sum(i.samples for i in infos), infos, counts)
     skipped = Counter(s.reason for r in results for s in r.skipped)
+    skipped.update(entry.reason for entry in listing.refused)
+    inputs = plan.inputs + len(listing.refused)
     config_record = {
         **config.output_shaping(),
         "input": config.input,
         "plan_digest": plan.digest,
         "shard_size": plan.shard_size,  # derived when --shard-bytes was given
+        "listing": {
+            "links_followed": listing.links_followed,
+            "left_out": listing.left_out_counts(),
+        },
     }
     manifest = Manifest(
         classes=plan.classes,
@@ -194,20 +224,31 @@ def assemble_manifest(plan: Plan, config: BuildConfig, results: list[ShardResult
         formats=list(config.formats),
         splits=splits,
         config=config_record,
-        inputs=plan.inputs,
+        inputs=inputs,
         skipped=dict(skipped),
     )
-    if manifest.written + sum(skipped.values()) != plan.inputs:
+    if manifest.written + sum(skipped.values()) != inputs:
         raise BuildError(
             f"accounting error: {manifest.written} written + {sum(skipped.values())} skipped "
-            f"!= {plan.inputs} inputs; please report this as a bug"
+            f"!= {inputs} inputs; please report this as a bug"
         )
     return manifest
 
 
-def write_errors(store: OutputStore, results: list[ShardResult]) -> None:
-    """`errors.jsonl`: every skipped input with its reason, in shard order."""
+def write_errors(
+    store: OutputStore, results: list[ShardResult], listing: Listing | None = None
+) -> None:
+    """`errors.jsonl`: every skipped input with its reason, in shard order.
+
+    Entries left out at listing come first, with `"shard": null`: refused inputs
+    and the named tree entries that are not inputs (loops, unreadable directories,
+    directory links outside the root, ...).
+    """
     lines = []
+    for entry in listing.left_out if listing else ():
+        record = {"path": entry.path, "reason": entry.reason, "detail": entry.detail}
+        record["shard"] = None
+        lines.append(json.dumps(record, ensure_ascii=False))
     for result in results:
         for skip in result.skipped:
             record = {"path": skip.path, "reason": skip.reason, "detail": skip.detail}

@@ -76,14 +76,21 @@ def build_plan(items: list[SourceItem], shard_size: int, val_fraction: float, se
     """Assign every input to exactly one shard of one split.
 
     Raises:
-        InputError: two inputs hash to the same key, or a split name is invalid.
+        InputError: two inputs hash to the same key, a split name is invalid, or a
+            path is not valid Unicode.
     """
     classes = class_names(items)
     label_of = {name: index for index, name in enumerate(classes)}
     by_split: dict[str, list[PlannedSample]] = {}
     keys: set[str] = set()
     for item in items:
-        key = sample_key(item.rel)
+        try:
+            key = sample_key(item.rel)
+        except UnicodeEncodeError as error:
+            # Listing refuses such names (`bad_name`); a caller's own list may not.
+            raise InputError(
+                f"input path {ascii(item.rel)} is not valid UTF-8; rename the file and rerun"
+            ) from error
         if key in keys:
             raise InputError(f"two inputs share the key {key}; rename {item.rel}")
         keys.add(key)

@@ -1,24 +1,39 @@
 """List the inputs of a build: an ImageFolder tree or a CSV/JSONL/Parquet manifest.
 
-Produces `SourceItem`s (path, relative path, class name, optional split) and
-nothing else: no file is opened here, so listing 500k inputs is cheap. Problems
-that make the input list itself untrustworthy (duplicates, paths escaping the
-root, missing columns) are errors before any work starts.
+Produces a `Listing`: the `SourceItem`s (path, relative path, class name, optional
+split) plus an account of every tree entry that is not an input, and nothing else:
+no image is opened here, so listing 500k inputs is cheap. Problems that make the
+input list itself untrustworthy (duplicates, paths escaping the root, missing
+columns, NUL or control characters in a listed path) are errors before any work
+starts.
+
+Symlinks are followed, file and directory links alike, as torchvision's
+ImageFolder does; a directory link to one of its own ancestors is a loop, left out
+and named. With `confine` a directory link resolving outside the root is left out
+(`outside_input`); file links are checked when the shard task opens them, which
+also catches a link that appears after listing (`preprocess.images.read_source`).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import posixpath
-from dataclasses import dataclass
+import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 IMAGE_SUFFIXES = frozenset(
     (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".jfif")
 )
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
+# Tree entries that are not inputs and are only counted, not named one by one:
+# they are the ordinary furniture of a dataset directory.
+COUNTED_ONLY = ("hidden", "other_suffix", "no_class")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class InputError(ValueError):
@@ -35,132 +50,386 @@ class SourceItem:
     split: str | None = None  # from a manifest's split column, else assigned by hash
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A tree entry the build does not use, named so that nothing is dropped silently.
+
+    Attributes:
+        path: relative to the input root, printable (non-UTF-8 bytes backslash-escaped).
+        reason: `bad_name`, `outside_input`, `loop`, `unreadable_dir`, `not_regular`.
+        detail: what is wrong and what to do about it.
+        is_input: True for a file that would have been an input (it counts as a
+            skipped input in the manifest); False for a directory or a non-image.
+    """
+
+    path: str
+    reason: str
+    detail: str
+    is_input: bool
+
+
+@dataclass
+class Listing:
+    """What listing found: the inputs, and an account of everything else in the tree.
+
+    Attributes:
+        items: the inputs, sorted by relative path.
+        root: the resolved local root (tree root or list file's directory) that
+            `--confine-to-input` confines reads to; None for an object store.
+        links_followed: file and directory symlinks listed through.
+        left_out: entries named one by one (see `LeftOut`), sorted by path.
+        ignored: counts of entries that are only counted (`COUNTED_ONLY` reasons).
+    """
+
+    items: list[SourceItem]
+    root: str | None = None
+    links_followed: int = 0
+    left_out: list[LeftOut] = field(default_factory=list)
+    ignored: Counter = field(default_factory=Counter)
+
+    @property
+    def refused(self) -> list[LeftOut]:
+        """Files that would have been inputs; they count as skipped inputs."""
+        return [entry for entry in self.left_out if entry.is_input]
+
+    def left_out_counts(self) -> dict[str, int]:
+        """Every tree entry that is not an input, by reason (refused inputs excluded)."""
+        counts = Counter(self.ignored)
+        counts.update(entry.reason for entry in self.left_out if not entry.is_input)
+        return dict(sorted(counts.items()))
+
+
 def list_sources(input_path: str) -> list[SourceItem]:
-    """List inputs of a build, sorted by relative path.
+    """The inputs of a build, sorted by relative path (see `scan_sources`)."""
+    return scan_sources(input_path).items
+
+
+def scan_sources(input_path: str, confine: bool = False) -> Listing:
+    """List the inputs of a build and account for every other entry of the tree.
+
+    Args:
+        confine: leave out directory links that resolve outside the root.
 
     Raises:
         InputError: no inputs, a malformed manifest, duplicates or escaping paths.
         FileNotFoundError: the input does not exist.
     """
     if is_remote(input_path):
-        items = list_remote(input_path)
-        if not items:
-            raise InputError(f"no images found under {input_path}")
-        return sorted(items, key=_sort_key)
-    path = Path(input_path)
-    if not path.exists():
-        raise FileNotFoundError(f"input {input_path} does not exist")
-    if path.is_dir():
-        items = list_image_folder(path)
-    elif path.suffix.lower() in MANIFEST_SUFFIXES:
-        items = list_manifest(path)
+        listing = Listing(list_remote(input_path))
     else:
+        path = Path(input_path)
+        if not path.exists():
+            raise FileNotFoundError(f"input {input_path} does not exist; check --input")
+        if path.is_dir():
+            listing = scan_image_folder(path, confine)
+        elif path.suffix.lower() in MANIFEST_SUFFIXES:
+            listing = scan_manifest(path)
+        else:
+            raise InputError(
+                f"input {input_path} is neither a directory nor a manifest "
+                f"({', '.join(MANIFEST_SUFFIXES)}); pass an ImageFolder root or a list file"
+            )
+    if not listing.items:
+        refused = Counter(entry.reason for entry in listing.refused)
+        why = f" ({', '.join(f'{r}: {n}' for r, n in sorted(refused.items()))} refused)"
         raise InputError(
-            f"input {input_path} is neither a directory nor a manifest "
-            f"({', '.join(MANIFEST_SUFFIXES)})"
+            f"no images found under {input_path}{why if refused else ''}; an "
+            "ImageFolder root holds one directory per class with image files in it"
         )
-    if not items:
-        raise InputError(f"no images found under {input_path}")
-    return sorted(items, key=_sort_key)
+    listing.items.sort(key=_sort_key)
+    listing.left_out.sort(key=_left_out_key)
+    return listing
 
 
 def _sort_key(item: SourceItem) -> str:
     return item.rel
 
 
+def _left_out_key(entry: LeftOut) -> str:
+    return entry.path
+
+
 def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def list_image_folder(root: Path) -> list[SourceItem]:
+def printable_name(name: str) -> str:
+    """`name` with bytes that are not UTF-8 shown as `\\xNN`: safe to print and to store."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _is_utf8(name: str) -> bool:
+    # os.fsdecode turns undecodable bytes into lone surrogates, which UTF-8 refuses.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether the resolved `path` is `root` or below it (both resolved)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def scan_image_folder(root: Path, confine: bool = False) -> Listing:
     """`root/<class>/.../<file>`: the class is the first directory level.
 
-    Hidden entries and files without an image suffix are ignored. A symlink
-    whose target leaves the root is an error (it would read outside the data).
+    Files with an image suffix are inputs. Hidden entries, other suffixes and files
+    directly under the root are counted; names that are not UTF-8, loops, unreadable
+    directories and non-regular files are left out and named.
     """
-    root = root.resolve()
-    prefix = len(str(root)) + 1
-    items: list[SourceItem] = []
-    for class_dir in sorted(os.scandir(root), key=lambda e: e.name):
-        if _is_hidden(class_dir.name) or not class_dir.is_dir():
-            continue
-        # os.walk does not descend into symlinked directories, so only a file can be a
-        # link out of the root: one lstat per file instead of a realpath (an lstat per
-        # path component), 0.2 s of the driver's start per 10,000 inputs.
-        for dirpath, dirnames, filenames in os.walk(class_dir.path):
-            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-            for name in sorted(filenames):
-                if _is_hidden(name) or Path(name).suffix.lower() not in IMAGE_SUFFIXES:
-                    continue
-                full = os.path.join(dirpath, name)
-                rel = full[prefix:].replace(os.sep, "/")
-                if os.path.islink(full):
-                    _check_inside(root, full, rel)
-                items.append(SourceItem(full, rel, class_dir.name))
-    return items
+    scan = _TreeScan(os.path.realpath(root), confine)
+    try:
+        entries = _sorted_entries(scan.root)
+    except OSError as error:
+        raise InputError(
+            f"cannot list the input root {root}: {error.strerror}; check its permissions"
+        ) from error
+    for entry in entries:
+        if _is_hidden(entry.name):
+            scan.ignored["hidden"] += 1
+        elif not _is_dir(entry):
+            scan.ignored["no_class"] += 1
+        elif not _is_utf8(entry.name):
+            scan.leave_out(entry.name, "bad_name", _BAD_NAME_DIR, False)
+        else:
+            scan.enter(entry, "", (scan.root,), label=entry.name)
+    return Listing(scan.items, scan.root, scan.links, scan.left_out, scan.ignored)
 
 
-def _check_inside(root: Path, full: str, rel: str) -> None:
-    resolved = os.path.realpath(full)
-    if os.path.commonpath([resolved, str(root)]) != str(root):
-        raise InputError(f"{rel} resolves to {resolved}, outside the input root {root}")
+_BAD_NAME = "the file name is not UTF-8; rename it (for example with `convmv`) and rerun"
+_BAD_NAME_DIR = "the directory name is not UTF-8, so nothing below it was read; rename it and rerun"
+
+
+def _sorted_entries(path: str) -> list[os.DirEntry]:
+    with os.scandir(path) as entries:
+        return sorted(entries, key=_entry_name)
+
+
+def _entry_name(entry: os.DirEntry) -> str:
+    return entry.name
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Follows links; a broken or looping link is not a directory."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+class _TreeScan:
+    """One walk of an ImageFolder tree: the inputs found and an account of the rest.
+
+    Directories are walked with an explicit stack (a hostile tree may be deeper than
+    Python's recursion limit). Each pending directory carries the resolved paths of
+    its ancestors, which is what loop detection compares a directory link against;
+    for a plain directory the resolved path is its parent's plus its name, so only
+    links pay for a `realpath`.
+    """
+
+    def __init__(self, root: str, confine: bool) -> None:
+        self.root = root
+        self.confine = confine
+        self.items: list[SourceItem] = []
+        self.left_out: list[LeftOut] = []
+        self.ignored: Counter = Counter()
+        self.links = 0
+        self.pending: list[tuple[str, str, str, tuple[str, ...]]] = []
+
+    def leave_out(self, rel: str, reason: str, detail: str, is_input: bool) -> None:
+        self.left_out.append(LeftOut(printable_name(rel), reason, detail, is_input))
+
+    def enter(self, entry: os.DirEntry, rel: str, chain: tuple[str, ...], label: str) -> None:
+        """Walk the directory `entry` (a class directory, or one below it)."""
+        self._push(entry, rel, chain, label)
+        while self.pending:
+            path, dir_rel, dir_label, dir_chain = self.pending.pop()
+            try:
+                entries = _sorted_entries(path)
+            except OSError as error:
+                detail = f"cannot list it ({error.strerror}); fix its permissions and rerun"
+                self.leave_out(dir_rel, "unreadable_dir", detail, False)
+                continue
+            for child in entries:
+                self._visit(child, dir_rel, dir_label, dir_chain)
+
+    def _push(self, entry: os.DirEntry, parent_rel: str, chain: tuple[str, ...], label: str):
+        rel = f"{parent_rel}/{entry.name}" if parent_rel else entry.name
+        if not entry.is_symlink():
+            real = os.path.join(chain[-1], entry.name)
+            if real in chain:  # a bind mount onto an ancestor, or a tree reached via a link
+                self.leave_out(rel, "loop", f"{real} is one of its own ancestors", False)
+                return
+            self.pending.append((entry.path, rel, label, (*chain, real)))
+            return
+        real = os.path.realpath(entry.path)
+        if self.confine and not is_inside(real, self.root):
+            detail = f"a directory link to {real}, outside the input root {self.root} (--confine-to-input)"
+            self.leave_out(rel, "outside_input", detail, False)
+            return
+        if any(is_inside(ancestor, real) for ancestor in chain):
+            detail = f"a directory link to {real}, which contains it; link a sibling tree instead"
+            self.leave_out(rel, "loop", detail, False)
+            return
+        self.links += 1
+        self.pending.append((entry.path, rel, label, (*chain, real)))
+
+    def _visit(self, entry: os.DirEntry, rel: str, label: str, chain: tuple[str, ...]) -> None:
+        name = entry.name
+        if _is_hidden(name):
+            self.ignored["hidden"] += 1
+            return
+        if _is_dir(entry):
+            if not _is_utf8(name):
+                self.leave_out(f"{rel}/{name}", "bad_name", _BAD_NAME_DIR, False)
+            else:
+                self._push(entry, rel, chain, label)
+            return
+        if os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
+            self.ignored["other_suffix"] += 1
+            return
+        child_rel = f"{rel}/{name}"
+        if not _is_utf8(name):
+            self.leave_out(child_rel, "bad_name", _BAD_NAME, True)
+            return
+        problem = _not_a_file(entry)
+        if problem is not None:
+            self.leave_out(child_rel, problem[0], problem[1], False)
+            return
+        self.links += entry.is_symlink()
+        self.items.append(SourceItem(entry.path, child_rel, label))
+
+
+def _not_a_file(entry: os.DirEntry) -> tuple[str, str] | None:
+    """Why an image-suffixed entry cannot be an input, or None when it can.
+
+    A broken link stays an input: its target may come back, and the task reports it
+    `missing`, which a rerun retries.
+    """
+    try:
+        if entry.is_file():
+            return None
+        mode = entry.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "loop", "a symlink that resolves to itself; fix or remove the link"
+        return "not_regular", f"cannot stat it ({error.strerror})"
+    return "not_regular", f"not a regular file (mode {mode:o}); only files are read"
+
+
+def scan_manifest(manifest: Path) -> Listing:
+    """A list file's inputs; its directory is the root that confinement checks against."""
+    items = list_manifest(manifest)
+    links = sum(os.path.islink(item.path) for item in items)
+    return Listing(items, str(manifest.resolve().parent), links)
 
 
 def list_manifest(manifest: Path) -> list[SourceItem]:
     """Rows `path,label[,split]`; paths are relative to the manifest's directory."""
-    rows = _read_rows(manifest)
     root = manifest.resolve().parent
     items, seen = [], set()
-    for number, row in enumerate(rows, start=1):
-        where = f"{manifest}:{number}"
-        raw_path, label = row.get("path"), row.get("label")
-        if not raw_path or label is None or str(label) == "":
-            raise InputError(f"{where}: every row needs `path` and `label`")
-        raw_path = str(raw_path)
+    for where, row in _read_rows(manifest):
+        raw_path, label = _row_fields(where, row)
         if os.path.isabs(raw_path) or "://" in raw_path:
             raise InputError(f"{where}: path {raw_path!r} must be relative to the manifest")
         full = os.path.normpath(os.path.join(root, raw_path))
         rel = os.path.relpath(full, root).replace(os.sep, "/")
         if rel.startswith("../") or rel == "..":
             raise InputError(f"{where}: path {raw_path!r} escapes the manifest's directory")
-        if os.path.lexists(full):
-            _check_inside(root, full, rel)
         if rel in seen:
-            raise InputError(f"{where}: duplicate path {rel!r}")
+            raise InputError(f"{where}: duplicate path {rel!r}; list each file once")
         seen.add(rel)
         split = row.get("split")
-        items.append(SourceItem(full, rel, str(label), str(split) if split else None))
+        items.append(SourceItem(full, rel, label, str(split) if split else None))
     return items
 
 
-def _read_rows(manifest: Path | str, opener=open) -> list[dict]:
-    """Rows of a CSV, JSONL or Parquet list; `opener` is `open` or an fsspec filesystem's."""
-    suffix = os.path.splitext(str(manifest))[1].lower()
-    if suffix == ".csv":
-        with opener(manifest, "rt", newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    elif suffix == ".jsonl":
-        with opener(manifest, "rt", encoding="utf-8") as f:
-            rows = [
-                _parse_json_line(manifest, i, line) for i, line in enumerate(f, 1) if line.strip()
-            ]
-    else:
-        import pyarrow.parquet as pq
+def _row_fields(where: str, row: dict) -> tuple[str, str]:
+    """A row's path and label, refused when unusable as a file name or a class name."""
+    raw_path, label = row.get("path"), row.get("label")
+    if not raw_path or label is None or str(label) == "":
+        raise InputError(f"{where}: every row needs `path` and `label`; fix the row and rerun")
+    raw_path, label = str(raw_path), str(label)
+    for name, value in (("path", raw_path), ("label", label)):
+        bad = _CONTROL.search(value)
+        if bad is not None:
+            raise InputError(
+                f"{where}: {name} {value!r} holds the control character {bad.group()!r} "
+                "(a NUL byte or another character below 0x20); fix or remove this row "
+                "of the list and rerun"
+            )
+        if not _is_utf8(value):
+            raise InputError(
+                f"{where}: {name} {ascii(value)} is not valid Unicode (a lone surrogate); "
+                "fix or remove this row of the list and rerun"
+            )
+    return raw_path, label
 
-        with opener(manifest, "rb") as f:
-            rows = pq.read_table(f).to_pylist()
-    if rows and not {"path", "label"} <= set(rows[0]):
-        raise InputError(f"{manifest} needs columns `path` and `label` (has {sorted(rows[0])})")
+
+def _read_rows(manifest: Path | str, opener=open) -> list[tuple[str, dict]]:
+    """(where, row) pairs of a CSV, JSONL or Parquet list; `where` names the file and row.
+
+    `opener` is `open` or an fsspec filesystem's. CSV and JSONL rows are named by
+    their line, Parquet rows by their index from 1.
+    """
+    suffix = os.path.splitext(str(manifest))[1].lower()
+    try:
+        if suffix == ".csv":
+            with opener(manifest, "rt", newline="", encoding="utf-8") as f:
+                reader = csv.DictReader(f)
+                rows = [(f"{manifest} line {reader.line_num}", row) for row in reader]
+        elif suffix == ".jsonl":
+            with opener(manifest, "rt", encoding="utf-8") as f:
+                rows = [
+                    (f"{manifest} line {i}", _parse_json_line(f"{manifest} line {i}", line))
+                    for i, line in enumerate(f, 1)
+                    if line.strip()
+                ]
+        else:
+            rows = _read_parquet_rows(manifest, opener)
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"{manifest} is not UTF-8 text ({error.reason} at byte {error.start}); "
+            "save it as UTF-8 and rerun"
+        ) from error
+    except csv.Error as error:
+        raise InputError(
+            f"{manifest}: not a readable CSV file ({error}); fix it and rerun"
+        ) from error
+    if rows and not {"path", "label"} <= set(rows[0][1]):
+        raise InputError(f"{manifest} needs columns `path` and `label` (has {sorted(rows[0][1])})")
     return rows
 
 
-def _parse_json_line(manifest: Path, number: int, line: str) -> dict:
+def _read_parquet_rows(manifest: Path | str, opener) -> list[tuple[str, dict]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with opener(manifest, "rb") as f:
+            rows = pq.read_table(f).to_pylist()
+    except pa.ArrowException as error:
+        raise InputError(
+            f"{manifest}: not a readable Parquet file ({error}); rewrite it and rerun"
+        ) from error
+    return [(f"{manifest} row {i}", row) for i, row in enumerate(rows, 1)]
+
+
+def _parse_json_line(where: str, line: str) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as error:
-        raise InputError(f"{manifest}:{number}: not JSON ({error.msg})") from error
+        raise InputError(f"{where}: not JSON ({error.msg}); fix the line and rerun") from error
+    except RecursionError as error:
+        raise InputError(
+            f"{where}: JSON nested too deeply; each line is one flat object"
+        ) from error
     if not isinstance(row, dict):
-        raise InputError(f"{manifest}:{number}: each line must be a JSON object")
+        raise InputError(f"{where}: each line must be a JSON object")
     return row
 
 
@@ -202,19 +471,17 @@ def list_remote(url: str) -> list[SourceItem]:
 def _remote_list_file(fs, scheme: str, listing: str) -> list[SourceItem]:
     base = posixpath.dirname(listing)
     items, seen = [], set()
-    for number, row in enumerate(_read_rows(listing, opener=fs.open), start=1):
-        where = f"{scheme}://{listing}:{number}"
-        raw, label = str(row.get("path") or ""), row.get("label")
-        if not raw or label is None or str(label) == "":
-            raise InputError(f"{where}: every row needs `path` and `label`")
+    for where, row in _read_rows(listing, opener=fs.open):
+        where = f"{scheme}://{where}"
+        raw, label = _row_fields(where, row)
         rel = posixpath.normpath(raw)
         if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
             raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
         if rel in seen:
-            raise InputError(f"{where}: duplicate path {rel!r}")
+            raise InputError(f"{where}: duplicate path {rel!r}; list each file once")
         seen.add(rel)
         split = row.get("split")
         items.append(
-            SourceItem(f"{scheme}://{base}/{rel}", rel, str(label), str(split) if split else None)
+            SourceItem(f"{scheme}://{base}/{rel}", rel, label, str(split) if split else None)
         )
     return items
