@@ -116,6 +116,7 @@ def test_manifest_paths_escaping_the_root_are_refused_up_front(tmp_path, bad_pat
 
 
 def test_duplicate_manifest_rows_and_escaping_symlinks_are_refused(sample_dir, tmp_path):
+    """Duplicates are refused up front; a link out of the root only under --confine-to-input."""
     one = next(sample_dir.rglob("*.jpg"))
     rel = one.relative_to(sample_dir)
     listing = sample_dir / "dupes.csv"
@@ -127,9 +128,13 @@ def test_duplicate_manifest_rows_and_escaping_symlinks_are_refused(sample_dir, t
         listing.unlink()
     tree = tmp_path / "tree" / "cls"
     tree.mkdir(parents=True)
+    shutil.copy(one, tree / "real.jpg")
     (tree / "link.jpg").symlink_to("/etc/hostname")
-    with pytest.raises(InputError, match="outside the input root"):
-        run_build(small_build_config(tmp_path / "tree", tmp_path / "out2"))
+    config = small_build_config(
+        tmp_path / "tree", tmp_path / "out2", confine_to_input=True, max_skip_fraction=1.0
+    )
+    summary = run_build(config)
+    assert summary.manifest.skipped == {"outside_input": 1} and summary.manifest.written == 1
 
 
 def test_numeric_labels_sort_as_numbers_and_keys_are_path_hashes(sample_dir, tmp_path):
