@@ -3,8 +3,10 @@
 Sits between `pipeline.urls` (which validated the URL) and the tar/Parquet
 readers. No process is ever spawned and no environment variable is read into a
 URL. http(s) and object-store reads resume mid-stream after a dropped connection
-(a `Range` request, or reopening at the position); every failure ends in a
-`ShardReadError` naming the redacted URL.
+(a `Range` request, or reopening at the position), within a stall limit per socket
+wait and an overall deadline per stream (`RetryPolicy`); they never return bytes
+past the manifest's size. Every failure ends in a `ShardReadError` naming the
+redacted URL.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import http.client
 import io
 import json
+import math
 import os
 import random
 import re
@@ -57,17 +60,26 @@ _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded retries with jittered exponential backoff.
+    """Bounded retries with jittered exponential backoff, a stall limit and a deadline.
 
     Attributes:
         attempts: tries per request, and consecutive failed tries allowed mid-stream
             without progress; at least 1.
         base_delay: seconds before the first retry; doubled for each further one.
         max_delay: cap on one delay, including a server's `Retry-After`.
-        timeout: seconds for one connect or one socket read (a stall limit, not a
-            limit on the whole download).
+        timeout: the stall limit: seconds one connect or one socket read may wait
+            for a byte. It bounds a server that goes silent, not one that drips.
         max_resumes: reconnections allowed over one stream's life, so that a link
             dropping every few bytes ends in an error instead of crawling forever.
+        deadline: seconds one shard stream may spend waiting on its server or
+            store, from open to its last byte: connects, reads, retries, backoff
+            and resumes all count; time the caller spends between reads (decoding,
+            a full shuffle buffer, a slow training step) does not, so a slow
+            consumer never fails a healthy shard. Each socket read waits at most
+            `min(timeout, time left)`, so a server dripping one byte a second ends
+            here too. The default, 30 minutes, reads a 10 GB shard at 10 MB/s
+            (1000 s) with room for retries; a slow link to large shards needs more.
+            `math.inf` turns it off.
     """
 
     attempts: int = 5
@@ -75,12 +87,17 @@ class RetryPolicy:
     max_delay: float = 8.0
     timeout: float = 60.0
     max_resumes: int = 32
+    deadline: float = 30 * 60.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.max_resumes < 0:
             raise ValueError(f"attempts must be >= 1 and max_resumes >= 0: {self}")
-        if self.base_delay < 0 or self.max_delay < 0 or self.timeout <= 0:
-            raise ValueError(f"delays must be >= 0 and timeout > 0: {self}")
+        if not (self.base_delay >= 0 and self.max_delay >= 0):  # `not >=` also refuses NaN
+            raise ValueError(f"delays must be >= 0: {self}")
+        if not (0 < self.timeout < math.inf):
+            raise ValueError(f"timeout (the stall limit) must be a positive number: {self}")
+        if not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds (math.inf for none): {self}")
 
     def delay(self, failure: int, url: str, retry_after: float = 0.0) -> float:
         """Seconds to wait after the `failure`-th consecutive failure (1-based).
@@ -116,6 +133,112 @@ class ShardReadError(OSError):
         return (type(self), (self.url, self.reason, self.attempts))
 
 
+class StreamClock:
+    """The time one shard stream has spent waiting on its server, against `retry.deadline`.
+
+    Only time inside `running()` counts: the reader's own connects, reads and
+    backoff sleeps, never the caller's work between reads. Re-entrant, so a
+    seekable reader and the streams it opens share one clock and count once.
+    """
+
+    def __init__(self, retry: RetryPolicy) -> None:
+        self.retry = retry
+        self._spent = 0.0
+        self._since = 0.0
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def running(self) -> Any:
+        if self._depth == 0:
+            self._since = time.monotonic()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._spent += time.monotonic() - self._since
+
+    def spent(self) -> float:
+        """Seconds spent waiting so far."""
+        return self._spent + (time.monotonic() - self._since if self._depth else 0.0)
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline; <= 0 once it passed."""
+        return self.retry.deadline - self.spent()
+
+    def socket_timeout(self) -> float:
+        """The wait allowed for the next connect or socket read: min(stall limit, time left).
+
+        Raises:
+            TimeoutError: the deadline has passed.
+        """
+        remaining = self.remaining()
+        if remaining <= 0:
+            raise TimeoutError(f"the {self.retry.deadline:g} s deadline passed")
+        return min(self.retry.timeout, remaining)
+
+    def error(self, url: str, position: int, failures: int, last: str = "") -> ShardReadError:
+        """The `ShardReadError` for a stream past its deadline at byte `position`."""
+        reason = (
+            f"deadline of {self.retry.deadline:g} s waiting on the server passed "
+            f"after {position} bytes ({failures} failed tries)"
+            + (f"; last: {last}" if last else "")
+            + "; if the shard is large or the link slow, raise it with"
+            " RetryPolicy(deadline=...) (LoaderConfig(retry=...) in the loader)"
+        )
+        return ShardReadError(url, reason, max(1, failures))
+
+
+class _TimedSocket:
+    """A connected socket whose every send and receive waits at most `clock.socket_timeout()`.
+
+    http.client reads the status line, headers and body through `makefile("rb")`;
+    routing each `recv` through the clock bounds a server that drips headers or
+    body a byte at a time, which a plain socket timeout (a stall limit) never ends.
+    """
+
+    def __init__(self, sock: Any, clock: StreamClock) -> None:
+        self._sock, self._clock = sock, clock
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(self._clock.socket_timeout())
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        # buffering=0: the socket's own SocketIO, counted by the socket so that it
+        # stays open after http.client closes the connection object.
+        return io.BufferedReader(
+            _TimedSocketIO(self._sock, self._sock.makefile(mode, 0), self._clock)
+        )
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _TimedSocketIO(io.RawIOBase):
+    def __init__(self, sock: Any, raw: Any, clock: StreamClock) -> None:
+        super().__init__()
+        self._sock, self._raw, self._clock = sock, raw, clock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(self._clock.socket_timeout())
+        return self._raw.readinto(buffer)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 class _RetryableStatus(Exception):
     """An HTTP status worth retrying (429, 503, ...), raised inside this module only."""
 
@@ -130,18 +253,24 @@ def open_stream(
     *,
     storage_options: Mapping[str, Any] | None = None,
     random_access: bool = False,
+    expected_size: int | None = None,
 ) -> BinaryIO:
     """Open `url` for streaming reads; the body is never downloaded whole first.
 
     Args:
         url: a local path, `file://`, `http(s)://`, `s3://` or `gs://` URL. It is
             validated again here, so a `pipe:` URL can never slip through.
-        retry: retry, backoff and timeout policy for remote URLs.
+        retry: retry, backoff, stall limit and deadline for remote URLs.
         storage_options: keyword arguments for `fsspec.open` on object-store URLs,
             such as `{"endpoint_url": ...}` for an S3-compatible store.
         random_access: return a seekable file for http(s) too (Range requests
             per position), as Parquet readers need; for object stores, pick a
             block cache suited to random rather than sequential reads.
+        expected_size: the shard's byte count when the caller knows it (the
+            manifest's). A file, server or store reporting another size
+            (`os.fstat`, `Content-Length`, `Content-Range` total, object size)
+            fails at open; a body sent without a size ends at `expected_size`,
+            and one that keeps going past it fails instead of being read on.
 
     Returns:
         A readable binary file object; close it when done. Local and object-store
@@ -150,28 +279,55 @@ def open_stream(
         (with `retries` and `resumes` counters). Object-store files are an
         `io.BufferedReader` over a `RetryingFsspecFile` (`retries`, `reopens`).
         Read tars from it with `tarfile.open(fileobj=stream, mode="r|")`.
+        Remote reads past `retry.deadline` raise `ShardReadError`.
 
     Raises:
-        ValueError: the URL is not allowed.
-        ShardReadError: the shard could not be opened, after retries where useful.
+        ValueError: the URL is not allowed, or `expected_size` is negative.
+        ShardReadError: the shard could not be opened, after retries where useful,
+            or its size is not `expected_size`. Every message holds the URL
+            redacted, never its credentials.
         ImportError: the fsspec backend for the scheme (s3fs, gcsfs) is missing.
     """
     url = validate_url(url)
+    if expected_size is not None and not (isinstance(expected_size, int) and expected_size >= 0):
+        raise ValueError(f"expected_size must be a byte count >= 0, got {expected_size!r}")
     scheme = url_scheme(url)
     if scheme in HTTP_SCHEMES and random_access:
-        return io.BufferedReader(HttpRangeFile(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
+        raw: io.RawIOBase = HttpRangeFile(url, retry, expected_size=expected_size)
+        return io.BufferedReader(raw, HTTP_BUFFER_SIZE)  # type: ignore[return-value]
     if scheme in HTTP_SCHEMES:
-        return io.BufferedReader(RetryingStream(url, retry), HTTP_BUFFER_SIZE)  # type: ignore[return-value]
+        raw = RetryingStream(url, retry, expected_size=expected_size)
+        return io.BufferedReader(raw, HTTP_BUFFER_SIZE)  # type: ignore[return-value]
     if scheme in FSSPEC_SCHEMES:
-        return _open_fsspec(url, retry, storage_options or {}, random_access)
+        return _open_fsspec(url, retry, storage_options or {}, random_access, expected_size)
+    return _open_local(url, expected_size)
+
+
+def _open_local(url: str, expected_size: int | None) -> BinaryIO:
     try:
-        return open(url, "rb", buffering=LOCAL_BUFFER_SIZE)  # noqa: SIM115 - caller closes
+        file = open(url, "rb", buffering=LOCAL_BUFFER_SIZE)  # noqa: SIM115 - caller closes
+        size = os.fstat(file.fileno()).st_size
     except OSError as exc:
         raise ShardReadError(url, f"{type(exc).__name__}: {exc.strerror or exc}") from exc
+    if expected_size is not None and size != expected_size:
+        file.close()
+        raise ShardReadError(url, _size_mismatch(size, expected_size))
+    return file
+
+
+def _size_mismatch(size: int, expected: int) -> str:
+    return (
+        f"the shard is {size} bytes, the manifest says {expected}: "
+        "the shard changed or the URL is wrong"
+    )
 
 
 def _open_fsspec(
-    url: str, retry: RetryPolicy, storage_options: Mapping[str, Any], random_access: bool
+    url: str,
+    retry: RetryPolicy,
+    storage_options: Mapping[str, Any],
+    random_access: bool,
+    expected_size: int | None,
 ) -> BinaryIO:
     scheme = url_scheme(url)
     try:
@@ -187,7 +343,9 @@ def _open_fsspec(
         open_options["cache_type"] = cache_type
     if "default_block_size" not in storage_options:
         open_options["block_size"] = block_size
-    raw = RetryingFsspecFile(url, fs, retry, open_options, secrets_in(storage_options))
+    raw = RetryingFsspecFile(
+        url, fs, retry, open_options, secrets_in(storage_options), expected_size=expected_size
+    )
     return io.BufferedReader(raw, FSSPEC_BUFFER_SIZE)  # type: ignore[return-value]
 
 
@@ -203,17 +361,19 @@ def object_store_filesystem(
     s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its
     own, which would multiply any budget we set; they are reduced to one try
     each, and botocore's connect and read timeouts come from `retry.timeout`
-    (a stall limit), unless `storage_options["config_kwargs"]` sets them. One
-    instance per process and options: instances hold sockets and an event loop
-    that must not cross a fork into DataLoader workers.
+    (a stall limit, capped at `retry.deadline`), unless
+    `storage_options["config_kwargs"]` sets them. One instance per process and
+    options: instances hold sockets and an event loop that must not cross a fork
+    into DataLoader workers.
     """
     import fsspec  # lazily: only object-store users pay for the import
 
     options = dict(storage_options)
     if scheme == "s3":
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", retry.timeout)
-        config.setdefault("read_timeout", retry.timeout)
+        # One socket wait is at most the stall limit, and never longer than the deadline.
+        config.setdefault("connect_timeout", min(retry.timeout, retry.deadline))
+        config.setdefault("read_timeout", min(retry.timeout, retry.deadline))
         config.setdefault("retries", {"total_max_attempts": 1})
         options["config_kwargs"] = config
     key = (os.getpid(), scheme, json.dumps(options, sort_keys=True, default=repr))
@@ -269,23 +429,36 @@ def _transient_fsspec_errors() -> tuple[type[BaseException], ...]:
 
 
 class _RetryingReader(io.RawIOBase):
-    """The read loop, failure budget and identity check both remote readers share.
+    """The read loop, failure budget, deadline and identity check both remote readers share.
 
     A failed read drops the connection (`_source`), waits out the policy's
     backoff and reconnects at `_pos`, so no byte is skipped or read twice.
     Subclasses connect (`_reopen`), read (`_read_some`) and decide how a failed
-    read is reported (`_drop`).
+    read is reported (`_drop`). Reads never go past `size` (the reported size,
+    else `expected_size`), and all waiting counts against `clock`.
     """
 
     # Errors closing a connection that is already broken: ignored.
     _transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS
 
-    def __init__(self, url: str, retry: RetryPolicy, offset: int = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        retry: RetryPolicy,
+        offset: int = 0,
+        *,
+        expected_size: int | None = None,
+        clock: StreamClock | None = None,
+    ) -> None:
         super().__init__()
         self._url, self.url = url, redact_url(url)
         self.retry = retry
-        self.size: int | None = None
+        self.clock = clock or StreamClock(retry)
+        self.expected_size = expected_size
+        self.size: int | None = expected_size
+        self._reported: int | None = None  # the size the first connection reported
         self._etag: str | None = None
+        self._first = True
         self._source: Any = None  # the open response or file; None between connections
         self._pos = offset
         self._failures = 0  # consecutive, reset by progress
@@ -294,25 +467,35 @@ class _RetryingReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} at byte {self._pos}>"
+
     def readinto(self, buffer: Any) -> int:
         """Read up to `len(buffer)` bytes of what has arrived; 0 only at the end."""
         if self.closed:
             raise ValueError(f"read from closed stream {self.url}")
         view = memoryview(buffer).cast("B")
-        while True:
-            if self._source is None:
-                self._reopen()
-            data = self._read_some(len(view))
-            if data is None:  # the read failed and `_drop` counted it
-                continue
-            if not data and view and self.size is not None and self._pos < self.size:
-                self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
-                continue
-            view[: len(data)] = data
-            self._pos += len(data)
-            if data:
-                self._failures = 0
-            return len(data)
+        with self.clock.running():
+            while True:
+                if self.size is not None and self._pos >= self.size:
+                    self._check_end()  # before the deadline: every byte is already in
+                    return 0
+                if self.clock.remaining() <= 0:
+                    raise self.clock.error(self._url, self._pos, self._failures)
+                if self._source is None:
+                    self._reopen()
+                want = len(view) if self.size is None else min(len(view), self.size - self._pos)
+                data = self._read_some(want)
+                if data is None:  # the read failed and `_drop` counted it
+                    continue
+                if not data and want and self.size is not None:
+                    self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
+                    continue
+                view[: len(data)] = data
+                self._pos += len(data)
+                if data:
+                    self._failures = 0
+                return len(data)
 
     def close(self) -> None:
         self._disconnect()
@@ -330,6 +513,9 @@ class _RetryingReader(io.RawIOBase):
         """Forget a connection whose read failed, then count the failure with `_fail`."""
         raise NotImplementedError
 
+    def _check_end(self) -> None:
+        """At `size`: raise if the source has bytes beyond it (it sent more than expected)."""
+
     def _disconnect(self) -> None:
         source, self._source = self._source, None
         if source is not None:
@@ -339,20 +525,41 @@ class _RetryingReader(io.RawIOBase):
     def _fail(
         self, exc: BaseException, reason: str, *, retry_after: float = 0.0, give_up: bool = False
     ) -> None:
-        """Count a failed try: wait out the backoff, or raise with `reason` past the budget."""
+        """Count a failed try: wait out the backoff, or raise with `reason` past the budget.
+
+        The wait never runs past the deadline: a backoff (or `Retry-After`) longer
+        than the time left fails now, since no try could follow it.
+        """
         self._failures += 1
         self.retries += 1
+        if self.clock.remaining() <= 0:
+            raise self.clock.error(self._url, self._pos, self._failures, reason) from exc
         if give_up or self._failures >= self.retry.attempts:
             raise ShardReadError(self._url, reason, self._failures) from exc
-        time.sleep(self.retry.delay(self._failures, self._url, retry_after))
+        delay = self.retry.delay(self._failures, self._url, retry_after)
+        if delay >= self.clock.remaining():
+            last = f"{reason}; the next try would wait {delay:g} s"
+            raise self.clock.error(self._url, self._pos, self._failures, last) from exc
+        time.sleep(delay)
 
     def _same_object(self, size: int | None, etag: str | None) -> bool:
-        """Whether a new connection reads the object the first one did, which fixes it."""
-        if self.size is None and self._etag is None:
-            self.size, self._etag = size, etag
+        """Whether a new connection reads the object the first one did, which fixes it.
+
+        Raises:
+            ShardReadError: the first connection reports a size other than
+                `expected_size`.
+        """
+        if self._first:
+            if self.expected_size is not None and size is not None and size != self.expected_size:
+                raise ShardReadError(self._url, _size_mismatch(size, self.expected_size))
+            self._first = False
+            self._reported, self._etag = size, etag
+            if size is not None:
+                self.size = size
             return True
         return not (
-            (self._etag and etag != self._etag) or (self.size is not None and size != self.size)
+            (self._etag and etag != self._etag)
+            or (self._reported is not None and size != self._reported)
         )
 
 
@@ -362,7 +569,10 @@ class RetryingFsspecFile(_RetryingReader):
     A failed open or read (503, a cut or stalled body) is retried after the
     policy's backoff: the broken file is dropped and reopened at the current
     offset, so no byte is skipped or read twice. If the object's size or ETag
-    changed between opens, it stops rather than splice two versions.
+    changed between opens, it stops rather than splice two versions. The
+    deadline is checked before every open, read and backoff; one read inside
+    fsspec (at most a cache block, 8 MiB) is bounded only by the client's
+    socket timeouts (`retry.timeout`), as fsspec offers no per-call deadline.
 
     Attributes:
         url: the redacted URL.
@@ -378,15 +588,18 @@ class RetryingFsspecFile(_RetryingReader):
         retry: RetryPolicy = DEFAULT_RETRY,
         open_options: Mapping[str, Any] | None = None,
         secrets: list[str] | None = None,
+        *,
+        expected_size: int | None = None,
     ) -> None:
-        super().__init__(url, retry)
+        super().__init__(url, retry, expected_size=expected_size)
         self._fs = fs
         self._open_options = dict(open_options or {})
         self._secrets = list(secrets or [])
         self._permanent = _permanent_fsspec_errors()
         self._transient = _transient_fsspec_errors()
         self.reopens = 0
-        self._connect()  # eagerly, so that a missing object surfaces at open time
+        with self.clock.running():
+            self._connect()  # eagerly, so that a missing object surfaces at open time
 
     def seekable(self) -> bool:
         return True
@@ -419,6 +632,8 @@ class RetryingFsspecFile(_RetryingReader):
     def _connect(self) -> None:
         """Open the object at `self._pos`, retrying transient failures."""
         while True:
+            if self.clock.remaining() <= 0:
+                raise self.clock.error(self._url, self._pos, self._failures)
             try:
                 file = self._fs.open(self._url, "rb", **self._open_options)
             except self._permanent as exc:
@@ -428,7 +643,12 @@ class RetryingFsspecFile(_RetryingReader):
                 continue
             details = getattr(file, "details", None) or {}
             etag = details.get("ETag") or details.get("etag")
-            if not self._same_object(getattr(file, "size", None), etag):
+            try:
+                same = self._same_object(getattr(file, "size", None), etag)
+            except ShardReadError:
+                file.close()
+                raise
+            if not same:
                 file.close()
                 raise ShardReadError(self._url, "the shard changed in the store while being read")
             file.seek(self._pos)
@@ -466,19 +686,30 @@ class RetryingStream(_RetryingReader):
     After a mid-body failure it re-requests with `Range: bytes=<offset>-`; a
     server that ignores ranges is re-read from the start and the first `offset`
     bytes are skipped. If the `ETag` or size changed between requests, it stops
-    with `ShardReadError` rather than splice two versions of a shard.
+    with `ShardReadError` rather than splice two versions of a shard. Every
+    socket wait is at most `min(retry.timeout, time left to the deadline)`.
 
     Attributes:
         url: the redacted URL.
-        size: the body's size in bytes; None if the server sends no length.
+        size: the body's size in bytes (sent by the server, else `expected_size`);
+            None if neither is known.
         retries: failed tries so far (opening and mid-stream).
         resumes: reconnections after a mid-body failure.
     """
 
-    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY, offset: int = 0) -> None:
-        super().__init__(url, retry, offset)
+    def __init__(
+        self,
+        url: str,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        offset: int = 0,
+        *,
+        expected_size: int | None = None,
+        clock: StreamClock | None = None,
+    ) -> None:
+        super().__init__(url, retry, offset, expected_size=expected_size, clock=clock)
         self.resumes = 0
-        self._connect()  # open eagerly so that 404 and friends surface at open time
+        with self.clock.running():
+            self._connect()  # open eagerly so that 404 and friends surface at open time
 
     def _read_some(self, size: int) -> bytes | None:
         try:
@@ -489,6 +720,23 @@ class RetryingStream(_RetryingReader):
         except TRANSIENT_ERRORS as exc:
             self._drop(exc)
             return None
+
+    def _check_end(self) -> None:
+        # A server that sent its size cannot overrun it (http.client stops there);
+        # one that sent none and goes on past the manifest's size is refused.
+        if self._source is None or self._reported is not None:
+            return
+        try:
+            extra = self._source.read1(1)
+        except TRANSIENT_ERRORS:
+            return  # every expected byte is in; a failure after them loses nothing
+        if extra:
+            self._disconnect()
+            raise ShardReadError(
+                self._url,
+                f"the server sent more than the manifest's {self.size} bytes and no "
+                "Content-Length: the shard changed or the URL is wrong",
+            )
 
     def _reopen(self) -> None:
         self.resumes += 1
@@ -502,8 +750,10 @@ class RetryingStream(_RetryingReader):
     def _connect(self) -> None:
         """Request the body from `self._pos`, retrying transient failures."""
         while True:
+            if self.clock.remaining() <= 0:
+                raise self.clock.error(self._url, self._pos, self._failures)
             try:
-                response = _request(self._url, self._pos, self.retry.timeout)
+                response = _request(self._url, self._pos, self.clock)
                 self._source = self._position(response)
                 return
             except ShardReadError:
@@ -517,7 +767,12 @@ class RetryingStream(_RetryingReader):
     def _position(self, response: http.client.HTTPResponse) -> http.client.HTTPResponse:
         """Check that `response` is the same object, and skip to `self._pos`."""
         start, size = _body_span(response)
-        if not self._same_object(size, response.getheader("ETag")):
+        try:
+            same = self._same_object(size, response.getheader("ETag"))
+        except ShardReadError:
+            response.close()
+            raise
+        if not same:
             response.close()
             raise ShardReadError(self._url, "the shard changed on the server while being read")
         if start > self._pos:
@@ -533,18 +788,26 @@ class HttpRangeFile(io.RawIOBase):
     Parquet readers jump to the footer, then to each row group's column chunks;
     this opens one `RetryingStream` at each new position (so every read keeps
     the retry and resume behaviour) and keeps it while reads stay sequential.
+    All of them share one `StreamClock`: the deadline covers the whole file.
     Needs a server that honours ranges, which object stores and CDNs do.
     """
 
-    def __init__(self, url: str, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    def __init__(
+        self, url: str, retry: RetryPolicy = DEFAULT_RETRY, *, expected_size: int | None = None
+    ) -> None:
         super().__init__()
-        self._url, self.retry = url, retry
-        self._stream: RetryingStream | None = RetryingStream(url, retry)
+        self._url, self.url, self.retry = url, redact_url(url), retry
+        self.clock = StreamClock(retry)
+        self.expected_size = expected_size
+        self._stream: RetryingStream | None = self._open_at(0)
         self._pos = 0
         self.size = self._stream.size
         if self.size is None:
             self._stream.close()
             raise ShardReadError(url, "the server sends no Content-Length; random access needs it")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} at byte {self._pos}>"
 
     def readable(self) -> bool:
         return True
@@ -567,9 +830,10 @@ class HttpRangeFile(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self.size:
             return 0
-        if self._stream is None:
-            self._stream = RetryingStream(self._url, self.retry, offset=self._pos)
-        count = self._stream.readinto(buffer)
+        with self.clock.running():
+            if self._stream is None:
+                self._stream = self._open_at(self._pos)
+            count = self._stream.readinto(buffer)
         self._pos += count
         return count
 
@@ -579,12 +843,17 @@ class HttpRangeFile(io.RawIOBase):
             self._stream = None
         super().close()
 
+    def _open_at(self, offset: int) -> RetryingStream:
+        return RetryingStream(
+            self._url, self.retry, offset, expected_size=self.expected_size, clock=self.clock
+        )
 
-def _request(url: str, offset: int, timeout: float) -> http.client.HTTPResponse:
+
+def _request(url: str, offset: int, clock: StreamClock) -> http.client.HTTPResponse:
     """GET `url` from byte `offset`, following up to MAX_REDIRECTS http(s) redirects."""
     current = url
     for _ in range(MAX_REDIRECTS + 1):
-        response = _get(current, offset, timeout, send_auth=_same_origin(current, url))
+        response = _get(current, offset, clock, send_auth=_same_origin(current, url))
         if response.status not in (301, 302, 303, 307, 308):
             _check_status(url, response, offset)
             return response
@@ -594,14 +863,16 @@ def _request(url: str, offset: int, timeout: float) -> http.client.HTTPResponse:
     raise ShardReadError(url, f"more than {MAX_REDIRECTS} redirects")
 
 
-def _get(url: str, offset: int, timeout: float, *, send_auth: bool) -> http.client.HTTPResponse:
+def _get(url: str, offset: int, clock: StreamClock, *, send_auth: bool) -> http.client.HTTPResponse:
     parts = urlsplit(url)
     connection_class = (
         http.client.HTTPSConnection
         if parts.scheme.lower() == "https"
         else http.client.HTTPConnection
     )
-    connection = connection_class(parts.hostname, parts.port, timeout=timeout)
+    # The connect (and TLS handshake) waits at most min(stall, time left); name
+    # resolution cannot be bounded without a thread and is left to the resolver.
+    connection = connection_class(parts.hostname, parts.port, timeout=clock.socket_timeout())
     # `Connection: close` hands the socket to the response: closing it frees everything.
     headers = {"Connection": "close", "User-Agent": "shardpipe"}
     if offset:
@@ -611,6 +882,8 @@ def _get(url: str, offset: int, timeout: float, *, send_auth: bool) -> http.clie
         headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
+        connection.connect()
+        connection.sock = _TimedSocket(connection.sock, clock)
         connection.request("GET", target, headers=headers)
         return connection.getresponse()
     except BaseException:

@@ -34,7 +34,12 @@ class Fault:
     then close; `reset=True` sends a TCP RST), "stall" (send `after_bytes` of the
     body and hang until `release()`, then send the rest; with `after_bytes=None`,
     hang before the headers and close without answering), or "redirect" (answer
-    `status` with `Location: location`).
+    `status` with `Location: location`), "drip" (send the headers, then one
+    byte of the body every `interval` seconds; with `headers=True`, drip the
+    status line and a long header too), "endless" (200 with no
+    Content-Length, then the file's bytes over and over until the client goes
+    away), or "length" (the file's body under `Content-Length: length`, a lie).
+    A "status" fault with `retry_after` sends `Retry-After` too.
     """
 
     kind: str
@@ -43,6 +48,10 @@ class Fault:
     after_bytes: int | None = None
     reset: bool = False
     location: str = ""
+    interval: float = 0.0
+    length: int = 0
+    retry_after: float | None = None
+    headers: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,26 @@ class LocalHTTPServer:
         self._serving = ServerThread(_Handler, self, "server")
 
     # Fault injection -----------------------------------------------------
-    def fail(self, path: str, count: int, status: int = 503) -> None:
-        """Answer the first `count` requests for `path` with `status`."""
-        self._add(path, Fault("status", count, status=status))
+    def fail(
+        self, path: str, count: int, status: int = 503, retry_after: float | None = None
+    ) -> None:
+        """Answer the first `count` requests for `path` with `status` (and `Retry-After`)."""
+        self._add(path, Fault("status", count, status=status, retry_after=retry_after))
+
+    def drip(self, path: str, interval: float, times: int = 1, headers: bool = False) -> None:
+        """Send the body (and the headers too, if `headers`) one byte every `interval` s.
+
+        No single read stalls; the whole crawls.
+        """
+        self._add(path, Fault("drip", times, interval=interval, headers=headers))
+
+    def endless(self, path: str, times: int = 1) -> None:
+        """Answer 200 without Content-Length and repeat the file's bytes forever."""
+        self._add(path, Fault("endless", times))
+
+    def lie_length(self, path: str, length: int, times: int = 1) -> None:
+        """Send the file under `Content-Length: length`, whatever its real size."""
+        self._add(path, Fault("length", times, length=length))
 
     def close_after(self, path: str, after_bytes: int, times: int = 1, reset: bool = False) -> None:
         """Cut the connection after `after_bytes` of the body, `times` times."""
@@ -138,22 +164,35 @@ class _Handler(QuietHandler):
             self.close_connection = True
             return
         if fault is not None and fault.kind in ("status", "redirect"):
-            self._send_empty(path, fault.status, fault.location)
+            self._send_empty(path, fault.status, fault.location, fault.retry_after)
             return
         file_path = (self.owner.root / path.lstrip("/")).resolve()
         if not file_path.is_file() or not file_path.is_relative_to(self.owner.root):
             self._send_empty(path, 404)
+            return
+        if fault is not None and fault.kind == "drip" and fault.headers:
+            self._record(path, 200)
+            self.close_connection = True
+            padding = b"X-Padding: " + b"a" * 60_000 + b"\r\n"  # under http.client's line cap
+            self._drip(path, b"HTTP/1.1 200 OK\r\n" + padding, fault.interval)
+            return
+        if fault is not None and fault.kind in ("drip", "endless", "length"):
+            self._send_hostile(path, file_path.read_bytes(), fault)
             return
         self._send_file(path, file_path, fault)
 
     def _record(self, path: str, status: int) -> None:
         self.owner._record(Request(path, self.headers.get("Range"), status))
 
-    def _send_empty(self, path: str, status: int, location: str = "") -> None:
+    def _send_empty(
+        self, path: str, status: int, location: str = "", retry_after: float | None = None
+    ) -> None:
         self._record(path, status)
         self.send_response(status)
         if location:
             self.send_header("Location", location)
+        if retry_after is not None:
+            self.send_header("Retry-After", f"{retry_after:g}")
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -192,3 +231,39 @@ class _Handler(QuietHandler):
         # Counted before sending, so a client that holds the bytes sees the count.
         self.owner._count_sent(path, len(body))
         self._send_bytes(body)
+
+    def _send_hostile(self, path: str, data: bytes, fault: Fault) -> None:
+        """A drip, an endless body or a lying Content-Length; ends when the client leaves."""
+        self._record(path, 200)
+        self.send_response(200)
+        if fault.kind != "endless":
+            length = fault.length if fault.kind == "length" else len(data)
+            self.send_header("Content-Length", str(length))
+        self.end_headers()
+        self.close_connection = True
+        if fault.kind == "length":
+            self._write(path, data)
+        elif fault.kind == "drip":
+            self._drip(path, data, fault.interval)
+        else:
+            while data and not self.owner._release.is_set():
+                if not self._write_or_stop(path, data):
+                    return
+
+    def _drip(self, path: str, data: bytes, interval: float) -> None:
+        # `_release` is set when the server stops, so no handler outlives it.
+        for position in range(len(data)):
+            if self.owner._release.wait(interval):
+                return
+            if not self._write_or_stop(path, data[position : position + 1]):
+                return
+
+    def _write_or_stop(self, path: str, chunk: bytes) -> bool:
+        """Write `chunk`; False once the client has gone away."""
+        self.owner._count_sent(path, len(chunk))
+        try:
+            self.wfile.write(chunk)
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
