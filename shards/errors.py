@@ -46,13 +46,16 @@ class ShardError(Exception):
 # practice. A shard of 10k samples has ~30k members; a million allows 30x that and
 # still stops a server that streams headers forever. 64 GiB bounds a shard whose
 # manifest gives no byte count (a manifest's count is used instead when it has one).
-# A Parquet row group is read whole by pyarrow, so its size is the reader's peak
-# memory; ours are 128 rows, ~15 MiB for 256-px JPEGs.
+# A Parquet row group's image column is one page in our files, read whole, so a
+# reader's peak is about 1.3-1.5x the group (measured: 257 MiB for one row of a
+# 200 MiB group). Ours are 128 rows, ~15 MiB for 256-px JPEGs; 128 MiB leaves 8x for
+# larger images or groups, holds a 64 MiB cell with its neighbours, and keeps a
+# worker's open shard under ~200 MiB.
 MAX_MEMBER_BYTES = 64 * 2**20
 MAX_HEADER_BYTES = 1 * 2**20
 MAX_MEMBERS = 1_000_000
 MAX_SHARD_BYTES = 64 * 2**30
-MAX_ROW_GROUP_BYTES = 256 * 2**20
+MAX_ROW_GROUP_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,21 @@ groups are small so a reader streams one group at a time.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import BinaryIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, Sample, check_key
+from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.redact import redact_text, redact_url
+from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, Sample, SampleError, check_key
 
 ROW_GROUP_SIZE = 128
 # Metadata fields copied out of the json document into typed columns.
@@ -96,52 +104,440 @@ class ParquetShardWriter:
         self._writer.close()
 
 
+# Rows decoded and turned into Python bytes per step. A reader then holds its row
+# group's pages (one page per column chunk in our files: pyarrow checks the page size
+# only every 1024 rows) plus one such batch, never two more copies of the group.
+# 16 MiB takes one of our groups (~15 MiB) in one step: smaller steps cost ~10%.
+BATCH_BYTES = 16 * 2**20
+# pyarrow opens a file by reading this much of its tail, footer and data alike.
+FOOTER_READ_BYTES = 64 * 2**10
+# Optional columns read when requested: a shard without them yields samples without them.
+TEXT_FIELDS = ("json", "txt")
+# pyarrow's words for a file without Parquet's magic or too short to hold a footer.
+_NOT_PARQUET_SIGNS = ("magic bytes", "file size is 0", "minimum file footer")
+_REBUILD = "rebuild the shard with `preprocess build-shards`"
+_HINTS = {
+    "not_parquet": f"it is not a Parquet file, or was cut short by a crashed write; {_REBUILD}",
+    "bad_footer": f"its footer (the file metadata) is corrupt; {_REBUILD}",
+    "bad_data": f"its column data is corrupt; {_REBUILD} and run `preprocess verify`",
+}
+
+
+class _WatchedStream:
+    """The caller's stream, keeping the exception its own methods raised, with a read budget.
+
+    pyarrow re-raises a Python file's exception as it was, but reports a corrupt file
+    with OSError too; the recorded exception is how a network failure (transient,
+    propagated as it is) is told apart from bad bytes (`ShardError`).
+
+    The budget caps the bytes read for the footer or one row group, whatever the
+    footer claims: a read past it raises the `ShardError` that `refuse(total)`
+    builds, before any memory is spent on it.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.error: Exception | None = None
+        self._left = 0
+        self._refuse: Callable[[int], ShardError] | None = None
+        self._spent = 0
+        self._lock = threading.Lock()  # pyarrow may read columns from several threads
+
+    def budget(self, nbytes: int, refuse: Callable[[int], ShardError]) -> None:
+        """Allow `nbytes` more bytes of reads; past them, raise `refuse(bytes asked)`."""
+        with self._lock:
+            self._left, self._refuse, self._spent = nbytes, refuse, 0
+
+    def read(self, size: int = -1) -> bytes:
+        with self._lock:
+            over = self._refuse is not None and size is not None and size > self._left
+            self._left -= max(size or 0, 0)
+            self._spent += max(size or 0, 0)
+            if over:
+                self.error = self._refuse(self._spent)
+                raise self.error
+        try:
+            return self._stream.read(size)
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return self._stream.seek(offset, whence)
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    def tell(self) -> int:
+        try:
+            return self._stream.tell()
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    @property
+    def closed(self) -> bool:
+        return self._stream.closed
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """The caller opened the stream and closes it."""
+
+
+@contextmanager
+def _arrow_errors(stream: _WatchedStream, url: str, reason: str) -> Iterator[None]:
+    """pyarrow's errors on bad bytes as `ShardError(reason)`; the stream's own, unchanged."""
+    try:
+        yield
+    # UnicodeDecodeError: pyarrow decodes column names that are not UTF-8.
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        if stream.error is exc:
+            raise
+        if stream.error is not None:
+            raise stream.error from exc
+        if reason == "bad_footer" and any(sign in str(exc) for sign in _NOT_PARQUET_SIGNS):
+            reason = "not_parquet"
+        detail = f"{type(exc).__name__}: {redact_text(str(exc).strip())}; {_HINTS[reason]}"
+        raise ShardError(reason, url, detail) from exc
+
+
+@contextmanager
+def _open_source(source: BinaryIO | str | os.PathLike) -> Iterator[_WatchedStream]:
+    if isinstance(source, (str, os.PathLike)):
+        # A Python file rather than pyarrow's own, so a disk error stays an OSError
+        # of the stream (transient) and is never mistaken for a corrupt shard.
+        with open(source, "rb") as file:
+            yield _WatchedStream(file)
+    else:
+        yield _WatchedStream(source)
+
+
+def _open_parquet(stream: _WatchedStream, url: str, limits: ReadLimits) -> pq.ParquetFile:
+    budget = limits.row_group_bytes + FOOTER_READ_BYTES
+    stream.budget(budget, partial(_footer_too_large, url, budget))
+    with _arrow_errors(stream, url, "bad_footer"):
+        # No pre-buffering and no buffered stream: both copy whole column chunks
+        # (pages) a second time. Extension types are never materialised.
+        return pq.ParquetFile(
+            stream, pre_buffer=False, buffer_size=0, arrow_extensions_enabled=False
+        )
+
+
+def _footer_too_large(url: str, budget: int, size: int) -> ShardError:
+    return ShardError(
+        "bad_footer",
+        url,
+        f"opening it reads {size} bytes, over the {budget} allowed (ReadLimits.row_group_bytes "
+        f"plus pyarrow's first {FOOTER_READ_BYTES}-byte read of the file's tail); {_REBUILD}",
+    )
+
+
+@dataclass(frozen=True)
+class ParquetLayout:
+    """What a reader takes from a shard whose schema passed `check_schema`.
+
+    Attributes:
+        image_field: the image column (`jpg`, `webp` or `png`).
+        columns: the columns to read, `__key__` first.
+    """
+
+    image_field: str
+    columns: tuple[str, ...]
+
+
+def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> ParquetLayout:
+    """Check a shard's schema against the contract before any row is read.
+
+    The contract: `__key__` a string, exactly one image column (one of `IMAGE_FIELDS`)
+    holding binary, `cls` an integer when `fields` asks for it, `json`/`txt` strings
+    when present and asked for. Columns outside the contract are ignored.
+
+    Raises:
+        ShardError: `schema`, naming the missing or mistyped column.
+    """
+    _expect(schema, url, "__key__", "string", (pa.types.is_string, pa.types.is_large_string))
+    images = [name for name in IMAGE_FIELDS if schema.get_all_field_indices(name)]
+    if len(images) != 1:
+        found = f"columns {images}" if images else "none"
+        raise ShardError(
+            "schema",
+            url,
+            f"needs exactly one image column of {IMAGE_FIELDS}, found {found}; {_REBUILD}",
+        )
+    image_field = images[0]
+    _expect(schema, url, image_field, "binary", (pa.types.is_binary, pa.types.is_large_binary))
+    columns = ["__key__"] + ([image_field] if image_field in fields else [])
+    if "cls" in fields:
+        _expect(schema, url, "cls", "an integer", (pa.types.is_integer,))
+        columns.append("cls")
+    for name in TEXT_FIELDS:
+        if name in fields and schema.get_all_field_indices(name):
+            _expect(schema, url, name, "string", (pa.types.is_string, pa.types.is_large_string))
+            columns.append(name)
+    return ParquetLayout(image_field, tuple(columns))
+
+
+def _expect(schema: pa.Schema, url: str, name: str, wanted: str, checks: tuple) -> None:
+    indices = schema.get_all_field_indices(name)
+    if not indices:
+        problem = f"has no {name!r} column"
+    elif len(indices) > 1:
+        problem = f"has {len(indices)} columns named {name!r}"
+    elif not any(check(schema.field(indices[0]).type) for check in checks):
+        problem = f"column {name!r} is {schema.field(indices[0]).type}, not {wanted}"
+    else:
+        return
+    raise ShardError(
+        "schema", url, f"{problem} (the shard contract needs {name!r} {wanted}); {_REBUILD}"
+    )
+
+
+def _row_counts(parquet: pq.ParquetFile, stream: _WatchedStream, url: str) -> list[int]:
+    with _arrow_errors(stream, url, "bad_footer"):
+        meta = parquet.metadata
+        counts = [meta.row_group(group).num_rows for group in range(meta.num_row_groups)]
+        total = meta.num_rows
+    if any(count < 0 for count in counts) or sum(counts) != total:
+        raise ShardError(
+            "bad_footer",
+            url,
+            f"row group counts {counts[:8]}... do not add up to its {total} rows; {_REBUILD}",
+        )
+    return counts
+
+
+def _check_row_group(parquet: pq.ParquetFile, group: int, url: str, limits: ReadLimits) -> int:
+    """Row group `group`'s uncompressed size from the footer; refused past the cap.
+
+    Column chunk sizes are not read from pyarrow's metadata objects: on a corrupt
+    footer (a size-statistics histogram of the wrong length) pyarrow 26 aborts the
+    process there. The bytes the columns really take are capped as they are read,
+    by the stream's budget, which a lying footer cannot escape.
+    """
+    meta = parquet.metadata.row_group(group)
+    size, rows = meta.total_byte_size, meta.num_rows
+    if size < 0:
+        raise ShardError("bad_footer", url, f"row group {group} has a negative size; {_REBUILD}")
+    if size > limits.row_group_bytes:
+        raise _row_group_too_large(url, group, rows, limits, size)
+    return size
+
+
+def _row_group_too_large(
+    url: str, group: int, rows: int, limits: ReadLimits, size: int
+) -> ShardError:
+    suggested = max(1, rows * limits.row_group_bytes // (2 * max(size, 1)))
+    return ShardError(
+        "row_group_too_large",
+        url,
+        f"row group {group} takes at least {size} bytes uncompressed ({rows} rows), over the "
+        f"cap of {limits.row_group_bytes} (ReadLimits.row_group_bytes): a reader holds a whole "
+        f"row group in memory; rebuild with `preprocess build-shards --row-group-size "
+        f"{suggested}`",
+    )
+
+
 def iter_parquet_samples(
-    source: BinaryIO | str,
+    source: BinaryIO | str | os.PathLike,
     url: str,
     start: int = 0,
     stop: int | None = None,
     *,
     fields: frozenset[str] = ALLOWED_FIELDS,
+    limits: ReadLimits = DEFAULT_LIMITS,
+    declared: int | None = None,
 ) -> Iterator[Sample]:
     """Yield rows `[start, stop)` as the same dicts the tar reader yields.
 
-    Reads one row group at a time and skips row groups outside the range
-    without reading them, so a loader can split one shard between workers.
-    Like the tar reader, yields only `fields`: a `json` column left out is never read.
+    Follows the reader contract of `shards.formats`. Reads only the columns that
+    `fields` asks for (plus `__key__`), one row group at a time and a few MiB of
+    rows at a step; row groups outside the range are never read, so a loader can
+    split one shard between workers.
+
+    Args:
+        source: a seekable binary stream (the caller closes it) or a local path.
+        url: the shard's URL, for `__url__` and errors (redacted in both).
+        start: first row to yield.
+        stop: row to stop before; defaults to `declared`, else the shard's end.
+        fields: fields to yield (`jpg`/`webp`/`png`, `cls`, `json`, `txt`).
+        limits: caps on one cell (`member_bytes`) and one row group (`row_group_bytes`).
+        declared: the sample count the manifest promises for this shard.
+
+    Raises:
+        ShardError: the shard is not Parquet (`not_parquet`, `bad_footer`,
+            `bad_data`), breaks the schema contract (`schema`), has a row group over
+            the cap (`row_group_too_large`), ends before `stop` (`shard_short`), or
+            holds more rows than `declared` (`shard_long`, once the declared ones
+            are out). Exceptions of the stream itself (network, disk) propagate as
+            they are.
+
+    A null key, image or cls cell, a key that is not UTF-8 and a cell over
+    `limits.member_bytes` make their row a sample with `__error__` set to a
+    `SampleError` (`null_cell`, `non_utf8_key`, `member_too_large`).
     """
-    parquet = pq.ParquetFile(source)
-    image_field = next((n for n in parquet.schema_arrow.names if n in IMAGE_FIELDS), None)
-    if image_field is None:
-        raise ValueError(f"{url} has no image column (one of {IMAGE_FIELDS})")
-    with_json = "json" in fields
-    columns = ["__key__", image_field, "cls", *(["json"] if with_json else [])]
-    stop = parquet.metadata.num_rows if stop is None else stop
-    first_row = 0
-    for group in range(parquet.num_row_groups):
-        rows = parquet.metadata.row_group(group).num_rows
-        lo, hi = max(start, first_row), min(stop, first_row + rows)
-        first_row += rows
-        if lo >= hi:
-            if first_row >= stop:
-                return
-            continue
-        table = parquet.read_row_group(group, columns=columns)
-        table = table.slice(lo - (first_row - rows), hi - lo)
-        keys = table.column("__key__").to_pylist()
-        images = table.column(image_field).to_pylist()
-        labels = table.column("cls").to_pylist()
-        metas = table.column("json").to_pylist() if with_json else [None] * len(keys)
-        for key, image, label, meta in zip(keys, images, labels, metas, strict=True):
-            sample = {
-                "__key__": key,
-                "__url__": url,
-                image_field: image,
-                "cls": str(label).encode("ascii"),
-            }
-            if with_json:
-                sample["json"] = meta.encode("utf-8")
-            yield sample
+    _check_window(start, stop, declared)
+    with _open_source(source) as stream:
+        parquet = _open_parquet(stream, url, limits)
+        layout = check_schema(parquet.schema_arrow, url, fields)
+        counts = _row_counts(parquet, stream, url)
+        rows = sum(counts)
+        end = stop if stop is not None else declared if declared is not None else rows
+        first = 0
+        for group, count in enumerate(counts):
+            if first >= end:
+                break
+            lo, hi = max(start, first), min(end, first + count)
+            if lo < hi:
+                yield from _iter_group(
+                    parquet, stream, group, lo - first, hi - first, first, layout, url, limits
+                )
+            first += count
+    if rows < end:
+        expected = (
+            f"its manifest declares {declared}"
+            if declared == end
+            else f"rows up to {end} were asked for"
+        )
+        raise ShardError(
+            "shard_short",
+            url,
+            f"the shard holds {rows} rows but {expected}; the shard was "
+            "cut or its manifest is wrong: run `preprocess verify` on the dataset",
+        )
+    if declared is not None and rows > declared and end >= declared:
+        raise ShardError(
+            "shard_long",
+            url,
+            f"the shard holds {rows} rows, more than the {declared} its "
+            f"manifest declares; the {rows - declared} extra rows were not read: run "
+            "`preprocess verify` on the dataset to find which of the two is wrong",
+        )
+
+
+def _check_window(start: int, stop: int | None, declared: int | None) -> None:
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"bad row window [{start}, {stop})")
+    if declared is not None and (declared < 0 or (stop is not None and stop > declared)):
+        raise ValueError(f"row window [{start}, {stop}) reaches past the declared {declared} rows")
+
+
+def _iter_group(
+    parquet: pq.ParquetFile,
+    stream: _WatchedStream,
+    group: int,
+    lo: int,
+    hi: int,
+    first_row: int,
+    layout: ParquetLayout,
+    url: str,
+    limits: ReadLimits,
+) -> Iterator[Sample]:
+    """Rows `[lo, hi)` of row group `group`, converted a batch at a time."""
+    size = _check_row_group(parquet, group, url, limits)
+    count = parquet.metadata.row_group(group).num_rows
+    batch_rows = max(1, min(count, BATCH_BYTES * count // max(1, size)))
+    stream.budget(limits.row_group_bytes, partial(_row_group_too_large, url, group, count, limits))
+    batches = parquet.iter_batches(
+        batch_size=batch_rows, row_groups=[group], columns=list(layout.columns)
+    )
+    safe_url = redact_url(url)
+    offset = 0  # row, within the group, of the next batch's first row
+    while offset < hi:
+        with _arrow_errors(stream, url, "bad_data"):
+            batch = next(batches, None)
+            if batch is None:
+                raise pa.ArrowInvalid(f"row group {group} ended after {offset} of {count} rows")
+            a, b = max(lo - offset, 0), min(hi - offset, batch.num_rows)
+            values = _batch_values(batch.slice(a, b - a), layout, limits) if a < b else {}
+            rows, batch = batch.num_rows, None
+        if batch_rows < count:
+            # pyarrow's default pool (mimalloc) keeps a freed batch resident for a
+            # while and takes fresh pages for the next one; returning them now keeps
+            # a big row group's cost at about its own size.
+            pa.default_memory_pool().release_unused()
+        if values:
+            yield from _row_samples(values, first_row + offset + a, layout, safe_url, limits)
+        offset += rows
+
+
+@dataclass(frozen=True)
+class _Oversized:
+    """A cell over `ReadLimits.member_bytes`, left unconverted."""
+
+    size: int
+
+
+def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, limits: ReadLimits) -> dict:
+    return {
+        name: _column_values(batch.column(name), limits.member_bytes) for name in layout.columns
+    }
+
+
+def _column_values(array: pa.Array, limit: int) -> list:
+    """Python values of one column: bytes for binary and strings (never decoded here),
+    ints for `cls`, None for null cells, `_Oversized` for cells over `limit` bytes."""
+    if pa.types.is_integer(array.type):
+        return array.to_pylist()
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    array = array.cast(pa.large_binary() if large else pa.binary())  # a view, no copy
+    lengths = pc.binary_length(array)
+    largest = pc.max(lengths).as_py()
+    if largest is None or largest <= limit:
+        return array.to_pylist()
+    over = pc.greater(lengths, limit)
+    values = pc.if_else(over, pa.scalar(None, array.type), array).to_pylist()
+    return [
+        _Oversized(size) if size is not None and size > limit else value
+        for size, value in zip(lengths.to_pylist(), values, strict=True)
+    ]
+
+
+def _row_samples(
+    values: dict, first_index: int, layout: ParquetLayout, url: str, limits: ReadLimits
+) -> Iterator[Sample]:
+    names = layout.columns
+    for offset, row in enumerate(zip(*(values[name] for name in names), strict=True)):
+        yield _sample(dict(zip(names, row, strict=True)), first_index + offset, url, limits)
+
+
+def _sample(cells: dict, index: int, url: str, limits: ReadLimits) -> Sample:
+    raw_key = cells.pop("__key__")
+    error = None
+    if isinstance(raw_key, bytes):
+        try:
+            key = raw_key.decode("utf-8")
+        except UnicodeDecodeError:
+            key = raw_key.decode("utf-8", "backslashreplace")
+            error = SampleError("non_utf8_key", f"row {index} of {url}: key {key} is not UTF-8")
+    else:
+        key = f"<row {index}>"
+        error = _cell_error("__key__", raw_key, index, url, limits)
+    sample = {"__key__": key, "__url__": url}
+    for name, value in cells.items():
+        if isinstance(value, (bytes, int)):
+            sample[name] = str(value).encode("ascii") if name == "cls" else value
+        elif value is not None or name not in TEXT_FIELDS:  # a null json is no json
+            error = error or _cell_error(name, value, index, url, limits, key)
+    if error is not None:
+        sample["__error__"] = error
+    return sample
+
+
+def _cell_error(
+    name: str, value: object, index: int, url: str, limits: ReadLimits, key: str | None = None
+) -> SampleError:
+    where = f"column {name!r} of row {index}" + (f" ({key})" if key else "") + f" in {url}"
+    if isinstance(value, _Oversized):
+        return SampleError(
+            "member_too_large", f"{where} is {value.size} bytes (cap {limits.member_bytes})"
+        )
+    return SampleError("null_cell", f"{where} is null")
 
 
 def parquet_row_groups(source: BinaryIO | str) -> list[int]:
@@ -150,6 +546,19 @@ def parquet_row_groups(source: BinaryIO | str) -> list[int]:
     return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
-def count_parquet_samples(source: BinaryIO | str, url: str, limits=None) -> int:
-    """Rows in a Parquet shard, from its footer."""
-    return pq.ParquetFile(source).metadata.num_rows
+def count_parquet_samples(
+    source: BinaryIO | str | os.PathLike, url: str, limits: ReadLimits = DEFAULT_LIMITS
+) -> int:
+    """Rows in a Parquet shard, from its footer; the same checks as reading it.
+
+    Raises:
+        ShardError: as `iter_parquet_samples` does on opening a shard (footer,
+            schema, row group sizes); stream exceptions propagate as they are.
+    """
+    with _open_source(source) as stream:
+        parquet = _open_parquet(stream, url, limits)
+        check_schema(parquet.schema_arrow, url, ALLOWED_FIELDS)
+        counts = _row_counts(parquet, stream, url)
+        for group in range(len(counts)):
+            _check_row_group(parquet, group, url, limits)
+        return sum(counts)
