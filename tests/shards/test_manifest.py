@@ -1,0 +1,444 @@
+"""manifest.json loading: a real build round-trips byte for byte; hostile manifests raise
+one `ManifestError` that names the (redacted) file and the field, and nothing else."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import random
+
+import pytest
+
+from preprocess.job import run_build
+from preprocess.sample import make_sample
+from shards import manifest as manifest_module
+from shards.manifest import (
+    MANIFEST_NAME,
+    FileInfo,
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    SplitInfo,
+    read_manifest,
+    write_manifest,
+)
+from tests.conftest import small_build_config
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "hunter2"
+SOURCE = f"https://reader:{SECRET}@data.example/sets/a/manifest.json?X-Amz-Signature=s1gn4ture"
+REDACTED = "https://***@data.example/sets/a/manifest.json?X-Amz-Signature=REDACTED"
+SHARD0 = "splits.train.shards[0]"
+SHARD1 = "splits.train.shards[1]"
+TAR1 = f"{SHARD1}.files.tar"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A real dataset: 12 images in 3 classes, shards of 4, tar and Parquet."""
+    root = tmp_path_factory.mktemp("manifest")
+    make_sample(root / "images", 12, classes=3, seed=7, workers=1)
+    run_build(small_build_config(root / "images", root / "out", shard_size=4))
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def valid_text(built) -> str:
+    return (built / MANIFEST_NAME).read_text("utf-8")
+
+
+@pytest.fixture
+def doc(valid_text) -> dict:
+    """A fresh dict of the real manifest, for one test to mutate."""
+    return json.loads(valid_text)
+
+
+def load(text: str | bytes) -> Manifest:
+    return Manifest.from_json(text, SOURCE)
+
+
+def assert_rejected(text: str | bytes, field: str) -> ManifestError:
+    """`text` raises exactly ManifestError naming the redacted source and `field`."""
+    with pytest.raises(ManifestError) as caught:
+        load(text)
+    error = caught.value
+    message = str(error)
+    assert type(error) is ManifestError
+    assert error.field == field, message
+    assert message.startswith(f"{REDACTED}: {field}: "), message
+    assert SECRET not in message and "s1gn4ture" not in message
+    assert "build-shards" in message  # says what to do
+    return error
+
+
+# --- the real manifest ---------------------------------------------------------------------
+
+
+def test_real_manifest_round_trips_byte_for_byte(built, valid_text):
+    manifest = read_manifest(built)
+    assert manifest.to_json() == valid_text
+    assert load(valid_text.encode("utf-8")) == manifest
+    assert manifest.written == 12 and manifest.formats == ["tar", "parquet"]
+    rewritten = built.parent / "rewritten"
+    rewritten.mkdir()
+    write_manifest(rewritten, manifest)
+    assert (rewritten / MANIFEST_NAME).read_text("utf-8") == valid_text
+    for fmt in manifest.formats:
+        for split in manifest.splits:
+            urls = manifest.shard_urls(split, fmt, str(built))
+            assert urls and all(u.startswith(f"{built}/") for u in urls)
+            assert all((built / u.rsplit("/", 1)[1]).is_file() for u in urls)
+
+
+def test_manifests_to_json_writes_without_optional_parts_still_load(doc):
+    del doc["written"]
+    del doc["splits"]["train"]["patterns"]
+    del doc["splits"]["train"]["shards"][0]["class_counts"]
+    doc["splits"]["val"]["shards"][0]["class_counts"] = []
+    doc["splits"]["empty"] = {"samples": 0, "class_counts": [], "shards": []}
+    manifest = load(json.dumps(doc))
+    assert manifest.splits["train"].shards[0].class_counts == []
+    assert manifest.splits["empty"].patterns() == {}
+    assert load(manifest.to_json()) == manifest
+
+
+def test_built_in_memory_manifest_round_trips():
+    files = {
+        "tar": FileInfo("train-000000.tar", 1024, "0" * 64),
+        "parquet": FileInfo("train-000000.parquet", 900, "a" * 64),
+    }
+    split = SplitInfo("train", 2, [ShardInfo(0, 2, files, [2, 0])], [2, 0])
+    config = {"seed": 3, "val_fraction": 0.2, "nested": {"a": [1, None, True]}}
+    manifest = Manifest(
+        ["a", "b"], "jpg", ["tar", "parquet"], {"train": split}, config, 3, {"x": 1}
+    )
+    text = manifest.to_json()
+    assert load(text) == manifest and load(text).to_json() == text
+
+
+def test_read_manifest_names_the_local_file_and_caps_its_size(built, tmp_path, monkeypatch):
+    bad = tmp_path / MANIFEST_NAME
+    bad.write_bytes(b'{"format": "shardpipe-manifest", "version": 1, "classes": [1]}')
+    with pytest.raises(ManifestError, match=r"manifest\.json: classes\[0\]: ") as caught:
+        read_manifest(tmp_path)
+    assert caught.value.source == str(bad)
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(ManifestError, match=r": \(file\): larger than 1000 bytes"):
+        read_manifest(built)
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        read_manifest(tmp_path / "nothing")
+
+
+def test_error_survives_pickling_with_its_fields():
+    error = ManifestError(SOURCE, "splits.train.samples", "is -1")
+    back = pickle.loads(pickle.dumps(error))
+    assert (back.source, back.field, back.problem, str(back)) == (
+        REDACTED,
+        "splits.train.samples",
+        "is -1",
+        str(error),
+    )
+    assert isinstance(back, ValueError)
+
+
+# --- hostile manifests: each mutates the real one ------------------------------------------
+
+
+def set_path(doc: dict, path: str, value) -> None:
+    """Set `a.b[2].c` in `doc`; `value is DELETE` deletes it."""
+    parts = [
+        int(p) if p.isdigit() else p for p in path.replace("[", ".").replace("]", "").split(".")
+    ]
+    target = doc
+    for part in parts[:-1]:
+        target = target[part]
+    if value is DELETE:
+        del target[parts[-1]]
+    else:
+        target[parts[-1]] = value
+
+
+DELETE = object()
+# (field to set, value, field the error must name)
+FIELD_CASES = {
+    # names that would open files outside the dataset's directory, or odd ones
+    "parent escape": (f"{TAR1}.name", "../outside/secret.tar", f"{TAR1}.name"),
+    "deep parent escape": (f"{TAR1}.name", "../../../../etc/hostname", f"{TAR1}.name"),
+    "absolute path": (f"{TAR1}.name", "/etc/passwd", f"{TAR1}.name"),
+    "absolute tar": (f"{TAR1}.name", "/tmp/x.tar", f"{TAR1}.name"),
+    "scheme": (f"{TAR1}.name", "s3://other/x.tar", f"{TAR1}.name"),
+    "scheme without slashes": (f"{TAR1}.name", "file:x.tar", f"{TAR1}.name"),
+    "backslash": (f"{TAR1}.name", "..\\outside\\x.tar", f"{TAR1}.name"),
+    "subdirectory": (f"{TAR1}.name", "sub/x.tar", f"{TAR1}.name"),
+    "hidden": (f"{TAR1}.name", ".hidden.tar", f"{TAR1}.name"),
+    "dot": (f"{TAR1}.name", ".", f"{TAR1}.name"),
+    "dotdot": (f"{TAR1}.name", "..", f"{TAR1}.name"),
+    "empty name": (f"{TAR1}.name", "", f"{TAR1}.name"),
+    "NUL in name": (f"{TAR1}.name", "x\x00.tar", f"{TAR1}.name"),
+    "newline in name": (f"{TAR1}.name", "x\n.tar", f"{TAR1}.name"),
+    "long name": (f"{TAR1}.name", "x" * 300 + ".tar", f"{TAR1}.name"),
+    "wrong suffix": (f"{TAR1}.name", "train-000001.parquet", f"{TAR1}.name"),
+    "no suffix": (f"{TAR1}.name", "train-000001", f"{TAR1}.name"),
+    "duplicate name": (f"{TAR1}.name", "train-000000.tar", f"{TAR1}.name"),
+    "name not a string": (f"{TAR1}.name", 7, f"{TAR1}.name"),
+    "name missing": (f"{TAR1}.name", DELETE, f"{TAR1}.name"),
+    # counts
+    "negative count": (f"{SHARD0}.samples", -1, f"{SHARD0}.samples"),
+    "bool count": (f"{SHARD0}.samples", True, f"{SHARD0}.samples"),
+    "float count": (f"{SHARD0}.samples", 4.0, f"{SHARD0}.samples"),
+    "string count": (f"{SHARD0}.samples", "4", f"{SHARD0}.samples"),
+    "null count": (f"{SHARD0}.samples", None, f"{SHARD0}.samples"),
+    "huge count": (f"{SHARD0}.samples", 10**10, f"{SHARD0}.samples"),
+    "count missing": (f"{SHARD0}.samples", DELETE, f"{SHARD0}.samples"),
+    "shard count sums wrong": (f"{SHARD0}.samples", 3, f"{SHARD0}.class_counts"),
+    "split count sums wrong": ("splits.train.samples", 11, "splits.train.samples"),
+    "negative split count": ("splits.train.samples", -10, "splits.train.samples"),
+    "index out of order": (f"{SHARD1}.index", 0, f"{SHARD1}.index"),
+    "bool index": (f"{SHARD1}.index", True, f"{SHARD1}.index"),
+    "string index": (f"{SHARD1}.index", "1", f"{SHARD1}.index"),
+    "class_counts too short": ("splits.train.class_counts", [10], "splits.train.class_counts"),
+    "class_counts bool": (f"{SHARD0}.class_counts", [True, 1, 2], f"{SHARD0}.class_counts[0]"),
+    "class_counts negative": (f"{SHARD0}.class_counts", [-1, 3, 2], f"{SHARD0}.class_counts[0]"),
+    "class_counts not a list": (f"{SHARD0}.class_counts", 4, f"{SHARD0}.class_counts"),
+    "bytes negative": (f"{TAR1}.bytes", -1, f"{TAR1}.bytes"),
+    "bytes string": (f"{TAR1}.bytes", "20480", f"{TAR1}.bytes"),
+    "bytes huge": (f"{TAR1}.bytes", 2**60, f"{TAR1}.bytes"),
+    "sha256 upper case": (f"{TAR1}.sha256", "A" * 64, f"{TAR1}.sha256"),
+    "sha256 short": (f"{TAR1}.sha256", "a" * 63, f"{TAR1}.sha256"),
+    "sha256 number": (f"{TAR1}.sha256", 0, f"{TAR1}.sha256"),
+    "inputs wrong": ("inputs", 13, "inputs"),
+    "inputs float": ("inputs", 12.0, "inputs"),
+    "inputs missing": ("inputs", DELETE, "inputs"),
+    "written wrong": ("written", 11, "written"),
+    "skipped negative": ("skipped", {"decode_error": -1}, "skipped.decode_error"),
+    "skipped odd reason": ("skipped", {"a b\n": "1"}, 'skipped["a b\\n"]'),
+    "skipped list": ("skipped", [], "skipped"),
+    # formats and files
+    "unknown format": ("formats", ["tar", "zip"], "formats[1]"),
+    "no formats": ("formats", [], "formats"),
+    "format twice": ("formats", ["tar", "tar"], "formats[1]"),
+    "formats a string": ("formats", "tar", "formats"),
+    "file for an unknown format": (f"{SHARD1}.files.zip", {}, f"{SHARD1}.files.zip"),
+    "file missing for a format": (f"{SHARD1}.files.parquet", DELETE, f"{SHARD1}.files"),
+    "files a list": (f"{SHARD1}.files", [], f"{SHARD1}.files"),
+    "file a string": (TAR1, "train-000001.tar", TAR1),
+    "file with extra key": (f"{TAR1}.mode", 0o777, f"{TAR1}.mode"),
+    # everything else
+    "image field": ("image_field", "exe", "image_field"),
+    "class not a string": ("classes", ["a", 1, "c"], "classes[1]"),
+    "class twice": ("classes", ["a", "b", "a"], "classes[2]"),
+    "classes a string": ("classes", "abc", "classes"),
+    "format": ("format", "webdataset", "format"),
+    "version": ("version", 2, "version"),
+    "version bool": ("version", True, "version"),
+    "version string": ("version", "1", "version"),
+    "unknown top-level key": ("extra", 1, "extra"),
+    "unknown shard key": (f"{SHARD0}.extra", 1, f"{SHARD0}.extra"),
+    "splits a list": ("splits", [], "splits"),
+    "split a list": ("splits.train", [], "splits.train"),
+    "split name empty": ("splits.", {"samples": 0, "class_counts": [], "shards": []}, 'splits[""]'),
+    "shards a dict": ("splits.train.shards", {}, "splits.train.shards"),
+    "shard a list": (SHARD1, [], SHARD1),
+    "patterns a list": ("splits.train.patterns", [], "splits.train.patterns"),
+    "config a list": ("config", [], "config"),
+    "config too deep": ("config", json.loads("[" * 40 + "]" * 40), "config"),
+}
+
+
+@pytest.mark.parametrize("case", FIELD_CASES.values(), ids=FIELD_CASES.keys())
+def test_hostile_field_is_one_manifest_error_naming_source_and_field(doc, case):
+    path, value, field = case
+    if path == "splits.":
+        doc["splits"][""] = value
+    elif path == "config" and isinstance(value, list) and value:
+        doc["config"]["deep"] = value
+        field = "config.deep" + "[0]" * 31
+    else:
+        set_path(doc, path, value)
+    error = assert_rejected(json.dumps(doc), field)
+    if path == "version":
+        assert "upgrade" in str(error)
+
+
+def test_count_above_what_the_shard_file_can_hold_is_refused(doc):
+    shard = doc["splits"]["train"]["shards"][0]
+    capacity = shard["files"]["tar"]["bytes"] // 512  # a tar sample takes a header block
+    shard["samples"] = capacity + 1
+    error = assert_rejected(json.dumps(doc), f"{SHARD0}.samples")
+    assert "more than a" in str(error)
+
+
+def test_version_message_keeps_its_advice(doc):
+    doc["version"] = 7
+    message = str(assert_rejected(json.dumps(doc), "version"))
+    assert "manifest version 7; this code reads version 1" in message and "upgrade" in message
+
+
+def test_split_class_counts_must_be_the_sums_of_the_shards(doc):
+    counts = doc["splits"]["train"]["class_counts"]
+    low, high = min(range(3), key=counts.__getitem__), max(range(3), key=counts.__getitem__)
+    counts[low], counts[high] = counts[high], counts[low]  # same total, wrong per class
+    assert_rejected(json.dumps(doc), f"splits.train.class_counts[{min(low, high)}]")
+
+
+def marked(doc: dict, path: str, raw: str) -> str:
+    """The manifest's text with the value at `path` replaced by raw JSON text."""
+    set_path(doc, path, "@@MARK@@")
+    return json.dumps(doc, indent=1).replace('"@@MARK@@"', raw)
+
+
+TEXT_CASES = {
+    "NaN count": (f"{SHARD0}.samples", "NaN", f"{SHARD0}.samples"),
+    "Infinity bytes": (f"{TAR1}.bytes", "Infinity", f"{TAR1}.bytes"),
+    "-Infinity in config": ("config.seed", "-Infinity", "config.seed"),
+    "float overflowing to inf": ("config.seed", "1e999", "config.seed"),
+    "duplicate format key": (
+        f"{SHARD1}.files",
+        '{"tar": {"name": "a.tar", "bytes": 1, "sha256": "%s"}, "tar": 1}' % ("0" * 64),
+        f"{SHARD1}.files",
+    ),
+    "duplicate key in config": ("config", '{"seed": 1, "seed": 2}', "config"),
+    "integer of 5000 digits": (f"{SHARD0}.samples", "1" * 5000, "(file)"),
+    "deep nesting in config": ("config.seed", "[" * 100_000 + "]" * 100_000, "(file)"),
+}
+
+
+@pytest.mark.parametrize("case", TEXT_CASES.values(), ids=TEXT_CASES.keys())
+def test_hostile_json_is_one_manifest_error(doc, case):
+    path, raw, field = case
+    assert_rejected(marked(doc, path, raw), field)
+
+
+def test_duplicate_top_level_key_is_refused(valid_text):
+    text = valid_text.replace('"version": 1,', '"version": 1,\n "version": 1,', 1)
+    error = assert_rejected(text, "(top level)")
+    assert '"version" more than once' in str(error)
+
+
+WHOLE_FILE_CASES = {
+    "deep list": "[" * 100_000 + "]" * 100_000,
+    "deep object": '{"a":' * 100_000 + "1" + "}" * 100_000,
+    "not JSON": "hello",
+    "empty": "",
+    "truncated": '{"format": "shardpipe-manifest", "vers',
+    "byte order mark": "\ufeff{}",
+    "invalid UTF-8": b'{"format": "shardpipe-manifest", "classes": ["\xff\xfe"]}',
+    "UTF-16": '{"format": 1}'.encode("utf-16"),
+    "trailing garbage": '{"format": "shardpipe-manifest"} x',
+}
+
+
+@pytest.mark.parametrize("text", WHOLE_FILE_CASES.values(), ids=WHOLE_FILE_CASES.keys())
+def test_unreadable_file_is_one_manifest_error(text):
+    assert_rejected(text, "(file)")
+
+
+@pytest.mark.parametrize("top", ["[]", "NaN", "1", '"manifest"', "null", "true"])
+def test_top_level_must_be_an_object(top):
+    assert_rejected(top, "(top level)")
+
+
+# --- seeded mutation fuzzing ---------------------------------------------------------------
+
+HOSTILE_STRINGS = [
+    "",
+    ".",
+    "..",
+    "../x.tar",
+    "/etc/passwd",
+    "s3://b/x.tar",
+    "x.tar",
+    "x.parquet",
+    "\x00",
+    "\ud800",
+    "tar",
+    "parquet",
+    "jpg",
+    "a" * 70,
+    "0" * 64,
+    "shardpipe-manifest",
+]
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(9 if depth < 2 else 6)
+    if kind == 0:
+        return rng.choice([0, 1, -1, 2**31, 2**63, 10**10, 10**30, -(10**20)])
+    if kind == 1:
+        return rng.randrange(-5, 50)
+    if kind == 2:
+        return rng.choice([0.0, 1.5, -2.0, float("nan"), float("inf"), 1e300])
+    if kind == 3:
+        return rng.choice([True, False, None])
+    if kind in (4, 5):
+        return rng.choice(HOSTILE_STRINGS)
+    if kind in (6, 7):
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = ["name", "bytes", "sha256", "samples", "index", "tar", "x"]
+    return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def all_paths(value, prefix=()):
+    """Every (container path, key) in a JSON document, in document order."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        yield prefix, key
+        if isinstance(child, (dict, list)):
+            yield from all_paths(child, (*prefix, key))
+
+
+def mutate(rng: random.Random, doc: dict) -> str | bytes:
+    paths = list(all_paths(doc))
+    prefix, key = rng.choice(paths)
+    target = doc
+    for part in prefix:
+        target = target[part]
+    if rng.random() < 0.25:
+        del target[key]
+    else:
+        target[key] = random_value(rng)
+    text = json.dumps(doc, indent=1)
+    if rng.random() < 0.1:  # and sometimes damage the bytes themselves
+        data = bytearray(text.encode("utf-8"))
+        data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data[: rng.randrange(len(data) // 2, len(data) + 1)])
+    return text
+
+
+def assert_safe(manifest: Manifest) -> None:
+    """What every manifest that loads promises the loader."""
+    assert load(manifest.to_json()) == manifest
+    names = [f.name for s in manifest.splits.values() for sh in s.shards for f in sh.files.values()]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert "/" not in name and "\\" not in name and ":" not in name
+        assert not name.startswith(".") and name.isprintable()
+    for split in manifest.splits.values():
+        assert split.samples == sum(s.samples for s in split.shards)
+        for shard in split.shards:
+            assert type(shard.samples) is int and shard.samples >= 0
+            assert all(
+                shard.samples <= f.bytes // 512 or f.name.endswith(".parquet")
+                for f in shard.files.values()
+            )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mutated_manifests_load_safely_or_raise_one_manifest_error(valid_text, seed):
+    rng = random.Random(seed)
+    base = json.loads(valid_text)
+    rejected = 0
+    for _ in range(100):
+        text = mutate(rng, copy.deepcopy(base))
+        try:
+            manifest = load(text)
+        except ManifestError as error:
+            rejected += 1
+            assert type(error) is ManifestError
+            assert str(error).startswith(f"{REDACTED}: {error.field}: ")
+            assert SECRET not in str(error)
+            continue
+        assert_safe(manifest)
+    assert rejected > 50  # the mutator does reach the checks
