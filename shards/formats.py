@@ -55,6 +55,8 @@ class ShardFormat:
         open_writer: `(fileobj, image_field, row_group_size) -> ShardWriter`.
         iter_samples: the reader; see the module docstring for its contract.
         count_samples: `(stream, url, limits) -> int`, headers or footer only.
+        sample_bytes: `(sample) -> int`, the bytes one sample adds to a file of this
+            format (exact for tar; the payload for Parquet), for sizing shards.
     """
 
     name: str
@@ -64,6 +66,7 @@ class ShardFormat:
     open_writer: Callable[[BinaryIO, str, int], ShardWriter]
     iter_samples: Callable[..., Iterator[Sample]]
     count_samples: Callable[[Any, str, ReadLimits], int]
+    sample_bytes: Callable[[Sample], int]
 
 
 def _tar_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
@@ -72,6 +75,19 @@ def _tar_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> Sha
 
 def _parquet_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
     return parquet.ParquetShardWriter(fileobj, image_field, row_group_size)
+
+
+def _tar_sample_bytes(sample: Sample) -> int:
+    key = sample["__key__"]
+    return sum(
+        len(tar.member_header(f"{key}.{name}", len(data))) + len(data) + (-len(data) % tar.BLOCK)
+        for name, data in sample.items()
+        if not name.startswith("__")
+    )
+
+
+def _payload_bytes(sample: Sample) -> int:
+    return sum(len(data) for name, data in sample.items() if not name.startswith("__"))
 
 
 TAR = ShardFormat(
@@ -83,6 +99,7 @@ TAR = ShardFormat(
     open_writer=_tar_writer,
     iter_samples=tar.iter_tar_samples,
     count_samples=tar.count_tar_samples,
+    sample_bytes=_tar_sample_bytes,
 )
 PARQUET = ShardFormat(
     name="parquet",
@@ -92,6 +109,7 @@ PARQUET = ShardFormat(
     open_writer=_parquet_writer,
     iter_samples=parquet.iter_parquet_samples,
     count_samples=parquet.count_parquet_samples,
+    sample_bytes=_payload_bytes,
 )
 FORMATS: dict[str, ShardFormat] = {fmt.name: fmt for fmt in (TAR, PARQUET)}
 FORMAT_NAMES = tuple(FORMATS)

@@ -379,7 +379,7 @@ def iter_parquet_samples(
 
     A null key, image or cls cell, a key that is not UTF-8 and a cell over
     `limits.member_bytes` make their row a sample with `__error__` set to a
-    `SampleError` (`null_cell`, `non_utf8_key`, `member_too_large`).
+    `SampleError` (`null_cell`, `bad_name`, `member_too_large`).
     """
     _check_window(start, stop, declared)
     with _open_source(source) as stream:
@@ -514,7 +514,7 @@ def _sample(cells: dict, index: int, url: str, limits: ReadLimits) -> Sample:
             key = raw_key.decode("utf-8")
         except UnicodeDecodeError:
             key = raw_key.decode("utf-8", "backslashreplace")
-            error = SampleError("non_utf8_key", f"row {index} of {url}: key {key} is not UTF-8")
+            error = SampleError("bad_name", f"row {index} of {url}: key {key} is not UTF-8")
     else:
         key = f"<row {index}>"
         error = _cell_error("__key__", raw_key, index, url, limits)
@@ -538,12 +538,6 @@ def _cell_error(
             "member_too_large", f"{where} is {value.size} bytes (cap {limits.member_bytes})"
         )
     return SampleError("null_cell", f"{where} is null")
-
-
-def parquet_row_groups(source: BinaryIO | str) -> list[int]:
-    """Row counts of each row group; lets a loader split a shard by row group."""
-    meta = pq.ParquetFile(source).metadata
-    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
 
 
 def count_parquet_samples(

@@ -288,7 +288,7 @@ def test_key_that_is_not_utf8_is_a_counted_skip():
     key = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"".join(raw))])
     got = read(write_table({"__key__": key, "jpg": [b"1", b"2"], "cls": [1, 2]}))
     assert "__error__" not in got[0] and got[0]["__key__"] == "ok"
-    assert got[1]["__error__"].reason == "non_utf8_key"
+    assert got[1]["__error__"].reason == "bad_name"
     assert got[1]["__key__"] == "\\xff\\xfe"
 
 
