@@ -10,6 +10,7 @@ step to the end of the epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import random
@@ -19,13 +20,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.batchring import BatchRing, SlotBatch
-from pipeline.decode import decode_label, image_field_of
-from pipeline.opener import RetryPolicy, open_stream
+from pipeline.checksum import open_shard
+from pipeline.opener import RetryPolicy
 from pipeline.plan import (
     Partition,
     Piece,
@@ -38,14 +38,15 @@ from pipeline.plan import (
 )
 from pipeline.resume import Segment, remaining_after, roles_consumed, worker_positions
 from pipeline.sources import ShardSpec
-from shards.parquet import iter_parquet_samples
-from shards.sample import IMAGE_FIELDS, Sample, SampleError
-from shards.tar import TarFormatError, iter_tar_samples
+from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.sample import IMAGE_FIELDS, Sample, SampleError, decode_label, image_field_of
 
 log = logging.getLogger("pipeline")
 
-# Data errors: skipped and counted. Anything else (TypeError, ...) is a bug and propagates.
-SHARD_ERRORS = (OSError, TarFormatError, SampleError, EOFError, pa.ArrowException)
+# A bad shard (its bytes, or the manifest's promises about it) and a shard that could not
+# be read (ShardReadError and other I/O errors) cost that shard's unread samples, counted.
+# Anything else a reader raises (TypeError, ...) is a bug and propagates.
+SHARD_ERRORS = (ShardError, OSError)
 LOG_EVERY = 100
 RESERVE_SIZE = 32
 MAX_FRUITLESS_READS = 100_000
@@ -67,6 +68,7 @@ class WorkerStats:
     worker: int = 0
     samples: int = 0
     skipped: Counter = field(default_factory=Counter)
+    bad_shards: Counter = field(default_factory=Counter)  # reason -> shards
     refilled: int = 0
     decode_s: float = 0.0
     budget: int = 10  # skips allowed before the worker stops
@@ -76,6 +78,7 @@ class WorkerStats:
             "worker": self.worker,
             "samples": self.samples,
             "skipped": dict(self.skipped),
+            "bad_shards": dict(self.bad_shards),
             "refilled": self.refilled,
             "decode_s": self.decode_s,
         }
@@ -141,6 +144,8 @@ class StreamSettings:
     storage_options: dict | None = field(default=None, repr=False)
     epoch_samples: int | None = None  # set: resampled mode with this many samples per epoch
     class_weights: tuple[float, ...] | None = None  # resampled mode: keep-probability per class
+    verify_checksums: bool = False  # hash each shard against the manifest before reading it
+    limits: ReadLimits = DEFAULT_LIMITS
 
 
 class ShardStream(IterableDataset):
@@ -257,32 +262,30 @@ class ShardStream(IterableDataset):
                     delivered += 1
                     yield sample
             except SHARD_ERRORS as error:
-                # Our SampleError reasons are slugs; anything else (a ShardReadError's
-                # free-text reason, a TarFormatError) is counted as an unreadable shard.
-                reason = error.reason if isinstance(error, SampleError) else "shard_unreadable"
+                reason = error.reason if isinstance(error, ShardError) else "shard_unreadable"
                 lost = piece.stop - piece.start - delivered
-                log.warning("shard %s: %s; skipping its %d unread samples", spec.url, error, lost)
-                count_skips(stats, reason, lost, f"shard {spec.url}")
+                stats.bad_shards[reason] += 1
+                # Errors name the shard by its redacted URL (ShardError, ShardReadError).
+                log.warning("%s; %d of its planned samples not read", error, lost)
+                if lost:
+                    count_skips(stats, reason, lost, f"shard {spec.display}")
 
     def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
+        """Samples `[start, stop)` of one shard, capped by what its manifest entry says."""
         s = self.settings
-        random_access = spec.fmt == "parquet"  # Parquet reads its footer, then row groups
-        with open_stream(
-            spec.url, s.retry, storage_options=s.storage_options, random_access=random_access
-        ) as stream:
-            if spec.fmt == "parquet":
-                yield from iter_parquet_samples(stream, spec.url, start, stop, fields=STREAM_FIELDS)
-                return
-            delivered = 0
-            for sample in iter_tar_samples(stream, spec.url, fields=STREAM_FIELDS, start=start):
-                if start + delivered >= stop:
-                    return
-                delivered += 1
-                yield sample
-            if start + delivered < stop:
-                raise SampleError(
-                    "shard_short", f"{spec.url} has fewer samples than its manifest says"
-                )
+        limits = s.limits
+        if spec.bytes is not None:
+            limits = dataclasses.replace(limits, shard_bytes=max(1, spec.bytes))
+        with open_shard(spec, s.retry, s.storage_options, s.verify_checksums) as stream:
+            yield from spec.format.iter_samples(
+                stream,
+                spec.url,
+                start,
+                stop,
+                fields=STREAM_FIELDS,
+                limits=limits,
+                declared=spec.samples,
+            )
 
     def iter_batches(
         self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats

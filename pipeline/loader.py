@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -25,6 +25,8 @@ from pipeline.resume import Segment, remaining_after
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
+from shards.errors import ReadLimits
+from shards.redact import redact_url
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
@@ -72,6 +74,15 @@ class LoaderConfig:
         max_skip_fraction: bad samples a worker may skip before it stops.
         timeout: seconds to wait for one batch from a worker before raising
             (a stuck, not dead, worker; dead ones raise at once). 0 waits forever.
+            Default: the retry policy's per-shard deadline plus two stall limits, so
+            a shard that stalls ends as a counted bad shard naming its URL before
+            this watchdog (which cannot name one) fires.
+        verify_checksums: hash every shard against the manifest's sha256 before
+            reading it; a mismatch makes it a bad shard (counted, never half-read).
+            Costs one extra read of local shards (page cache) or a spool to a
+            temporary file for remote ones; see docs/RELIABILITY.md for the cost.
+        read_limits: caps on one shard read (member and cell bytes, members, bytes,
+            Parquet row-group size); the manifest's byte count caps each shard too.
         storage_options: fsspec options for object stores (e.g. endpoint_url).
         resampled: draw samples with replacement (shards weighted by size)
             instead of reading each once; an epoch is `epoch_samples` samples.
@@ -110,10 +121,23 @@ class LoaderConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # repr=False: credentials put here must not leak wherever a config is logged.
     storage_options: dict | None = field(default=None, repr=False)
-    timeout: float = 600.0
+    timeout: float | None = None
+    verify_checksums: bool = False
+    read_limits: ReadLimits = field(default_factory=ReadLimits)
     resampled: bool = False
     epoch_samples: int | None = None
     class_balance: bool = False
+
+    def __repr__(self) -> str:
+        # Source URLs may carry credentials (`user:password@`, presigned signatures).
+        parts = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "source":
+                value = redact_source(value)
+            if item.repr:
+                parts.append(f"{item.name}={value!r}")
+        return f"LoaderConfig({', '.join(parts)})"
 
     @property
     def is_train(self) -> bool:
@@ -130,6 +154,15 @@ def build_loader(config: LoaderConfig) -> ShardLoader:
         storage_options=config.storage_options,
     )
     return ShardLoader(config, source)
+
+
+def redact_source(source: Any) -> Any:
+    """A loader source with every URL in it redacted, for reprs and logs."""
+    if isinstance(source, (str, os.PathLike)):
+        return redact_url(os.fspath(source))
+    if isinstance(source, Sequence):
+        return [redact_url(os.fspath(item)) for item in source]
+    return source
 
 
 def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -169,6 +202,8 @@ class ShardLoader:
             storage_options=config.storage_options,
             epoch_samples=self.epoch_samples_for(config, source),
             class_weights=class_weights(source) if config.class_balance else None,
+            verify_checksums=config.verify_checksums,
+            limits=config.read_limits,
         )
         self.settings = settings
         self.shared = SharedState()
@@ -253,10 +288,17 @@ class ShardLoader:
                 pin_memory=torch.cuda.is_available() if c.pin_memory is None else c.pin_memory,
                 prefetch_factor=c.prefetch_factor if workers else None,
                 persistent_workers=c.persistent_workers and workers > 0,
-                timeout=c.timeout if workers else 0,  # torch allows a timeout only with workers
+                timeout=self.batch_timeout() if workers else 0,  # torch needs workers for it
                 worker_init_fn=seed_worker,
             )
         return self._loader
+
+    def batch_timeout(self) -> float:
+        """Seconds the DataLoader waits for one batch: see `LoaderConfig.timeout`."""
+        if self.config.timeout is not None:
+            return self.config.timeout
+        retry = self.config.retry
+        return retry.deadline + 2 * retry.timeout
 
     def batches_remaining(self) -> int:
         part = self.partition()
@@ -352,6 +394,21 @@ def seed_worker(worker_id: int) -> None:
 
 
 def log_epoch_plan(loader: ShardLoader) -> None:
+    source = loader.source
+    if source.unreadable:
+        log.warning(
+            "%d shards could not be read and are left out of every epoch (first: %s: %s)",
+            len(source.unreadable),
+            *source.unreadable[0],
+        )
+    unchecked = sum(s.sha256 is None for s in source.shards)
+    if loader.config.verify_checksums and unchecked:
+        log.warning(
+            "verify_checksums: %d of %d shards have no recorded sha256 (no manifest) and are "
+            "read unchecked",
+            unchecked,
+            len(source.shards),
+        )
     part = loader.partition()
     total = loader.epoch_total
     index, padded = rank_slice(total, part, loader.rank)

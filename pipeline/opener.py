@@ -21,6 +21,7 @@ import os
 import random
 import re
 import ssl
+import stat
 import threading
 import time
 import zlib
@@ -267,10 +268,13 @@ def open_stream(
             per position), as Parquet readers need; for object stores, pick a
             block cache suited to random rather than sequential reads.
         expected_size: the shard's byte count when the caller knows it (the
-            manifest's). A file, server or store reporting another size
-            (`os.fstat`, `Content-Length`, `Content-Range` total, object size)
-            fails at open; a body sent without a size ends at `expected_size`,
-            and one that keeps going past it fails instead of being read on.
+            manifest's): the most that is read. A file, server or store reporting
+            a larger size (`os.fstat`, `Content-Length`, `Content-Range` total,
+            object size) fails at open, since that is not the shard the manifest
+            describes; a smaller one is read to its end, where the shard reader
+            reports the truncation, so a cut shard costs only its missing rest. A
+            body sent without a size ends at `expected_size`, and one that keeps
+            going past it fails instead of being read on.
 
     Returns:
         A readable binary file object; close it when done. Local and object-store
@@ -284,7 +288,7 @@ def open_stream(
     Raises:
         ValueError: the URL is not allowed, or `expected_size` is negative.
         ShardReadError: the shard could not be opened, after retries where useful,
-            or its size is not `expected_size`. Every message holds the URL
+            or it is larger than `expected_size`. Every message holds the URL
             redacted, never its credentials.
         ImportError: the fsspec backend for the scheme (s3fs, gcsfs) is missing.
     """
@@ -304,20 +308,33 @@ def open_stream(
 
 
 def _open_local(url: str, expected_size: int | None) -> BinaryIO:
+    """Open a local shard; only a regular file is one.
+
+    Opened non-blocking first, so a FIFO or device planted under a shard's name is
+    refused at once instead of blocking the worker in `open()` forever.
+    """
     try:
-        file = open(url, "rb", buffering=LOCAL_BUFFER_SIZE)  # noqa: SIM115 - caller closes
-        size = os.fstat(file.fileno()).st_size
+        fd = os.open(url, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ShardReadError(url, f"{type(exc).__name__}: {exc.strerror or exc}") from exc
-    if expected_size is not None and size != expected_size:
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ShardReadError(url, "not a regular file (a FIFO, device or directory)")
+        os.set_blocking(fd, True)
+        file = open(fd, "rb", buffering=LOCAL_BUFFER_SIZE, closefd=True)  # noqa: SIM115
+    except BaseException:
+        os.close(fd)
+        raise
+    if expected_size is not None and status.st_size > expected_size:
         file.close()
-        raise ShardReadError(url, _size_mismatch(size, expected_size))
+        raise ShardReadError(url, _size_mismatch(status.st_size, expected_size))
     return file
 
 
 def _size_mismatch(size: int, expected: int) -> str:
     return (
-        f"the shard is {size} bytes, the manifest says {expected}: "
+        f"the shard is {size} bytes, more than the manifest's {expected}: "
         "the shard changed or the URL is wrong"
     )
 
@@ -546,11 +563,11 @@ class _RetryingReader(io.RawIOBase):
         """Whether a new connection reads the object the first one did, which fixes it.
 
         Raises:
-            ShardReadError: the first connection reports a size other than
+            ShardReadError: the first connection reports a size larger than
                 `expected_size`.
         """
         if self._first:
-            if self.expected_size is not None and size is not None and size != self.expected_size:
+            if self.expected_size is not None and size is not None and size > self.expected_size:
                 raise ShardReadError(self._url, _size_mismatch(size, self.expected_size))
             self._first = False
             self._reported, self._etag = size, etag

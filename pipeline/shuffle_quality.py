@@ -15,17 +15,17 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from pipeline.checksum import open_shard
 from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
-from pipeline.opener import RetryPolicy, open_stream
+from pipeline.opener import RetryPolicy
 from pipeline.plan import Partition, shard_order, shuffle_buffer, worker_rng
 from pipeline.resume import worker_positions
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
+from shards.errors import ShardError
+from shards.formats import FORMATS
 from shards.sample import SampleError, decode_label
-from shards.tar import TarFormatError, iter_tar_samples
 
 LABEL_FIELDS = frozenset({"cls"})
 METRICS = ("same_class_rate", "batch_tv", "position_ks")
@@ -310,13 +310,14 @@ def label_source(source: ResolvedSource, config: LoaderConfig) -> ResolvedSource
 
     Parquet gives the labels by reading one small column; tar shards must be read through.
     """
-    if source.manifest_url is None or not source.shards or source.shards[0].fmt != "tar":
+    if source.manifest_url is None or not source.shards or source.shards[0].format.random_access:
         return source
+    columnar = next(fmt.name for fmt in FORMATS.values() if fmt.random_access)
     try:
         twin = resolve_source(
             source.manifest_url,
             config.split,
-            "parquet",
+            columnar,
             retry=config.retry,
             storage_options=config.storage_options,
         )
@@ -347,26 +348,19 @@ def read_shard_labels(
         LabelReadError: unreadable shard or label, or a count unlike the manifest's.
     """
     try:
-        with open_stream(
-            spec.url,
-            retry,
-            storage_options=storage_options,
-            random_access=spec.fmt == "parquet",
-        ) as stream:
-            if spec.fmt == "parquet":
-                column = pq.ParquetFile(stream).read(columns=["cls"]).column("cls")
-                labels = column.to_numpy().astype(np.int64)
-            else:
-                samples = iter_tar_samples(stream, spec.url, fields=LABEL_FIELDS)
-                labels = np.fromiter((decode_label(s) for s in samples), dtype=np.int64)
-    except (OSError, TarFormatError, SampleError, pa.ArrowException) as error:
+        with open_shard(spec, retry, storage_options) as stream:
+            samples = spec.format.iter_samples(
+                stream, spec.url, fields=LABEL_FIELDS, declared=spec.samples
+            )
+            labels = np.fromiter((decode_label(s) for s in samples), dtype=np.int64)
+    except (OSError, ShardError, SampleError) as error:
         raise LabelReadError(
-            f"cannot read the labels of {spec.url}: {error}; check the shards with "
+            f"cannot read the labels of {spec.display}: {error}; check the shards with "
             "`preprocess verify`"
         ) from error
     if len(labels) != spec.samples:
         raise LabelReadError(
-            f"{spec.url} holds {len(labels)} labelled samples but its manifest says "
+            f"{spec.display} holds {len(labels)} labelled samples but its manifest says "
             f"{spec.samples}; check the shards with `preprocess verify`"
         )
     return labels

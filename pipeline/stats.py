@@ -57,6 +57,14 @@ class LoaderStats:
         return total
 
     @property
+    def bad_shards(self) -> Counter:
+        """Shards (reads of one piece) that failed, by reason: corrupt, short, long, ..."""
+        total: Counter = Counter()
+        for worker in self.workers.values():
+            total.update(worker.get("bad_shards", {}))
+        return total
+
+    @property
     def refilled(self) -> int:
         return sum(w["refilled"] for w in self.workers.values())
 
@@ -68,5 +76,6 @@ class LoaderStats:
             "images_per_s": self.images_per_s,
             "wait_s": self.wait_s,
             "skipped": dict(self.skipped),
+            "bad_shards": dict(self.bad_shards),
             "refilled": self.refilled,
         }

@@ -40,8 +40,6 @@ HTTP_SCHEMES = frozenset({"http", "https"})
 FSSPEC_SCHEMES = frozenset({"s3", "gs"})
 ALLOWED_SCHEMES = LOCAL_SCHEMES | HTTP_SCHEMES | FSSPEC_SCHEMES
 
-SHARD_FORMATS = {".tar": "tar", ".parquet": "parquet"}
-
 # A scheme needs at least two characters so that nothing looks like a drive letter.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -55,25 +53,6 @@ def url_scheme(url: str) -> str:
     """Return the lower-case scheme of `url`, or `""` for a plain local path."""
     match = _SCHEME.match(url)
     return match.group(1).lower() if match else ""
-
-
-def url_suffix_format(url: str) -> str:
-    """Return the shard format, `"tar"` or `"parquet"`, from the URL's path suffix.
-
-    The query string and fragment of remote URLs are ignored.
-
-    Raises:
-        ValueError: the suffix is neither `.tar` nor `.parquet` (compressed
-            `.tar.gz` shards are not supported: we never inflate data).
-    """
-    path = urlsplit(url).path if url_scheme(url) else url
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in SHARD_FORMATS:
-        raise ValueError(
-            f"cannot tell the shard format of {redact_url(url)!r}: "
-            f"the path must end in one of {sorted(SHARD_FORMATS)}"
-        )
-    return SHARD_FORMATS[suffix]
 
 
 def validate_url(
@@ -151,11 +130,17 @@ def _local_path(url: str, data_root: str | os.PathLike[str] | None) -> str:
 def _file_url_path(url: str) -> str:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise ValueError(f"file URL {url!r} names a remote host; only local files are allowed")
+        raise ValueError(
+            f"file URL {redact_url(url)!r} names a remote host; only local files are allowed"
+        )
     if not parts.path.startswith("/"):
-        raise ValueError(f"file URL {url!r} needs an absolute path, as in file:///data/x.tar")
+        raise ValueError(
+            f"file URL {redact_url(url)!r} needs an absolute path, as in file:///data/x.tar"
+        )
     if parts.query or parts.fragment:
-        raise ValueError(f"file URL {url!r} has a query or fragment; percent-encode '?' and '#'")
+        raise ValueError(
+            f"file URL {redact_url(url)!r} has a query or fragment; percent-encode '?' and '#'"
+        )
     # RFC 8089: the path of a file URL is percent-encoded.
     return unquote(parts.path)
 

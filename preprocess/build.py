@@ -340,10 +340,17 @@ def load_complete_shard(store: OutputStore, task: ShardTask, digest: str) -> Sha
         document = json.loads(store.read_bytes(marker_name(task)).decode("utf-8"))
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
-    if document.get("digest") != digest:
+    if not isinstance(document, dict) or document.get("digest") != digest:
         return None
-    info = ShardInfo.from_dict(document["info"])
-    etags = document.get("etags", {})
+    try:
+        # Markers are ours, but a disk can damage one: a marker of another shape is no
+        # marker, and the shard is simply rebuilt.
+        info = ShardInfo.from_dict(document["info"])
+        skipped = [Skip.from_dict(s) for s in document["skipped"]]
+        split = str(document["split"])
+        etags = dict(document.get("etags", {}))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
     for fmt, file in info.files.items():
         stored = store.info(file.name)
         if stored is None or stored.size != file.bytes:
@@ -352,5 +359,4 @@ def load_complete_shard(store: OutputStore, task: ShardTask, digest: str) -> Sha
             continue
         if store.sha256(file.name) != file.sha256:
             return None
-    skipped = [Skip.from_dict(s) for s in document["skipped"]]
-    return ShardResult(document["split"], info, skipped, reused=True)
+    return ShardResult(split, info, skipped, reused=True)

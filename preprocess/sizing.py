@@ -17,8 +17,8 @@ from preprocess.build import image_field, make_sample
 from preprocess.images import ImageConfig
 from preprocess.plan import PlannedSample, sample_key
 from preprocess.sources import InputError, SourceItem
+from shards.formats import TAR
 from shards.sample import SampleError
-from shards.tar import BLOCK
 
 PROBE_SIZE = 64
 _UNITS = {
@@ -50,15 +50,6 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def tar_bytes(sample: dict) -> int:
-    """What a sample takes in a tar shard: a header block per field, data padded to blocks."""
-    return sum(
-        BLOCK + len(data) + (-len(data) % BLOCK)
-        for name, data in sample.items()
-        if not name.startswith("__")
-    )
-
-
 def shard_size_for_bytes(items: list[SourceItem], target_bytes: int, image: ImageConfig) -> int:
     """Samples per shard that make tar shards of about `target_bytes`.
 
@@ -71,7 +62,9 @@ def shard_size_for_bytes(items: list[SourceItem], target_bytes: int, image: Imag
     for item in probe:
         planned = PlannedSample(sample_key(item.rel), item.path, item.rel, 0)
         try:
-            sizes.append(tar_bytes(make_sample(planned, item.split or "train", image, field)))
+            sizes.append(
+                TAR.sample_bytes(make_sample(planned, item.split or "train", image, field))
+            )
         except SampleError:
             continue  # a bad input is the build's to skip and report; the probe just moves on
     if not sizes:

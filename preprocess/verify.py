@@ -1,51 +1,84 @@
 """`preprocess verify` and `preprocess info`: check a shard directory against its manifest.
 
-Verify recomputes every file's size and sha256, reads every sample of every
-shard, opens each image's header, and checks that the formats hold the same
-keys and labels. It reports the first bad shard by name.
+Verify recomputes every file's size and sha256, reads every sample of every shard
+through the same readers the loader uses, and judges each sample as the loader
+would (`shards.imagedata.check_image`: the format allowlist, the pixel cap, a full
+decode), so a dataset it passes is read without a skip, and one it fails lists
+exactly what the loader will skip. It also checks that the formats hold the same
+keys and labels. Shard-level problems name the first bad shard.
 """
 
 from __future__ import annotations
 
-import io
-import tarfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image
-
+from shards.errors import ShardError
+from shards.formats import get_format
+from shards.imagedata import check_image
 from shards.io import file_sha256
 from shards.manifest import Manifest, ShardInfo, read_manifest
-from shards.parquet import iter_parquet_samples
-from shards.sample import SampleError
-from shards.tar import iter_tar_samples
+from shards.sample import IMAGE_FIELDS, SampleError, decode_label, image_field_of
+
+# What the loader reads of each sample; verify reads the same.
+LOADER_FIELDS = frozenset((*IMAGE_FIELDS, "cls"))
+MAX_EXAMPLES = 5
 
 
 class VerifyError(Exception):
-    """A shard does not match the manifest; the message names it."""
+    """A shard does not match the manifest, or holds samples the loader would skip."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class VerifyReport:
-    shards: int
-    files: int
-    samples: int
+    shards: int = 0
+    files: int = 0
+    samples: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> samples the loader skips
+    examples: list[str] = field(default_factory=list)
+
+    def record_skip(self, file_name: str, key: str, error: SampleError) -> None:
+        self.skipped[error.reason] += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"{file_name} sample {key}: {error}")
 
 
 def verify_directory(directory: str | Path, check_images: bool = True) -> VerifyReport:
-    """Check every shard listed in the manifest; raise `VerifyError` at the first bad one."""
+    """Check every shard listed in the manifest.
+
+    Raises:
+        VerifyError: at the first shard that does not match the manifest, or, after
+            reading everything, when some samples would be skipped by the loader
+            (the message counts them by reason and names the first few).
+    """
     directory = Path(directory)
     manifest = read_manifest(directory)
-    shards = files = samples = 0
+    report = VerifyReport()
     for split in manifest.splits.values():
         for shard in split.shards:
-            samples += verify_shard(directory, manifest, shard, check_images)
-            shards += 1
-            files += len(shard.files)
-    return VerifyReport(shards, files, samples)
+            report.samples += verify_shard(directory, manifest, shard, check_images, report)
+            report.shards += 1
+            report.files += len(shard.files)
+    if report.skipped:
+        total = sum(report.skipped.values())
+        reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
+        raise VerifyError(
+            f"{total} of {report.samples} samples would be skipped by the loader ({reasons}); "
+            f"e.g. {'; '.join(report.examples)}. Rebuild those shards from good inputs"
+        )
+    return report
 
 
-def verify_shard(directory: Path, manifest: Manifest, shard: ShardInfo, check_images: bool) -> int:
+def verify_shard(
+    directory: Path,
+    manifest: Manifest,
+    shard: ShardInfo,
+    check_images: bool,
+    report: VerifyReport | None = None,
+) -> int:
+    """Check one shard's files; returns its sample count. Skips go into `report`."""
+    report = report if report is not None else VerifyReport()
     contents = {}
     for fmt, file in shard.files.items():
         path = directory / file.name
@@ -58,11 +91,7 @@ def verify_shard(directory: Path, manifest: Manifest, shard: ShardInfo, check_im
             )
         if file_sha256(path) != file.sha256:
             raise VerifyError(f"{file.name}: checksum mismatch")
-        contents[fmt] = read_shard_index(path, fmt, manifest.image_field, check_images)
-        if len(contents[fmt]) != shard.samples:
-            raise VerifyError(
-                f"{file.name}: {len(contents[fmt])} samples, manifest says {shard.samples}"
-            )
+        contents[fmt] = read_shard_index(path, fmt, shard.samples, check_images, report)
     first, *others = contents.values()
     for fmt_contents in others:
         if fmt_contents != first:
@@ -71,25 +100,40 @@ def verify_shard(directory: Path, manifest: Manifest, shard: ShardInfo, check_im
 
 
 def read_shard_index(
-    path: Path, fmt: str, image_field: str, check_images: bool
-) -> list[tuple[str, bytes]]:
-    """(key, label) of every sample, opening each image's header when asked."""
+    path: Path, fmt: str, declared: int, check_images: bool, report: VerifyReport
+) -> list[tuple[str, int | None]]:
+    """(key, label) of every sample, judging each as the loader would.
+
+    Raises:
+        VerifyError: the shard is malformed, or holds another number of samples
+            than the manifest says (the loader reports those as `shard_short`/`shard_long`).
+    """
     entries = []
     try:
         with open(path, "rb") as stream:
-            reader = iter_tar_samples if fmt == "tar" else iter_parquet_samples
-            for sample in reader(stream, str(path)):
-                if image_field not in sample or "cls" not in sample or "__error__" in sample:
-                    raise VerifyError(f"{path.name}: sample {sample['__key__']} is incomplete")
-                if check_images:
-                    with Image.open(io.BytesIO(sample[image_field])) as image:
-                        image.size  # noqa: B018 - header parse only
-                entries.append((sample["__key__"], sample["cls"]))
-    except VerifyError:
-        raise
-    except (OSError, ValueError, SampleError, EOFError, tarfile.TarError) as error:
-        raise VerifyError(f"{path.name}: unreadable ({error})") from error
-    return entries
+            reader = get_format(fmt).iter_samples
+            for sample in reader(stream, str(path), fields=LOADER_FIELDS, declared=declared):
+                entries.append((sample["__key__"], judge_sample(sample, check_images)))
+    except ShardError as error:
+        raise VerifyError(f"{path.name}: {error.reason}: {error.detail}") from error
+    for key, label in entries:
+        if isinstance(label, SampleError):
+            report.record_skip(path.name, key, label)
+    return [(key, None if isinstance(label, SampleError) else label) for key, label in entries]
+
+
+def judge_sample(sample: dict, check_images: bool) -> int | SampleError:
+    """The sample's label, or the `SampleError` the loader would skip it for."""
+    try:
+        if "__error__" in sample:
+            raise sample["__error__"]
+        field_name = image_field_of(sample)
+        label = decode_label(sample)
+        if check_images:
+            check_image(sample[field_name])
+    except SampleError as error:
+        return error
+    return label
 
 
 def describe(manifest: Manifest) -> str:

@@ -3,7 +3,8 @@
 Train reads with drop_last and the `pad` epoch rule (equal batch counts on
 every rank); evaluation reads every sample exactly once across ranks (the
 loader's `uneven` rule, no drop_last). Keys are listed from the shards
-themselves: tar headers (seeking over the data) or the Parquet key column.
+themselves through the format registry: tar headers (seeking over the data) or
+the Parquet key column.
 """
 
 from __future__ import annotations
@@ -12,21 +13,16 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
 
-import pyarrow.parquet as pq
-
+from pipeline.checksum import open_shard
 from pipeline.loader import LoaderConfig, ShardLoader, build_loader
-from pipeline.opener import DEFAULT_RETRY, open_stream
+from pipeline.opener import DEFAULT_RETRY
 from pipeline.sources import ShardSpec, is_manifest_source
 from shards.redact import redact_url
-from shards.sample import ALLOWED_FIELDS
-from shards.tar import BLOCK, iter_tar_members, split_member_name
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
 
 log = logging.getLogger("trainers")
-SKIP_CHUNK = 1 << 20
 MAX_EXAMPLES = 5
 
 
@@ -93,34 +89,11 @@ def build_val_loader(config: TrainConfig, info: DistInfo) -> ShardLoader | None:
         return None
 
 
-def skip_bytes(stream: BinaryIO, count: int) -> None:
-    """Advance over `count` bytes: a seek when possible (local files), else read and drop."""
-    if stream.seekable():
-        stream.seek(count, 1)
-        return
-    while count > 0:
-        chunk = stream.read(min(count, SKIP_CHUNK))
-        if not chunk:
-            raise EOFError("stream ended inside a tar member")
-        count -= len(chunk)
-
-
 def iter_shard_keys(spec: ShardSpec) -> Iterator[str]:
     """Sample keys of one shard, in order, without reading image data where possible."""
-    with open_stream(spec.url, DEFAULT_RETRY) as stream:
-        if spec.fmt == "parquet":
-            parquet = pq.ParquetFile(stream)
-            for group in range(parquet.num_row_groups):
-                table = parquet.read_row_group(group, columns=["__key__"])
-                yield from table.column("__key__").to_pylist()
-            return
-        last = None
-        for name, regular, size in iter_tar_members(stream):
-            skip_bytes(stream, size + (-size % BLOCK))
-            key, field = split_member_name(name)
-            if regular and field in ALLOWED_FIELDS and key != last:
-                last = key
-                yield key
+    with open_shard(spec, DEFAULT_RETRY, None) as stream:
+        for sample in spec.format.iter_samples(stream, spec.url, fields=frozenset()):
+            yield sample["__key__"]
 
 
 def overlap_error(train: list[ShardSpec], val: list[ShardSpec], mode: str) -> str | None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
+from shards.redact import redact_url
 from trainers.checkpoint import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -93,10 +94,12 @@ def data_identity(
     """
     digest = hashlib.sha256()
     for spec in source.shards:
-        digest.update(f"{os.path.basename(spec.url)}|{spec.samples}|{spec.sha256 or ''}\n".encode())
+        digest.update(
+            f"{os.path.basename(spec.display)}|{spec.samples}|{spec.sha256 or ''}\n".encode()
+        )
     return {
         "train_data": f"{len(source.shards)} shards, {source.total_samples} samples, sha256 {digest.hexdigest()[:16]}",
-        "train_manifest": source.manifest_url,
+        "train_manifest": redact_url(source.manifest_url) if source.manifest_url else None,
         "global_batch": config.batch_size * config.accum_steps * world_size,
         "seed": config.seed,
         "model": config.model,

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.prefetch import CudaPrefetcher
+from shards.redact import redact_url
 from trainers.checkpoint import CheckpointError, latest_checkpoint
 from trainers.config import TrainConfig, parse_command_line
 from trainers.data import Loaders, build_loaders, overlap_error
@@ -307,7 +308,7 @@ def log_startup(run: Run) -> None:
     lines = [
         f"config: {config.to_dict()}",
         f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards"
-        f" ({train_source.manifest_url or 'shard URLs'}), val {f['val_samples']} samples; "
+        f" ({redact_url(train_source.manifest_url or 'shard URLs')}), val {f['val_samples']} samples; "
         f"{len(f['classes'] or [])} classes",
         f"batch: {plan.batch_size} per device x {plan.accum_steps} accumulation x "
         f"{plan.world_size} ranks = effective batch {plan.effective_batch}",

@@ -160,26 +160,35 @@ def test_a_matching_expected_size_reads_normally(server, data, random_access):
 @pytest.mark.parametrize("random_access", [False, True])
 @pytest.mark.parametrize(
     ("lie", "expected", "size"),
-    [(None, SIZE + 1, SIZE), (SIZE + 1000, SIZE, SIZE + 1000), (SIZE - 1000, SIZE, SIZE - 1000)],
-    ids=["manifest-wrong", "length-too-big", "length-too-small"],
+    [(None, SIZE - 1, SIZE), (SIZE + 1000, SIZE, SIZE + 1000)],
+    ids=["manifest-smaller", "length-too-big"],
 )
-def test_a_size_other_than_the_manifests_fails_at_open(server, lie, expected, size, random_access):
+def test_a_size_above_the_manifests_fails_at_open(server, lie, expected, size, random_access):
     if lie is not None:
         server.lie_length("/a.tar", lie)
     with server as base, pytest.raises(ShardReadError) as info:
         open_stream(f"{base}/a.tar", FAST, random_access=random_access, expected_size=expected)
     assert info.value.reason == (
-        f"the shard is {size} bytes, the manifest says {expected}: "
+        f"the shard is {size} bytes, more than the manifest's {expected}: "
         "the shard changed or the URL is wrong"
     )
     assert server.count("/a.tar") == 1  # not retried: the answer would not change
+
+
+@pytest.mark.parametrize("random_access", [False, True])
+def test_a_shard_smaller_than_the_manifest_says_is_read_to_its_end(server, data, random_access):
+    """A cut shard costs only its missing rest: the reader reports where it ends."""
+    with server as base:
+        url = f"{base}/a.tar"
+        with open_stream(url, FAST, random_access=random_access, expected_size=SIZE + 5) as stream:
+            assert stream.read() == data
 
 
 def test_a_local_file_of_another_size_fails_at_open(tmp_path, data):
     (tmp_path / "a.tar").write_bytes(data)
     with open_stream(str(tmp_path / "a.tar"), expected_size=SIZE) as stream:
         assert stream.read() == data
-    with pytest.raises(ShardReadError, match=f"is {SIZE} bytes, the manifest says 7:"):
+    with pytest.raises(ShardReadError, match=f"is {SIZE} bytes, more than the manifest's 7:"):
         open_stream(str(tmp_path / "a.tar"), expected_size=7)
     with pytest.raises(ValueError, match="expected_size"):
         open_stream(str(tmp_path / "a.tar"), expected_size=-1)
@@ -191,7 +200,9 @@ def test_an_object_store_file_of_another_size_fails_at_open(data):
     fs.pipe_file("/bucket/a.tar", data)
     with RetryingFsspecFile("memory://bucket/a.tar", fs, FAST, expected_size=SIZE) as file:
         assert file.read() == data
-    with pytest.raises(ShardReadError, match=f"is {SIZE} bytes, the manifest says {SIZE - 1}"):
+    with pytest.raises(
+        ShardReadError, match=f"is {SIZE} bytes, more than the manifest's {SIZE - 1}"
+    ):
         RetryingFsspecFile("memory://bucket/a.tar", fs, FAST, expected_size=SIZE - 1)
 
 
@@ -218,8 +229,10 @@ def test_object_store_reads_stop_at_the_deadline_and_check_the_size(moto_shard, 
     url, options, proxy = moto_shard
     with open_stream(url, FAST, storage_options=options, expected_size=SIZE) as stream:
         assert stream.read() == data
-    with pytest.raises(ShardReadError, match=f"is {SIZE} bytes, the manifest says {SIZE + 1}:"):
-        open_stream(url, FAST, storage_options=options, expected_size=SIZE + 1)
+    with pytest.raises(
+        ShardReadError, match=f"is {SIZE} bytes, more than the manifest's {SIZE - 1}:"
+    ):
+        open_stream(url, FAST, storage_options=options, expected_size=SIZE - 1)
     proxy.fail(r"/a\.tar$", times=10_000, status=503)  # every ranged GET, not the HEAD
     policy = RetryPolicy(
         attempts=1000, base_delay=0.05, max_delay=0.1, timeout=1.0, max_resumes=1000, deadline=1
@@ -251,10 +264,10 @@ def test_failures_never_show_the_password(server, tmp_path, data):
             assert "secret" not in repr(stream) + repr(stream.raw)
             errors.append(read_until_error(stream)[1])
         with pytest.raises(ShardReadError) as mismatch:
-            open_stream(url, FAST, expected_size=SIZE + 1)
+            open_stream(url, FAST, expected_size=SIZE - 1)
         errors.append(mismatch.value)
     assert ["HTTP 404" in errors[0].reason, "deadline" in errors[1].reason] == [True, True]
-    assert "manifest says" in errors[2].reason
+    assert "more than the manifest's" in errors[2].reason
     for error in errors + [pickle.loads(pickle.dumps(e)) for e in errors]:
         text = str(error) + repr(error) + "".join(traceback.format_exception(error))
         assert "secret" not in text

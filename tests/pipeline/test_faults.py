@@ -69,7 +69,8 @@ def test_truncated_shard_costs_only_its_unread_rest(shard_copy):
     loader, batches = full_epoch(shard_copy, max_skip_fraction=1.0)
     assert [len(b) for b in batches] == [len(b) for b in reference]
     skipped = loader.stats.skipped
-    assert set(skipped) == {"shard_unreadable"} and 5 < skipped["shard_unreadable"] < 32
+    assert set(skipped) == {"truncated"} and 5 < skipped["truncated"] < 32
+    assert loader.stats.bad_shards == {"truncated": 1}
 
 
 def test_garbage_shard_past_the_budget_stops_with_a_clear_error(shard_copy):
@@ -208,7 +209,7 @@ def test_an_unreadable_shard_counts_against_the_skip_budget(shard_copy):
     with pytest.raises(LoaderDataError, match="over its budget"):
         full_epoch(shard_copy, max_skip_fraction=0.01)
     loader, _ = full_epoch(shard_copy, max_skip_fraction=1.0)
-    assert set(loader.stats.skipped) == {"shard_unreadable"}
+    assert set(loader.stats.skipped) == {"not_tar"}
 
 
 def test_storage_options_never_appear_in_config_reprs():

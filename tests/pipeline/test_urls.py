@@ -8,9 +8,9 @@ import pytest
 
 from pipeline.urls import (
     expand_urls,
-    url_suffix_format,
     validate_url,
 )
+from shards.formats import format_of_url
 from shards.redact import redact_url
 
 HOSTILE_URLS = [
@@ -284,11 +284,11 @@ def test_errors_never_show_secrets():
         ("https://h/a.tar#frag", "tar"),
     ],
 )
-def test_url_suffix_format(url, expected):
-    assert url_suffix_format(url) == expected
+def test_format_of_url(url, expected):
+    assert format_of_url(url).name == expected
 
 
 @pytest.mark.parametrize("url", ["/data/a.tar.gz", "/data/a", "https://h/a.zip?x=.tar"])
-def test_url_suffix_format_refuses_others(url):
+def test_format_of_url_refuses_others(url):
     with pytest.raises(ValueError, match="format"):
-        url_suffix_format(url)
+        format_of_url(url)

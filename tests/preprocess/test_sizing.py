@@ -8,7 +8,7 @@ from preprocess.cli import main
 from preprocess.config import BuildConfig
 from preprocess.job import run_build
 from preprocess.ray_job import BuildError
-from preprocess.sizing import parse_bytes, shard_size_for_bytes, tar_bytes
+from preprocess.sizing import parse_bytes, shard_size_for_bytes
 from preprocess.sources import InputError, SourceItem, list_sources
 from shards.manifest import read_manifest
 from tests.conftest import small_build_config
@@ -32,11 +32,6 @@ def test_sizes_parse_with_decimal_and_binary_units(text, expected):
 def test_bad_sizes_are_refused(text):
     with pytest.raises(ValueError, match="size"):
         parse_bytes(text)
-
-
-def test_tar_bytes_counts_headers_and_padding():
-    sample = {"__key__": "k", "jpg": b"x" * 513, "cls": b"1"}
-    assert tar_bytes(sample) == (512 + 1024) + (512 + 512)
 
 
 def test_shards_land_near_the_byte_target_and_the_count_is_recorded(sample_dir, tmp_path):
