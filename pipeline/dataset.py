@@ -51,6 +51,7 @@ LOG_EVERY = 100
 RESERVE_SIZE = 32
 MAX_FRUITLESS_READS = 100_000
 MAX_SEGMENTS = 8
+MAX_EXAMPLES = 5  # bad shards named in a worker's stats (the logs name every one)
 # What the stream decodes: the image and its label. A shard's `json` metadata is
 # passed over unread (seeked past in tars, a column not read in Parquet).
 STREAM_FIELDS = frozenset((*IMAGE_FIELDS, "cls"))
@@ -69,6 +70,7 @@ class WorkerStats:
     samples: int = 0
     skipped: Counter = field(default_factory=Counter)
     bad_shards: Counter = field(default_factory=Counter)  # reason -> shards
+    bad_shard_examples: list = field(default_factory=list)  # the first few, named
     refilled: int = 0
     decode_s: float = 0.0
     budget: int = 10  # skips allowed before the worker stops
@@ -79,6 +81,7 @@ class WorkerStats:
             "samples": self.samples,
             "skipped": dict(self.skipped),
             "bad_shards": dict(self.bad_shards),
+            "bad_shard_examples": list(self.bad_shard_examples),
             "refilled": self.refilled,
             "decode_s": self.decode_s,
         }
@@ -265,6 +268,8 @@ class ShardStream(IterableDataset):
                 reason = error.reason if isinstance(error, ShardError) else "shard_unreadable"
                 lost = piece.stop - piece.start - delivered
                 stats.bad_shards[reason] += 1
+                if len(stats.bad_shard_examples) < MAX_EXAMPLES:
+                    stats.bad_shard_examples.append(str(error))
                 # Errors name the shard by its redacted URL (ShardError, ShardReadError).
                 log.warning("%s; %d of its planned samples not read", error, lost)
                 if lost:

@@ -345,7 +345,8 @@ def read_shard_labels(
     """The labels of one shard, in sample order, without reading an image.
 
     Raises:
-        LabelReadError: unreadable shard or label, or a count unlike the manifest's.
+        LabelReadError: unreadable shard or label, or a count unlike the manifest's
+            (the reader's `shard_short` / `shard_long`).
     """
     try:
         with open_shard(spec, retry, storage_options) as stream:
@@ -353,16 +354,13 @@ def read_shard_labels(
                 stream, spec.url, fields=LABEL_FIELDS, declared=spec.samples
             )
             labels = np.fromiter((decode_label(s) for s in samples), dtype=np.int64)
-    except (OSError, ShardError, SampleError) as error:
+    except ShardError as error:  # names the shard and says what to do
+        raise LabelReadError(f"cannot read the labels: {error}") from error
+    except (OSError, SampleError) as error:
         raise LabelReadError(
             f"cannot read the labels of {spec.display}: {error}; check the shards with "
             "`preprocess verify`"
         ) from error
-    if len(labels) != spec.samples:
-        raise LabelReadError(
-            f"{spec.display} holds {len(labels)} labelled samples but its manifest says "
-            f"{spec.samples}; check the shards with `preprocess verify`"
-        )
     return labels
 
 

@@ -65,6 +65,11 @@ class LoaderStats:
         return total
 
     @property
+    def bad_shard_examples(self) -> list[str]:
+        """The first bad shards each worker met, named (redacted) with the reason."""
+        return [text for w in self.workers.values() for text in w.get("bad_shard_examples", [])]
+
+    @property
     def refilled(self) -> int:
         return sum(w["refilled"] for w in self.workers.values())
 
@@ -77,5 +82,6 @@ class LoaderStats:
             "wait_s": self.wait_s,
             "skipped": dict(self.skipped),
             "bad_shards": dict(self.bad_shards),
+            "bad_shard_examples": self.bad_shard_examples,
             "refilled": self.refilled,
         }

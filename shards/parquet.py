@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
 from shards.redact import redact_text, redact_url
 from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, Sample, SampleError, check_key
 
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 ROW_GROUP_SIZE = 128
 # Metadata fields copied out of the json document into typed columns.
 METADATA_COLUMNS: dict[str, pa.DataType] = {
@@ -515,6 +517,11 @@ def _sample(cells: dict, index: int, url: str, limits: ReadLimits) -> Sample:
         except UnicodeDecodeError:
             key = raw_key.decode("utf-8", "backslashreplace")
             error = SampleError("bad_name", f"row {index} of {url}: key {key} is not UTF-8")
+        if _CONTROL_CHARS.search(key):  # a newline or escape in a key would forge log lines
+            key = key.encode("unicode_escape").decode("ascii")
+            error = error or SampleError(
+                "bad_name", f"row {index} of {url}: key {key} holds control characters"
+            )
     else:
         key = f"<row {index}>"
         error = _cell_error("__key__", raw_key, index, url, limits)

@@ -9,6 +9,7 @@ a partial sample.
 
 from __future__ import annotations
 
+import re
 import tarfile
 import zlib
 from collections.abc import Generator, Iterator
@@ -103,6 +104,7 @@ _REGULAR = (b"0", b"\0", b"7")
 _EXTENDED = (b"x", b"g", b"L", b"K")
 _ZERO_BLOCK = bytes(BLOCK)
 _SKIP_CHUNK = 1 * 2**20
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
 # One bit per allowlisted field: a duplicate is found without a per-sample set.
 _FIELD_BITS = {field: 1 << bit for bit, field in enumerate(sorted(ALLOWED_FIELDS))}
 # Longest decimal a pax length or size may have: 10**20 bytes is past every cap, and
@@ -213,7 +215,8 @@ def _parse_pax(data: bytes, url: str) -> tuple[bytes | None, int]:
 
 
 def _printable_name(raw: bytes) -> str:
-    """A printable stand-in for a member name that is not UTF-8, for its skip record."""
+    """A printable stand-in for a member name that is not UTF-8 (or holds control
+    characters), for its skip record."""
     name = raw.decode("utf-8", "backslashreplace")
     return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
@@ -335,6 +338,9 @@ def _iter_members(
             name, bad = raw.decode("utf-8"), False
         except UnicodeDecodeError:
             name, bad = _printable_name(raw), True
+        if not bad and _CONTROL_BYTES.search(raw):
+            # A newline or terminal escape in a key would forge log lines downstream.
+            name, bad = _printable_name(raw), True
         yield name, kind in _REGULAR, size, padded, bad
 
 
@@ -454,7 +460,9 @@ def _iter_samples(
         if pending is None or bad or field not in fields:
             if bad and pending is not None and "__error__" not in pending:
                 pending["__error__"] = SampleError(
-                    "bad_name", f"member {name} of {url} has a name that is not UTF-8"
+                    "bad_name",
+                    f"member {name} of {url} has a name that is not UTF-8 or holds control "
+                    "characters",
                 )
             _pass_over(stream, seekable, padded, url, name, key)
             continue

@@ -20,6 +20,7 @@ import pytest
 
 from pipeline.dataset import LoaderDataError
 from pipeline.loader import LoaderConfig, build_loader
+from pipeline.opener import RetryPolicy
 from pipeline.sources import is_manifest_source, manifest_base
 from shards.manifest import ManifestError
 from shards.tar import BLOCK, header_checksum, member_header
@@ -281,3 +282,33 @@ def test_a_fifo_under_a_shard_name_is_refused_not_waited_on(shards):
     assert loader.stats.bad_shards == {"shard_unreadable": 1}
     assert loader.stats.skipped == {"shard_unreadable": train_shard(planned, 1)["samples"]}
     assert len(keys) == sum(reference.values())
+
+
+@pytest.mark.timeout(60)
+def test_a_crawling_server_costs_one_named_shard_in_workers(shard_dir):
+    """Not "DataLoader timed out" naming nothing: the shard's deadline ends it, named."""
+    reference = manifest_keys(shard_dir)
+    planned = json.loads((shard_dir / "manifest.json").read_text())
+    server = LocalHTTPServer(shard_dir)
+    server.drip("/train-000001.tar", interval=0.05, times=10)
+    with server as base:
+        loader, keys = full_epoch(
+            f"{base}/manifest.json",
+            num_workers=2,
+            retry=RetryPolicy(attempts=2, base_delay=0.01, timeout=1.0, deadline=2.0),
+        )
+    assert loader.stats.bad_shards == {"shard_unreadable": 1}
+    assert loader.stats.skipped == {"shard_unreadable": train_shard(planned, 1)["samples"]}
+    assert len(keys) == sum(reference.values())
+    (example,) = loader.stats.bad_shard_examples
+    assert "train-000001.tar" in example and "deadline" in example
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_server_is_read_only_up_to_the_manifests_bytes(shard_dir):
+    reference = manifest_keys(shard_dir)
+    server = LocalHTTPServer(shard_dir)
+    server.endless("/train-000001.tar", times=10)
+    with server as base:
+        loader, keys = full_epoch(f"{base}/manifest.json", num_workers=2)
+    assert Counter(keys) == reference and not loader.stats.bad_shards

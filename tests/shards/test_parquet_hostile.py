@@ -507,3 +507,12 @@ def test_reading_a_big_row_group_holds_under_two_copies_of_it(tmp_path):
     count, grown = map(int, done.stdout.split())
     assert count == group
     assert grown < 2 * group * 2**20, f"peak grew by {grown / 2**20:.0f} MiB"
+
+
+def test_a_key_with_control_characters_is_a_counted_skip_shown_escaped():
+    buffer = io.BytesIO()
+    table = pa.table({"__key__": ["a", "b\nforged"], "jpg": [b"x", b"y"], "cls": [1, 2]})
+    pq.write_table(table, buffer)
+    samples = list(iter_parquet_samples(io.BytesIO(buffer.getvalue()), "mem.parquet"))
+    assert "__error__" not in samples[0] and samples[1]["__error__"].reason == "bad_name"
+    assert samples[1]["__key__"] == "b\\nforged"

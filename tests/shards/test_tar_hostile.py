@@ -331,6 +331,16 @@ def test_non_utf8_names_are_counted_skips_with_printable_unique_keys(stream):
     assert listed == keys
 
 
+@pytest.mark.parametrize("name", [b"line\nforged.jpg", b"\x1b[2Jclear.jpg", b"tab\tkey.jpg"])
+def test_control_characters_in_a_valid_utf8_name_are_a_counted_skip(name):
+    """A newline or terminal escape in a key would forge log lines: one skip, shown escaped."""
+    data = archive(*good_members("a"), member(name, b"img"), *good_members("c"))
+    samples = list(iter_tar_samples(io.BytesIO(data), URL))
+    assert [s.get("__error__") is None for s in samples] == [True, False, True]
+    assert samples[1]["__error__"].reason == "bad_name"
+    assert samples[1]["__key__"].isprintable()
+
+
 def test_non_adjacent_key_names_the_key():
     data = archive(*good_members("a", "b"), member(b"a.jpg", b"again"))
     seen, error = read_until_error(io.BytesIO(data), "non_adjacent_key")
