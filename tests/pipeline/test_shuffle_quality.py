@@ -169,7 +169,9 @@ def test_tar_and_parquet_labels_agree(shard_dir):
 
 def test_a_count_unlike_the_manifest_is_an_error(sorted_shards):
     url = sorted_shards.replace("{000000..000007}", "000000")
-    with pytest.raises(LabelReadError, match="shard_short: the archive ends after 24 samples, 25 expected"):
+    with pytest.raises(
+        LabelReadError, match="shard_short: the archive ends after 24 samples, 25 expected"
+    ):
         read_shard_labels(ShardSpec(url, "tar", 25), RetryPolicy())
     with pytest.raises(LabelReadError, match="shard_long"):
         read_shard_labels(ShardSpec(url, "tar", 23), RetryPolicy())
