@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import pytest
 
@@ -12,6 +13,14 @@ from pipeline.loader import LoaderConfig, build_loader
 @pytest.fixture(scope="session")
 def shard_dir(built_shards):
     return built_shards.output
+
+
+@pytest.fixture
+def shard_copy(shard_dir, tmp_path):
+    """A private copy of the session shards that a test may damage."""
+    out = tmp_path / "shards"
+    shutil.copytree(shard_dir, out)
+    return out
 
 
 def loader_for(shard_dir, **overrides):

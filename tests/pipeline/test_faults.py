@@ -6,7 +6,6 @@ import io
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -19,14 +18,6 @@ from pipeline.loader import LoaderConfig, build_loader
 from shards.tar import TarShardWriter, iter_tar_samples
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
-
-
-@pytest.fixture
-def shard_copy(shard_dir, tmp_path):
-    """A private copy of the session shards that a test may damage."""
-    out = tmp_path / "shards"
-    shutil.copytree(shard_dir, out)
-    return out
 
 
 def rewrite_tar(path: Path, change) -> None:

@@ -31,11 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def shards(shard_dir, tmp_path):
-    """A private copy of the session shards that a test may damage."""
-    out = tmp_path / "shards"
-    shutil.copytree(shard_dir, out)
-    return out
+def shards(shard_copy):
+    return shard_copy
 
 
 def edit_manifest(directory: Path, change) -> None:
