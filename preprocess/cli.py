@@ -224,10 +224,15 @@ def format_summary(summary) -> str:
 
 def add_verify(commands) -> None:
     p = commands.add_parser(
-        "verify", help="recompute checksums and counts; open every image header"
+        "verify",
+        help="recompute checksums and counts; judge every sample as the loader does",
     )
     p.add_argument("directory")
-    p.add_argument("--no-images", action="store_true", help="skip opening image headers")
+    p.add_argument(
+        "--no-images",
+        action="store_true",
+        help="do not decode the images (checksums, counts, keys and labels only)",
+    )
     p.set_defaults(handler=run_verify)
 
 

@@ -309,3 +309,19 @@ def test_an_endless_server_is_read_only_up_to_the_manifests_bytes(shard_dir):
     with server as base:
         loader, keys = full_epoch(f"{base}/manifest.json", num_workers=2)
     assert Counter(keys) == reference and not loader.stats.bad_shards
+
+
+def test_errors_of_url_checks_and_manifest_parsing_hide_credentials(shard_copy):
+    from pipeline.urls import validate_url
+
+    for url in ("file://alice:hunter2@remote/x.tar", "file://alice:hunter2@localhost/x.tar?q"):
+        with pytest.raises(ValueError) as refused:
+            validate_url(url)
+        assert "hunter2" not in str(refused.value)
+    (shard_copy / "manifest.json").write_text('{"format": "shardpipe-manifest", "version": 1')
+    with LocalHTTPServer(shard_copy) as base:
+        secret = base.replace("http://", "http://alice:hunter2@")
+        with pytest.raises(ManifestError) as malformed:
+            loader_for(f"{secret}/manifest.json?X-Amz-Signature=sig0123456789")
+    assert "manifest.json" in str(malformed.value)
+    assert "hunter2" not in str(malformed.value) and "sig0123456789" not in str(malformed.value)
