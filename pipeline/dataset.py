@@ -11,6 +11,7 @@ step to the end of the epoch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import random
@@ -27,16 +28,15 @@ from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.checksum import open_shard
 from pipeline.opener import RetryPolicy
 from pipeline.plan import (
+    EpochLayout,
     Partition,
     Piece,
-    positions_to_pieces,
     rank_slice,
-    shard_order,
     shuffle_buffer,
     worker_rng,
     worker_slice,
 )
-from pipeline.resume import Segment, remaining_after, roles_consumed, worker_positions
+from pipeline.resume import Segment, plan_worker, roles_consumed
 from pipeline.sources import ShardSpec
 from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
 from shards.sample import IMAGE_FIELDS, Sample, SampleError, decode_label, image_field_of
@@ -165,7 +165,9 @@ class ShardStream(IterableDataset):
         super().__init__()
         self.ring = ring
         self.shards = shards
-        self.counts = [s.samples for s in shards]
+        # Read once: planning an epoch needs only these (O(shards), never O(samples)).
+        self.counts = np.fromiter((s.samples for s in shards), dtype=np.int64, count=len(shards))
+        self.total = int(self.counts.sum())
         self.settings = settings
         self.transform = transform
         self.shared = shared
@@ -210,11 +212,9 @@ class ShardStream(IterableDataset):
 
     def plan_exact(self, epoch, segments, part, role, stats) -> tuple[Iterator[Sample], int, int]:
         """Every sample once per epoch (up to the epoch rule): this worker's pieces."""
-        remaining = remaining_after(sum(self.counts), segments, self.settings.seed, epoch)
-        positions, batches = worker_positions(remaining, part, self.settings.rank, role)
-        order = shard_order(len(self.shards), self.settings.seed, epoch)
-        pieces = positions_to_pieces(positions, order, self.counts)
-        return self.iter_pieces(pieces, stats), len(positions), batches
+        layout = EpochLayout.build(self.counts, self.settings.seed, epoch)
+        plan = plan_worker(layout, segments, part, self.settings.rank, role)
+        return self.iter_pieces(plan.pieces, stats), plan.samples, plan.batches
 
     def plan_resampled(
         self, epoch, segments, part, role, stats
@@ -239,10 +239,12 @@ class ShardStream(IterableDataset):
         weights = self.settings.class_weights
         top = max(weights) if weights else 1.0
         shard_ids = range(len(self.shards))
+        # What rng.choices(weights=counts) computes on every call, computed once.
+        cum_counts = list(itertools.accumulate(self.counts.tolist()))
         fruitless = 0  # samples read since the last one kept: guards a dead dataset
         while True:
-            shard = rng.choices(shard_ids, weights=self.counts)[0]
-            for sample in self.iter_pieces([Piece(shard, 0, self.counts[shard])], stats):
+            shard = rng.choices(shard_ids, cum_weights=cum_counts)[0]
+            for sample in self.iter_pieces([Piece(shard, 0, int(self.counts[shard]))], stats):
                 fruitless += 1
                 if weights and rng.random() * top > class_weight(weights, sample, top):
                     continue

@@ -21,7 +21,7 @@ from pipeline.batchring import BatchRing, materialize
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
 from pipeline.opener import RetryPolicy
 from pipeline.plan import EPOCH_RULES, Partition, batches_for, rank_slice
-from pipeline.resume import Segment, remaining_after
+from pipeline.resume import Segment, remaining_runs
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
@@ -236,7 +236,7 @@ class ShardLoader:
     @property
     def epoch_total(self) -> int:
         """Samples in one epoch over all ranks."""
-        return self.settings.epoch_samples or self.source.total_samples
+        return self.settings.epoch_samples or self.dataset.total
 
     def make_transform(self) -> Callable:
         c = self.config
@@ -306,8 +306,9 @@ class ShardLoader:
             done = sum(s.consumed for s in self.segments) * part.batch_size * part.world_size
             left = max(0, self.epoch_total - done)
         else:
+            # O(1) without earlier segments; with them, O(what they consumed).
             left = len(
-                remaining_after(self.epoch_total, self.segments, self.config.seed, self.epoch)
+                remaining_runs(self.epoch_total, self.segments, self.config.seed, self.epoch)
             )
         index, _ = rank_slice(left, part, self.rank)
         return max(0, batches_for(len(index), part) - self.consumed)
@@ -351,7 +352,7 @@ class ShardLoader:
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "seed": self.config.seed,
-            "total_samples": self.source.total_samples,
+            "total_samples": self.dataset.total,
             "segments": [s.to_dict() for s in segments],
         }
 
@@ -359,11 +360,11 @@ class ShardLoader:
         """Resume: the next iteration continues `state`'s epoch where it stopped."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
-        if state["seed"] != self.config.seed or state["total_samples"] != self.source.total_samples:
+        if state["seed"] != self.config.seed or state["total_samples"] != self.dataset.total:
             raise ValueError(
                 "loader state was saved for another dataset or seed "
                 f"(seed {state['seed']}, {state['total_samples']} samples; now seed {self.config.seed}, "
-                f"{self.source.total_samples} samples)"
+                f"{self.dataset.total} samples)"
             )
         segments = [Segment.from_dict(s) for s in state["segments"]]
         self.epoch = state["epoch"]
@@ -401,8 +402,9 @@ def log_epoch_plan(loader: ShardLoader) -> None:
             len(source.unreadable),
             *source.unreadable[0],
         )
-    unchecked = sum(s.sha256 is None for s in source.shards)
-    if loader.config.verify_checksums and unchecked:
+    # Only looked at when asked: it visits every shard.
+    unchecked = loader.config.verify_checksums and sum(s.sha256 is None for s in source.shards)
+    if unchecked:
         log.warning(
             "verify_checksums: %d of %d shards have no recorded sha256 (no manifest) and are "
             "read unchecked",

@@ -6,12 +6,15 @@ already consumed. An epoch's global stream is the concatenation of all shards
 in a `seed + epoch` permutation (the same on every rank); ranks take equal
 contiguous slices of it, workers take contiguous runs of whole batches of their
 rank's slice, and a seeded shuffle buffer mixes each worker's run.
+
+Positions are held as `Runs` (intervals), never one by one: a plan costs time and
+memory in the number of shards a worker touches, not in the number of samples.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,6 +46,106 @@ class Partition:
     shuffle_initial: int = 1
 
 
+class Runs:
+    """An ordered sequence of integers stored as runs `[starts[i], stops[i])`.
+
+    The epoch's remaining positions are sorted, disjoint runs (one run `[0, total)`
+    without a resume); a rank's or worker's share is a few runs of them, in read
+    order (a padded rank wraps around once). Empty runs are dropped.
+    """
+
+    __slots__ = ("starts", "stops", "ends")
+
+    def __init__(self, starts: Sequence[int] | np.ndarray, stops: Sequence[int] | np.ndarray):
+        starts = np.asarray(starts, dtype=np.int64)
+        stops = np.asarray(stops, dtype=np.int64)
+        keep = stops > starts
+        if not keep.all():
+            starts, stops = starts[keep], stops[keep]
+        self.starts = starts
+        self.stops = stops
+        self.ends = np.cumsum(stops - starts)  # sequence index just past each run
+
+    @classmethod
+    def span(cls, start: int, stop: int) -> Runs:
+        """The integers `start, start + 1, ..., stop - 1`."""
+        return cls([start], [stop])
+
+    @classmethod
+    def from_positions(cls, positions: Sequence[int] | np.ndarray) -> Runs:
+        """The runs of consecutive integers in `positions`, order kept."""
+        values = np.asarray(positions, dtype=np.int64)
+        if not len(values):
+            return cls([], [])
+        breaks = np.flatnonzero(np.diff(values) != 1) + 1
+        firsts = np.concatenate([[0], breaks])
+        lasts = np.concatenate([breaks - 1, [len(values) - 1]])
+        return cls(values[firsts], values[lasts] + 1)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def __repr__(self) -> str:
+        runs = ", ".join(
+            f"[{a}, {b})" for a, b in zip(self.starts[:4], self.stops[:4], strict=True)
+        )
+        more = f", ... {len(self.starts) - 4} more" if len(self.starts) > 4 else ""
+        return f"Runs({runs}{more})"
+
+    @property
+    def begins(self) -> np.ndarray:
+        """Sequence index of each run's first item."""
+        return self.ends - (self.stops - self.starts)
+
+    def select(self, start: int, stop: int) -> Runs:
+        """Items `start` to `stop - 1` of the sequence (a slice, as runs)."""
+        start, stop = max(start, 0), min(stop, len(self))
+        if start >= stop:
+            return Runs([], [])
+        first = int(np.searchsorted(self.ends, start, side="right"))
+        last = int(np.searchsorted(self.ends, stop - 1, side="right"))
+        starts = self.starts[first : last + 1].copy()
+        stops = self.stops[first : last + 1].copy()
+        starts[0] += start - self.begin_of(first)
+        stops[-1] = self.starts[last] + (stop - self.begin_of(last))
+        return Runs(starts, stops)
+
+    def begin_of(self, run: int) -> int:
+        """Sequence index of run `run`'s first item."""
+        return int(self.ends[run] - (self.stops[run] - self.starts[run]))
+
+    def at(self, index: Runs) -> Runs:
+        """The items at the sequence indices listed by `index`, in its order."""
+        parts = [
+            self.select(int(a), int(b)) for a, b in zip(index.starts, index.stops, strict=True)
+        ]
+        if not parts:
+            return Runs([], [])
+        return Runs(
+            np.concatenate([p.starts for p in parts]), np.concatenate([p.stops for p in parts])
+        )
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """The items at the sequence indices `indices` (each below `len(self)`)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        slot = np.searchsorted(self.ends, indices, side="right")
+        return self.starts[slot] + (indices - self.begins[slot])
+
+    def without(self, points: np.ndarray) -> Runs:
+        """These sorted disjoint runs less `points` (sorted, unique, each one of the items)."""
+        points = np.asarray(points, dtype=np.int64)
+        # Each point splits its run [s, e) into [s, p) and [p + 1, e); as runs and points
+        # are sorted and disjoint, the k-th start pairs with the k-th stop.
+        starts = np.sort(np.concatenate([self.starts, points + 1]))
+        stops = np.sort(np.concatenate([points, self.stops]))
+        return Runs(starts, stops)
+
+    def to_array(self) -> np.ndarray:
+        """Every item, one by one: for small sequences (tests, a replay) only."""
+        lengths = self.stops - self.starts
+        return np.repeat(self.starts - self.begins, lengths) + np.arange(len(self))
+
+
 def shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
     """The epoch's shard permutation; identical on every rank, new every epoch."""
     order = list(range(num_shards))
@@ -50,25 +153,80 @@ def shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def rank_slice(total: int, part: Partition, rank: int) -> tuple[np.ndarray, int]:
+@dataclass(frozen=True)
+class EpochLayout:
+    """Where each shard's samples sit in an epoch's global stream.
+
+    Attributes:
+        order: `order[slot]` is the shard read `slot`-th this epoch (`shard_order`).
+        starts: stream position of each slot's first sample, and the total last.
+        seed, epoch: what the order and every worker's shuffle buffer come from.
+    """
+
+    order: np.ndarray
+    starts: np.ndarray
+    seed: int
+    epoch: int
+
+    @classmethod
+    def build(cls, counts: Sequence[int] | np.ndarray, seed: int, epoch: int) -> EpochLayout:
+        """The layout of `epoch` for shards of `counts` samples: O(shards)."""
+        order = np.asarray(shard_order(len(counts), seed, epoch), dtype=np.int64)
+        starts = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+        return cls(order, starts, seed, epoch)
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def pieces(self, positions: Runs) -> list[Piece]:
+        """Stream positions as runs of consecutive samples within shards, in order.
+
+        Costs O(runs + shards touched): each run is cut at the shard boundaries it spans.
+        """
+        if not len(positions.starts):
+            return []
+        # side="right" skips empty shards, which share their start with the next shard.
+        first = np.searchsorted(self.starts, positions.starts, side="right") - 1
+        last = np.searchsorted(self.starts, positions.stops - 1, side="right") - 1
+        spans = last - first + 1
+        run = np.repeat(np.arange(len(spans)), spans)
+        slot = first[run] + np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans)
+        base = self.starts[slot]
+        lo = np.maximum(positions.starts[run], base) - base
+        hi = np.minimum(positions.stops[run], self.starts[slot + 1]) - base
+        keep = hi > lo
+        return [
+            Piece(shard, start, stop)
+            for shard, start, stop in zip(
+                self.order[slot[keep]].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True
+            )
+        ]
+
+
+def rank_slice(total: int, part: Partition, rank: int) -> tuple[Runs, int]:
     """Indices into the epoch's remaining positions for `rank`, and the pad count.
 
     `pad` repeats the first few positions so every rank gets `ceil(total/W)`;
     `drop` gives every rank `floor(total/W)` and leaves the rest for the next
     epoch's shuffle; `uneven` splits exactly (ranks differ by at most one
     sample: right for evaluation, where nothing may be counted twice).
+    O(1): at most two runs (a padded rank wraps around the end once).
     """
     world = part.world_size
     if part.rule == "pad":
         per_rank = -(-total // world)
-        padded = per_rank * world
-        index = np.arange(rank * per_rank, (rank + 1) * per_rank) % max(total, 1)
-        return (index if total else index[:0]), padded - total
+        if not total:
+            return Runs([], []), 0
+        # per_rank <= total, so a rank's range wraps around the end at most once.
+        first = rank * per_rank % total
+        head = min(per_rank, total - first)
+        return Runs([first, 0], [first + head, per_rank - head]), per_rank * world - total
     if part.rule == "drop":
         per_rank = total // world
-        return np.arange(rank * per_rank, (rank + 1) * per_rank), 0
-    bounds = [total * r // world for r in range(world + 1)]
-    return np.arange(bounds[rank], bounds[rank + 1]), 0
+        return Runs.span(rank * per_rank, (rank + 1) * per_rank), 0
+    return Runs.span(total * rank // world, total * (rank + 1) // world), 0
 
 
 def batches_for(samples: int, part: Partition) -> int:
@@ -103,23 +261,28 @@ def worker_slice(rank_samples: int, part: Partition, worker: int) -> tuple[int, 
     raise ValueError(f"worker {worker} out of range for {nw} workers")
 
 
-def positions_to_pieces(positions: np.ndarray, order: list[int], counts: list[int]) -> list[Piece]:
-    """Map global stream positions to runs of consecutive samples within shards."""
-    ordered_counts = np.asarray([counts[s] for s in order], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(ordered_counts)])
-    slot = np.searchsorted(starts, positions, side="right") - 1
-    offsets = positions - starts[slot]
-    pieces: list[Piece] = []
-    run_start = 0
-    for i in range(1, len(positions) + 1):
-        boundary = (
-            i == len(positions) or slot[i] != slot[run_start] or offsets[i] != offsets[i - 1] + 1
-        )
-        if boundary:
-            shard = order[int(slot[run_start])]
-            pieces.append(Piece(shard, int(offsets[run_start]), int(offsets[i - 1]) + 1))
-            run_start = i
-    return pieces
+def worker_runs(remaining: Runs, part: Partition, rank: int, role: int) -> tuple[Runs, int]:
+    """Stream positions read by worker slot `role` of `rank`, in read order, and its batches.
+
+    Args:
+        remaining: the epoch's positions not yet delivered, sorted.
+    """
+    index, _ = rank_slice(len(remaining), part, rank)
+    start, stop, batches = worker_slice(len(index), part, role)
+    return remaining.at(index.select(start, stop)), batches
+
+
+def positions_to_pieces(
+    positions: np.ndarray, order: Sequence[int], counts: Sequence[int]
+) -> list[Piece]:
+    """Map global stream positions (any order) to runs of consecutive samples within shards."""
+    layout = EpochLayout(
+        np.asarray(order, dtype=np.int64),
+        np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64)[list(order)])]),
+        seed=0,
+        epoch=0,
+    )
+    return layout.pieces(Runs.from_positions(positions))
 
 
 def shuffle_buffer(items: Iterable[T], size: int, initial: int, rng: random.Random) -> Iterator[T]:

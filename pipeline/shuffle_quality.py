@@ -20,8 +20,16 @@ from pipeline.checksum import open_shard
 from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
 from pipeline.opener import RetryPolicy
-from pipeline.plan import Partition, shard_order, shuffle_buffer, worker_rng
-from pipeline.resume import worker_positions
+from pipeline.plan import (
+    EpochLayout,
+    Partition,
+    Piece,
+    Runs,
+    shuffle_buffer,
+    worker_rng,
+    worker_runs,
+)
+from pipeline.resume import plan_worker
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import ShardError
 from shards.formats import FORMATS
@@ -263,39 +271,36 @@ def plan_delivery(
 ) -> DeliveryOrder:
     """`delivery_order` from the plan's inputs alone.
 
-    Each worker slot shuffles its positions through the seeded buffer exactly as
-    `ShardStream` shuffles samples; the DataLoader then takes batch j from slot
-    `j % num_workers`.
+    Each worker slot's plan (`plan_worker`, what `ShardStream` reads) goes through the
+    seeded buffer exactly as `ShardStream` shuffles samples; the DataLoader then takes
+    batch j from slot `j % num_workers`.
     """
-    remaining = np.arange(sum(counts), dtype=np.int64)
+    layout = EpochLayout.build(counts, seed, epoch)
     per_worker: list[list[np.ndarray]] = []
     for role in range(part.num_workers):
-        positions, batches = worker_positions(remaining, part, rank, role)
+        plan = plan_worker(layout, [], part, rank, role)
         rng = worker_rng(seed, epoch, rank, role)
-        picks = shuffle_buffer(
-            range(len(positions)), part.shuffle_buffer, part.shuffle_initial, rng
-        )
-        shuffled = positions[np.fromiter(picks, dtype=np.int64, count=len(positions))]
-        bounds = np.cumsum([0, *batch_sizes(len(positions), batches, part.batch_size)])
+        picks = shuffle_buffer(range(plan.samples), part.shuffle_buffer, part.shuffle_initial, rng)
+        shuffled = piece_samples(plan.pieces)[np.fromiter(picks, np.int64, count=plan.samples)]
+        bounds = np.cumsum([0, *batch_sizes(plan.samples, plan.batches, part.batch_size)])
         per_worker.append([shuffled[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
     delivered = []
     for j in range(sum(len(w) for w in per_worker)):
         delivered.append(per_worker[j % part.num_workers][j // part.num_workers])
-    positions = np.concatenate(delivered) if delivered else np.empty(0, dtype=np.int64)
-    shards, offsets = locate(positions, shard_order(len(counts), seed, epoch), counts)
-    return DeliveryOrder(shards, offsets, [len(b) for b in delivered])
+    samples = np.concatenate(delivered) if delivered else np.empty((0, 2), dtype=np.int64)
+    return DeliveryOrder(
+        np.ascontiguousarray(samples[:, 0]),
+        np.ascontiguousarray(samples[:, 1]),
+        [len(b) for b in delivered],
+    )
 
 
-def locate(
-    positions: np.ndarray, order: list[int], counts: Sequence[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Map epoch-stream positions to (shard index, offset within the shard)."""
-    ordered = np.asarray([counts[s] for s in order], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(ordered)])
-    # side="right" skips empty shards, which share their start with the next shard.
-    slot = np.searchsorted(starts, positions, side="right") - 1
-    shards = np.asarray(order, dtype=np.int64)[slot] if len(positions) else slot
-    return shards, positions - starts[slot]
+def piece_samples(pieces: Sequence[Piece]) -> np.ndarray:
+    """`[shard index, offset within the shard]` of every sample of `pieces`, in order."""
+    lengths = [p.stop - p.start for p in pieces]
+    shards = np.repeat(np.asarray([p.shard for p in pieces], dtype=np.int64), lengths)
+    offsets = Runs([p.start for p in pieces], [p.stop for p in pieces]).to_array()
+    return np.stack([shards, offsets], axis=1)
 
 
 def stream_labels(order: DeliveryOrder, labels_by_shard: Sequence[np.ndarray]) -> np.ndarray:
@@ -463,9 +468,9 @@ def suggest_buffer(
     Stops at the longest worker run: a buffer holding a worker's whole run is a full shuffle
     of it, and anything larger changes nothing.
     """
-    everything = np.arange(sum(counts), dtype=np.int64)
+    everything = Runs.span(0, int(np.sum(counts)))
     longest = max(
-        len(worker_positions(everything, part, rank, role)[0])
+        len(worker_runs(everything, part, rank, role)[0])
         for rank in range(part.world_size)
         for role in range(part.num_workers)
     )
