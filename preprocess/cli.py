@@ -133,6 +133,13 @@ def add_build_shards(commands) -> None:
         "opened); by default symlinks are followed, as torchvision's ImageFolder does",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list and plan only: print the inputs per split and class, the shards, an "
+        "estimate of the bytes (from 64 probe inputs) and what is left out; writes "
+        "nothing but the plan under OUTPUT/_build/plan",
+    )
     p.set_defaults(handler=run_build_shards)
 
 
@@ -167,12 +174,15 @@ def build_config_from_args(args) -> BuildConfig:
 
 
 def run_build_shards(args) -> int:
-    from preprocess.job import run_build
+    from preprocess.job import run_build, run_dry_run
     from preprocess.ray_job import BuildError
     from preprocess.sources import InputError
 
     try:
         config = build_config_from_args(args)
+        if args.dry_run:
+            print(format_dry_run(run_dry_run(config)))
+            return 0
         summary = run_build(config)
     except (BuildError, InputError, ValueError, FileNotFoundError) as error:
         print(f"build-shards: error: {error}", file=sys.stderr)
@@ -220,6 +230,100 @@ def format_summary(summary) -> str:
     )
     lines.append(f"manifest: {summary.output / 'manifest.json'}")
     return "\n".join(lines)
+
+
+# A dry run names the classes one by one up to this many; beyond, it summarises them.
+_CLASSES_LISTED = 50
+_LEFT_OUT_NAMED = 20
+
+
+def format_dry_run(report) -> str:
+    """The `--dry-run` report: what would be built, and what is left out and why."""
+    plan = report.plan
+    lines = [f"dry run: nothing built; {plan.inputs} inputs, {len(plan.classes)} classes"]
+    rows = [("split", "inputs", "shards", "samples per shard")]
+    for split, count in plan.split_counts.items():
+        sizes = [piece.size for piece in plan.shards if piece.split == split]
+        shape = f"{sizes[0]}" + (f" (last {sizes[-1]})" if sizes[-1] != sizes[0] else "")
+        rows.append((split, str(count), str(len(sizes)), shape))
+    lines += _table(rows)
+    lines += _class_lines(plan)
+    lines.append(_estimate_line(report))
+    lines += _left_out_lines(report.listing)
+    lines.append(_existing_line(report))
+    where = report.plan_location or "nowhere (an object-store output keeps no plan files)"
+    lines.append(f"plan: {where}")
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(width[i]) for i, cell in enumerate(row)) for row in rows]
+
+
+def _class_lines(plan) -> list[str]:
+    splits = list(plan.class_counts)
+    totals = [
+        sum(plan.class_counts[s][label] for s in splits) for label in range(len(plan.classes))
+    ]
+    if len(plan.classes) <= _CLASSES_LISTED:
+        rows = [("class", *splits)]
+        rows += [
+            (name, *(str(plan.class_counts[s][label]) for s in splits))
+            for label, name in enumerate(plan.classes)
+        ]
+        return _table(rows)
+    ordered = sorted(range(len(totals)), key=totals.__getitem__)
+    smallest = ", ".join(f"{plan.classes[i]} {totals[i]}" for i in ordered[:5])
+    middle = totals[ordered[len(ordered) // 2]]
+    return [
+        f"inputs per class: min {totals[ordered[0]]}, median {middle}, "
+        f"max {totals[ordered[-1]]}; smallest: {smallest}"
+    ]
+
+
+def _estimate_line(report) -> str:
+    from preprocess.verify import human_bytes
+
+    probe = report.probe
+    failed = ", ".join(f"{reason} {n}" for reason, n in sorted(probe.failed.items()))
+    readable = probe.tried - sum(probe.failed.values())
+    estimate = report.estimated_bytes()
+    if readable == 0:
+        return f"estimated bytes: unknown (none of the {probe.tried} probe inputs read: {failed})"
+    sizes = ", ".join(f"{fmt} ~{human_bytes(b)}" for fmt, b in estimate.items() if b is not None)
+    note = f"; unreadable: {failed}" if failed else ""
+    return f"estimated bytes: {sizes} (from {readable} of {probe.tried} probe inputs{note})"
+
+
+def _left_out_lines(listing) -> list[str]:
+    counts = listing.left_out_counts()
+    refused = listing.refused
+    lines = []
+    if refused:
+        lines.append(f"inputs refused at listing (skipped in the manifest): {len(refused)}")
+    if counts:
+        lines.append("not inputs: " + ", ".join(f"{r} {n}" for r, n in counts.items()))
+    for entry in listing.left_out[:_LEFT_OUT_NAMED]:
+        lines.append(f"  {entry.path}: {entry.reason}: {entry.detail}")
+    if len(listing.left_out) > _LEFT_OUT_NAMED:
+        lines.append(f"  ... {len(listing.left_out) - _LEFT_OUT_NAMED} more named entries")
+    if listing.links_followed:
+        lines.append(f"symlinks followed: {listing.links_followed}")
+    return lines
+
+
+def _existing_line(report) -> str:
+    if report.existing == "new":
+        return f"output: {report.output}: a new build"
+    if report.existing == "replace":
+        return f"output: {report.output}: its build would be replaced (--overwrite)"
+    if report.existing == "resume":
+        return (
+            f"output: {report.output}: resumes the build there ({report.committed} of "
+            f"{len(report.plan.shards)} shards have a marker, checked when built)"
+        )
+    return f"output: {report.output}: would be {report.existing}"
 
 
 def add_verify(commands) -> None:

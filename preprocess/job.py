@@ -1,14 +1,20 @@
 """The driver of `preprocess build-shards`: list, plan, run shard tasks, commit the manifest.
 
-Order of commits: `_build/config.json` first (so a rerun can tell whether it
-continues the same build), one marker per finished shard, then `errors.jsonl`,
-then `manifest.json` last. A dataset without a manifest is incomplete. The
-output is a directory or an object-store URL (`s3://bucket/prefix`).
+The listing streams into the plan files (`_build/plan/`, see `preprocess.plan`);
+the driver keeps one small piece per shard, never the inputs. Order of commits:
+`_build/config.json` first (so a rerun can tell whether it continues the same
+build), one marker per finished shard, then `errors.jsonl`, then `manifest.json`
+last; the plan files are removed once the manifest is written. A dataset without
+a manifest is incomplete. The output is a directory or an object-store URL
+(`s3://bucket/prefix`). `run_dry_run` lists and plans only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,15 +22,16 @@ from pathlib import Path
 
 from preprocess.build import BUILD_DIR, ShardResult, image_field
 from preprocess.config import BuildConfig, diff_configs
-from preprocess.plan import Plan, ShardTask, build_plan
+from preprocess.plan import PLAN_VERSION, Plan, ShardPiece, Spill, load_task, order_spill
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
-from preprocess.sizing import shard_size_for_bytes
-from preprocess.sources import Listing, scan_sources
+from preprocess.sizing import Probe, probe_inputs, shard_size_for_bytes
+from preprocess.sources import Listing, stream_sources
 from shards.io import OutputStore, is_remote, open_output_store
 from shards.manifest import MANIFEST_NAME, Manifest, SplitInfo
 
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"
+PLAN_NAME = f"{BUILD_DIR}/plan"  # the plan files of a local output, while it is built
 
 
 class StoreURL(str):
@@ -64,18 +71,17 @@ def run_build(config: BuildConfig) -> BuildSummary:
     """
     started = time.perf_counter()
     store = open_output_store(config.output)
-    listing = scan_sources(config.input, confine=config.confine_to_input)
-    shard_size = config.shard_size
-    if config.shard_bytes is not None:
-        shard_size = shard_size_for_bytes(listing.items, config.shard_bytes, config.image)
-    plan = build_plan(listing.items, shard_size, config.val_fraction, config.seed)
-    prepare_output(store, config, plan)
-    confine_root = listing.root if config.confine_to_input else None
-    results = run_tasks(plan, config, store.url, confine_root)
-    manifest = assemble_manifest(plan, config, results, listing)
-    write_errors(store, results, listing)
-    enforce_skip_budget(manifest, config, store)
-    store.write_bytes_atomic(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
+    check_output(store, config)
+    with contextlib.ExitStack() as stack:
+        listing, plan = plan_build(config, store, stack)
+        prepare_output(store, config, plan)
+        confine_root = listing.root if config.confine_to_input else None
+        results = run_tasks(plan, config, store.url, confine_root)
+        manifest = assemble_manifest(plan, config, results, listing)
+        write_errors(store, results, listing)
+        enforce_skip_budget(manifest, config, store)
+        store.write_bytes_atomic(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
+    remove_plan(store)
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
     for result in results:
@@ -96,52 +102,142 @@ def run_build(config: BuildConfig) -> BuildSummary:
     )
 
 
+def check_output(store: OutputStore, config: BuildConfig) -> None:
+    """Refuse, before anything is written, an output that holds something other than a build.
+
+    An output holding only plan files (a `--dry-run`, or planning cut short) is free.
+    """
+    if store.info(f"{BUILD_DIR}/{CONFIG_NAME}") is not None or store.is_empty():
+        return
+    names = store.list()
+    if all(name.startswith(f"{PLAN_NAME}/") for name in names):
+        return
+    if config.overwrite:
+        if MANIFEST_NAME in names or any(n.startswith(f"{BUILD_DIR}/") for n in names):
+            return
+        raise BuildError(f"{store.url} holds no shard build; refusing to clear it for --overwrite")
+    raise BuildError(f"{store.url} is not empty and holds no shard build; choose an empty --output")
+
+
+def plan_build(
+    config: BuildConfig, store: OutputStore, stack: contextlib.ExitStack
+) -> tuple[Listing, Plan]:
+    """List and plan, streaming; the listing's account is complete on return.
+
+    The plan files go to `_build/plan/` of a local output, where the tasks read
+    their pieces; for an object store to a local temporary directory that `stack`
+    removes, and the driver ships each task its piece. When planning fails (a bad
+    input list) what it wrote is removed, the output directory too if this run
+    made it, so a refused input list leaves the output as it was.
+    """
+    if is_remote(store.url):
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardpipe-plan-"))
+        return plan_inputs(config, Path(scratch))
+    root = Path(store.url)
+    created = root
+    while not created.parent.exists():
+        created = created.parent
+    made_root = not root.exists()
+    try:
+        return plan_inputs(config, root / PLAN_NAME)
+    except BaseException:
+        shutil.rmtree(created if made_root else root / PLAN_NAME, ignore_errors=True)
+        if not made_root:
+            with contextlib.suppress(OSError):
+                (root / BUILD_DIR).rmdir()  # only if the plan was all it held
+        raise
+
+
+def plan_inputs(config: BuildConfig, directory: Path) -> tuple[Listing, Plan]:
+    """Stream the listing into the spill, size the shards, order and cut the plan."""
+    listing, items = stream_sources(config.input, confine=config.confine_to_input)
+    with Spill(directory, config.val_fraction, config.seed) as spill:
+        for item in items:
+            spill.add(item)
+    shard_size = config.shard_size
+    if config.shard_bytes is not None:
+        shard_size = shard_size_for_bytes(spill.probe, config.shard_bytes, config.image)
+    return listing, order_spill(spill, shard_size)
+
+
+def remove_plan(store: OutputStore) -> None:
+    """Drop the plan files of a finished local build; the next run plans again anyway."""
+    if not is_remote(store.url):
+        shutil.rmtree(Path(store.url) / PLAN_NAME, ignore_errors=True)
+
+
+def build_record(config: BuildConfig, plan: Plan) -> dict:
+    """`_build/config.json`: what this build is, compared by every rerun."""
+    return {
+        "config": config.output_shaping(),
+        "plan_digest": plan.digest,
+        "plan_version": PLAN_VERSION,
+        "inputs": plan.inputs,
+    }
+
+
+def read_build_record(store: OutputStore) -> dict | None:
+    try:
+        return json.loads(store.read_bytes(f"{BUILD_DIR}/{CONFIG_NAME}").decode("utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def record_changes(previous: dict, record: dict) -> list[str]:
+    """What differs between the build in the output and this one, field by field."""
+    changes = diff_configs(previous["config"], record["config"])
+    # Records without a version are of builds made before the streaming plan.
+    version = previous.get("plan_version", 1)
+    if version != record["plan_version"]:
+        changes.append(
+            f"plan version: {version} -> {record['plan_version']} (this version assigns "
+            "samples to shards by a keyed hash of their keys, so a build started by an "
+            "older version cannot be resumed; rebuild it with --overwrite)"
+        )
+    elif previous["plan_digest"] != record["plan_digest"]:
+        changes.append(
+            f"inputs: {previous['inputs']} files -> {record['inputs']} files (or their paths, labels or splits changed)"
+        )
+    return changes
+
+
 def prepare_output(store: OutputStore, config: BuildConfig, plan: Plan) -> None:
-    """Create or check the output, and record what this build is."""
-    record = {"config": config.output_shaping(), "plan_digest": plan.digest, "inputs": plan.inputs}
-    config_name = f"{BUILD_DIR}/{CONFIG_NAME}"
+    """Check the output (see `check_output`), and record what this build is."""
+    record = build_record(config, plan)
     if config.overwrite:
         clear_build_output(store)
-    try:
-        previous = json.loads(store.read_bytes(config_name).decode("utf-8"))
-    except FileNotFoundError:
-        previous = None
+    previous = read_build_record(store)
     if previous is not None:
-        changes = diff_configs(previous["config"], record["config"])
-        if previous["plan_digest"] != plan.digest:
-            changes.append(
-                f"inputs: {previous['inputs']} files -> {plan.inputs} files (or their paths, labels or splits changed)"
-            )
+        changes = record_changes(previous, record)
         if changes:
+            older = previous.get("plan_version", 1) != PLAN_VERSION
             raise BuildError(
                 f"{store.url} holds a build with other options:\n  "
                 + "\n  ".join(changes)
-                + "\nRerun with the original options to resume it, pass --overwrite to rebuild, "
-                "or choose another --output."
+                + (
+                    "\nIt cannot be resumed by this version: pass --overwrite to rebuild it, "
+                    "or choose another --output."
+                    if older
+                    else "\nRerun with the original options to resume it, pass --overwrite to "
+                    "rebuild, or choose another --output."
+                )
             )
-    elif not store.is_empty():
-        raise BuildError(
-            f"{store.url} is not empty and holds no shard build; choose an empty --output"
-        )
     store.remove_stale_temps()
     if previous is None:
-        store.write_bytes_atomic(config_name, json.dumps(record, indent=1, sort_keys=True).encode())
+        data = json.dumps(record, indent=1, sort_keys=True).encode()
+        store.write_bytes_atomic(f"{BUILD_DIR}/{CONFIG_NAME}", data)
 
 
 def clear_build_output(store: OutputStore) -> None:
-    """Remove what a build writes (and nothing else) before `--overwrite`."""
+    """Remove what a build writes (and nothing else) before `--overwrite`; keep this plan."""
     names = store.list()
-    if MANIFEST_NAME not in names and not any(n.startswith(f"{BUILD_DIR}/") for n in names):
-        if not store.is_empty():
-            raise BuildError(
-                f"{store.url} holds no shard build; refusing to clear it for --overwrite"
-            )
-        return
     store.remove(MANIFEST_NAME)
     store.remove(ERRORS_NAME)
-    store.remove_tree(BUILD_DIR)
+    if is_remote(store.url):
+        store.remove_tree(BUILD_DIR)  # the plan of an object-store output is not in it
     for name in names:
-        if "/" not in name and name.endswith((".tar", ".parquet")):
+        inside = name.startswith(f"{BUILD_DIR}/") and not name.startswith(f"{PLAN_NAME}/")
+        if inside or ("/" not in name and name.endswith((".tar", ".parquet"))):
             store.remove(name)
 
 
@@ -161,7 +257,10 @@ def run_tasks(
         "row_group_size": config.row_group_size,
         "confine_root": confine_root,
     }
-    tasks = dispatch_order(plan.tasks)
+    pieces = dispatch_order(plan.shards)
+    # A local output's tasks read their pieces from `_build/plan/`; an object store's
+    # plan is on this machine only, so each piece is loaded here as its task is sent.
+    tasks = map(load_task, pieces) if is_remote(output) else pieces
     if config.executor == "inline":
         stream = iter_inline(tasks, build_kwargs)
     else:
@@ -171,17 +270,17 @@ def run_tasks(
         for result in stream:
             by_name[(result.split, result.info.index)] = result
             bar.update(result.info.samples + len(result.skipped))
-    return [by_name[(t.split, t.index)] for t in plan.tasks]
+    return [by_name[(piece.split, piece.index)] for piece in plan.shards]
 
 
-def dispatch_order(tasks: list[ShardTask]) -> list[ShardTask]:
+def dispatch_order(tasks: list[ShardPiece]) -> list[ShardPiece]:
     """Largest shards first (plan order among equals), so the small ones fill the end.
 
     A split's last shard and a small `val` split are shorter than the rest; sent last,
     they keep the other workers busy while the final full shards finish, instead of
     leaving workers idle behind one long task. Results are put back in plan order.
     """
-    return sorted(tasks, key=lambda task: -len(task.samples))
+    return sorted(tasks, key=lambda task: -task.size)
 
 
 def progress_bar(total: int, enabled: bool):
@@ -267,3 +366,73 @@ def enforce_skip_budget(manifest: Manifest, config: BuildConfig, store: OutputSt
             f"See {store.location(ERRORS_NAME)}; fix the inputs or raise --max-skip-fraction and rerun "
             "(finished shards are kept)."
         )
+
+
+@dataclass
+class DryRun:
+    """What `build-shards --dry-run` found: the plan and what building it would do.
+
+    Attributes:
+        plan: the plan, its files kept under `plan_location`.
+        listing: the listing's account of entries that are not inputs.
+        output: the output's directory or URL.
+        plan_location: where the plan files are; None for an object-store output,
+            whose plan lived in a temporary directory.
+        probe: sizes of the probe's inputs in each format, for the estimate.
+        existing: what the output holds: `new`, `resume`, `replace` (--overwrite),
+            or the refusal a build would meet.
+        committed: shards of an existing build with a marker (checked when built).
+    """
+
+    plan: Plan
+    listing: Listing
+    output: str
+    plan_location: str | None
+    probe: Probe
+    existing: str
+    committed: int = 0
+
+    def estimated_bytes(self) -> dict[str, int | None]:
+        """Per format, the probe's mean sample size times the inputs (None: nothing readable)."""
+        estimate: dict[str, int | None] = {}
+        for fmt in self.probe.sizes:
+            mean = self.probe.mean_bytes(fmt)
+            # A tar ends with two empty blocks.
+            ends = 1024 * len(self.plan.shards) if fmt == "tar" else 0
+            estimate[fmt] = None if mean is None else round(mean * self.plan.inputs) + ends
+        return estimate
+
+
+def run_dry_run(config: BuildConfig) -> DryRun:
+    """List and plan as `run_build` does, and write nothing but the plan files.
+
+    Raises:
+        BuildError: the output holds something other than a build.
+        InputError: the input list cannot be trusted (nothing is left behind).
+    """
+    store = open_output_store(config.output)
+    check_output(store, config)
+    with contextlib.ExitStack() as stack:
+        listing, plan = plan_build(config, store, stack)
+    probe = probe_inputs(plan.probe, config.image, config.formats)
+    location = None if is_remote(store.url) else store.location(PLAN_NAME)
+    existing, committed = describe_existing(store, config, plan)
+    return DryRun(plan, listing, store.url, location, probe, existing, committed)
+
+
+def describe_existing(store: OutputStore, config: BuildConfig, plan: Plan) -> tuple[str, int]:
+    """What a build would do with the output: (`new`/`resume`/`replace`/refusal, markers)."""
+    previous = read_build_record(store)
+    if previous is None:
+        return "new", 0
+    if config.overwrite:
+        return "replace", 0
+    changes = record_changes(previous, build_record(config, plan))
+    if changes:
+        return "refused, the output holds a build with other options: " + "; ".join(changes), 0
+    markers = [
+        name
+        for name in store.list()
+        if name.startswith(f"{BUILD_DIR}/") and name.count("/") == 1 and "-" in name
+    ]
+    return "resume", len(markers)

@@ -1,19 +1,55 @@
-"""Turn the sorted input list into shard tasks, deterministically, before any image is read.
+"""Turn the streamed input listing into shard tasks, deterministically, before any image is read.
 
 Each input gets a key from a hash of its relative path (stable across shard
-sizes and seeds), a split (from the manifest, or from the same hash so that the
-val set does not move when the seed changes), and a place in a seeded shuffle
-of its split. The plan holds paths and labels only, never pixels.
+sizes and seeds), a split (from the list file, or from a second path hash so
+that the val set does not move when the seed changes) and a place in its
+split's order: the order of a keyed hash of its key, keyed by `--seed`, a seeded
+pseudo-random permutation that needs no input in memory. The listing is spilled
+to bucket files by the hash's top byte (`Spill`); buckets cover consecutive
+hash ranges, so sorting each bucket on its own and reading them one after
+another yields the whole split in order (`order_spill`), and shards are cut
+from that stream every `shard_size` inputs. The driver holds one bucket, the
+class names and one small `ShardPiece` per shard; the pieces themselves (one
+JSON line per input: key, path, relative path, label) stay in the plan files
+and hold paths and labels, never pixels.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
-from dataclasses import dataclass
+import heapq
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
 
 from preprocess.sources import InputError, SourceItem
+from shards.io import atomic_write_bytes
 from shards.sample import check_key
+
+# 1: every split listed in memory and shuffled with `random.Random(f"{seed}:{split}")`.
+# 2: the keyed-hash order below. Samples land in other shards, so a build started
+# by version 1 cannot be resumed by this one (`preprocess.job.prepare_output`).
+PLAN_VERSION = 2
+PLAN_INDEX = "plan.json"
+SPILL_DIR = "spill"
+SPILL_BUCKETS = 256  # one level of buckets per byte of the 64-bit order hash
+# A bucket file larger than this is split again by the next byte of the hash before it
+# is sorted, so the driver never holds more than about this much of the listing.
+MAX_BUCKET_BYTES = 8 << 20
+PROBE_SIZE = 64  # inputs with the smallest keys, processed to measure sizes (`sizing`)
+_MAX_OPEN_SPLIT_FILES = 64
+_BY_ORDER = itemgetter(0, 1, 4)  # spill records: (order hash, key, relative path)
+
+
+class PlanError(ValueError):
+    """A plan file of this build does not hold what the plan says; rerun to plan again."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +70,58 @@ class ShardTask:
     index: int
     samples: tuple[PlannedSample, ...]
 
+    @property
+    def size(self) -> int:
+        return len(self.samples)
+
+
+@dataclass(frozen=True)
+class ShardPiece:
+    """Where one shard's planned inputs lie in its split's plan file: all the driver keeps.
+
+    A task given a piece reads its inputs itself (`load_task`); for an object-store
+    output the driver loads the piece and ships the `ShardTask` instead.
+    """
+
+    split: str
+    index: int
+    size: int  # inputs planned for the shard
+    path: str  # the split's plan file, absolute
+    offset: int
+    length: int
+
 
 @dataclass(frozen=True)
 class Plan:
+    """Every input assigned to exactly one shard of one split.
+
+    Attributes:
+        classes: class names; a label is an index into this list.
+        shards: one piece per shard, in plan order (split name, then index).
+        inputs: inputs planned (files refused at listing are not among them).
+        digest: changes whenever any input path, label, split or order changes,
+            or the shard size or the plan version.
+        split_counts, class_counts: inputs per split, and per split and label.
+        probe: the `PROBE_SIZE` inputs with the smallest keys (for `sizing`).
+        directory: where the plan files are.
+    """
+
     classes: list[str]
-    tasks: list[ShardTask]
+    shards: list[ShardPiece]
     inputs: int
-    digest: str  # changes whenever any input path, label, split or order changes
+    digest: str
     shard_size: int
+    split_counts: dict[str, int] = field(default_factory=dict)
+    class_counts: dict[str, list[int]] = field(default_factory=dict)
+    probe: tuple[SourceItem, ...] = ()
+    directory: str = ""
+    # Keeps a temporary plan directory (`build_plan` without one) alive with the plan.
+    scratch: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def tasks(self) -> list[ShardTask]:
+        """Every shard with its inputs loaded: for small plans and tests, not for a build."""
+        return [load_task(piece) for piece in self.shards]
 
 
 def path_digest(rel: str) -> bytes:
@@ -64,26 +144,65 @@ def hash_split(rel: str, val_fraction: float) -> str:
     return "val" if unit < val_fraction else "train"
 
 
-def class_names(items: list[SourceItem]) -> list[str]:
+def order_key(seed: int) -> bytes:
+    """The blake2b key of the order hash for `seed` (any int, however long)."""
+    return hashlib.blake2b(str(seed).encode(), digest_size=32, person=b"shardsee").digest()
+
+
+def order_hash(key: str, keyed_by: bytes) -> int:
+    """A sample's place in its split: 64 bits of a hash of its key, keyed by the seed."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8, key=keyed_by, person=b"shardord")
+    return int.from_bytes(digest.digest(), "big")
+
+
+def class_names(labels: Iterable[str]) -> list[str]:
     """Sorted class names; numeric labels sort as numbers so `2` comes before `10`."""
-    names = {item.label for item in items}
+    names = set(labels)
     if all(name.lstrip("-").isdigit() for name in names):
         return sorted(names, key=int)
     return sorted(names)
 
 
-def build_plan(items: list[SourceItem], shard_size: int, val_fraction: float, seed: int) -> Plan:
-    """Assign every input to exactly one shard of one split.
+class Spill:
+    """Inputs on their way into the plan: checked, counted, appended to bucket files, never kept.
 
-    Raises:
-        InputError: two inputs hash to the same key, a split name is invalid, or a
-            path is not valid Unicode.
+    Use as a context manager (the bucket files are closed on leaving), `add` every
+    input, then pass it to `order_spill`. A spill record is a JSON list
+    `[order hash, key, split, class name, rel, path, where]`.
     """
-    classes = class_names(items)
-    label_of = {name: index for index, name in enumerate(classes)}
-    by_split: dict[str, list[PlannedSample]] = {}
-    keys: set[str] = set()
-    for item in items:
+
+    def __init__(self, directory: str | os.PathLike, val_fraction: float, seed: int) -> None:
+        self.directory = Path(directory)
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.inputs = 0
+        self.counts: Counter = Counter()  # (split, class name) -> inputs
+        self._keyed_by = order_key(seed)
+        self._splits: set[str] = set()
+        self._probe: list[tuple[int, int, SourceItem]] = []  # max-heap on the key, bounded
+        spill = self.directory / SPILL_DIR
+        shutil.rmtree(spill, ignore_errors=True)
+        spill.mkdir(parents=True)
+        # Binary files: one 8 KiB buffer each (a text file adds a second one).
+        self._files = [
+            open(spill / f"{bucket:03d}.jsonl", "wb")  # noqa: SIM115
+            for bucket in range(SPILL_BUCKETS)
+        ]
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for file in self._files:
+            file.close()
+
+    def add(self, item: SourceItem) -> None:
+        """Take one input.
+
+        Raises:
+            InputError: a path that is not valid Unicode, or a split name unusable in
+                file names.
+        """
         try:
             key = sample_key(item.rel)
         except UnicodeEncodeError as error:
@@ -91,31 +210,261 @@ def build_plan(items: list[SourceItem], shard_size: int, val_fraction: float, se
             raise InputError(
                 f"input path {ascii(item.rel)} is not valid UTF-8; rename the file and rerun"
             ) from error
-        if key in keys:
-            raise InputError(f"two inputs share the key {key}; rename {item.rel}")
-        keys.add(key)
-        split = item.split or hash_split(item.rel, val_fraction)
-        try:
-            check_key(split)
-        except ValueError as error:
-            raise InputError(
-                f"split name {split!r} of {item.rel} is not usable in file names"
-            ) from error
-        by_split.setdefault(split, []).append(
-            PlannedSample(key, item.path, item.rel, label_of[item.label])
+        split = item.split or hash_split(item.rel, self.val_fraction)
+        if split not in self._splits:
+            try:
+                check_key(split)
+            except ValueError as error:
+                raise InputError(
+                    f"split name {split!r} of {item.rel} is not usable in file names"
+                ) from error
+            self._splits.add(split)
+        order = order_hash(key, self._keyed_by)
+        record = [order, key, split, item.label, item.rel, item.path, item.where]
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        self._files[order >> 56].write(line.encode("utf-8"))
+        self.counts[(split, item.label)] += 1
+        self.inputs += 1
+        self._keep_for_probe(key, item)
+
+    def _keep_for_probe(self, key: str, item: SourceItem) -> None:
+        entry = (-int(key, 16), self.inputs, item)
+        if len(self._probe) < PROBE_SIZE:
+            heapq.heappush(self._probe, entry)
+        elif entry[0] > self._probe[0][0]:
+            heapq.heapreplace(self._probe, entry)
+
+    @property
+    def probe(self) -> tuple[SourceItem, ...]:
+        """The inputs with the smallest keys so far, by key: the same on every run."""
+        return tuple(item for _, _, item in sorted(self._probe, reverse=True))
+
+    def bucket_paths(self) -> list[Path]:
+        return [Path(file.name) for file in self._files]
+
+
+def build_plan(
+    items: Iterable[SourceItem],
+    shard_size: int,
+    val_fraction: float,
+    seed: int,
+    directory: str | os.PathLike | None = None,
+) -> Plan:
+    """Assign every input to exactly one shard of one split (the whole of planning).
+
+    Args:
+        directory: where the plan files go; None: a temporary directory that lives as
+            long as the returned plan.
+
+    Raises:
+        InputError: two inputs hash to the same key, a path is listed twice, a split
+            name is invalid, or a path is not valid Unicode.
+    """
+    scratch = None
+    if directory is None:
+        scratch = tempfile.TemporaryDirectory(prefix="shardpipe-plan-")
+        directory = scratch.name
+    with Spill(directory, val_fraction, seed) as spill:
+        for item in items:
+            spill.add(item)
+    return order_spill(spill, shard_size, scratch)
+
+
+def order_spill(spill: Spill, shard_size: int, scratch: Any = None) -> Plan:
+    """Sort the spilled inputs bucket by bucket and cut each split into shards.
+
+    Writes one plan file per split (`{split}.jsonl`, records in plan order) and
+    `plan.json` (the index of pieces), and removes the bucket files.
+
+    Raises:
+        InputError: a path listed twice, or two paths with the same key.
+    """
+    classes = class_names(label for _, label in spill.counts)
+    label_of = {name: index for index, name in enumerate(classes)}
+    splits = _SplitFiles(spill.directory, shard_size)
+    previous = None
+    for bucket in spill.bucket_paths():
+        for record in iter_sorted_bucket(bucket, 1):
+            if previous is not None and previous[1] == record[1]:
+                raise _duplicate(previous, record)
+            previous = record
+            _, key, split, label, rel, path, _ = record
+            splits.append(split, key, path, rel, label_of[label])
+    shutil.rmtree(spill.directory / SPILL_DIR, ignore_errors=True)
+    shards = splits.finish()
+    digest = hashlib.sha256(f"shardpipe plan v{PLAN_VERSION}\tshard_size {shard_size}\n".encode())
+    for split in sorted(splits.digests):
+        digest.update(f"{split}\t{splits.digests[split].hexdigest()}\n".encode())
+    plan = Plan(
+        classes=classes,
+        shards=shards,
+        inputs=spill.inputs,
+        digest=digest.hexdigest(),
+        shard_size=shard_size,
+        split_counts={
+            s: sum(spill.counts[(s, c)] for c in classes) for s in sorted(splits.digests)
+        },
+        class_counts={s: [spill.counts[(s, c)] for c in classes] for s in sorted(splits.digests)},
+        probe=spill.probe,
+        directory=str(spill.directory),
+        scratch=scratch,
+    )
+    write_plan_index(plan)
+    return plan
+
+
+def _duplicate(first: list, second: list) -> InputError:
+    if first[4] == second[4]:
+        where = " and ".join(sorted(w for w in (first[6], second[6]) if w)) or first[4]
+        return InputError(f"{where}: duplicate path {second[4]!r}; list each file once")
+    return InputError(
+        f"two inputs share the key {first[1]} ({first[4]} and {second[4]}); rename one of them"
+    )
+
+
+def iter_sorted_bucket(path: Path, depth: int) -> Iterator[list]:
+    """A bucket's records sorted by (order hash, key, path); removes the bucket file.
+
+    A bucket over `MAX_BUCKET_BYTES` is split by the hash's next byte first, so at
+    most one small bucket is in memory, however many inputs there are.
+    """
+    if path.stat().st_size <= MAX_BUCKET_BYTES or depth >= 8:
+        with open(path, "rb") as file:
+            records = [json.loads(line) for line in file]
+        path.unlink()
+        records.sort(key=_BY_ORDER)
+        yield from records
+        return
+    shift = 56 - 8 * depth
+    subs = [path.with_name(f"{path.stem}-{sub:03d}.jsonl") for sub in range(SPILL_BUCKETS)]
+    outs = [open(sub, "wb") for sub in subs]  # noqa: SIM115
+    try:
+        with open(path, "rb") as file:
+            for line in file:
+                order = int(line[1 : line.index(b",")])
+                outs[(order >> shift) & 0xFF].write(line)
+    finally:
+        for out in outs:
+            out.close()
+    path.unlink()
+    for sub in subs:
+        yield from iter_sorted_bucket(sub, depth + 1)
+
+
+class _SplitFiles:
+    """The plan files being written, one per split, cut into pieces of `shard_size`.
+
+    At most `_MAX_OPEN_SPLIT_FILES` stay open (a list file may name many splits);
+    a closed one is reopened for appending.
+    """
+
+    def __init__(self, directory: Path, shard_size: int) -> None:
+        self.directory = directory.resolve()
+        self.shard_size = shard_size
+        self.digests: dict[str, Any] = {}
+        self._state: dict[str, list[int]] = {}  # split -> [offset, piece start, piece size]
+        self._open: dict[str, Any] = {}
+        self._pieces: list[ShardPiece] = []
+        self._next_index: Counter = Counter()
+
+    def _file(self, split: str):
+        file = self._open.get(split)
+        if file is None:
+            if len(self._open) >= _MAX_OPEN_SPLIT_FILES:
+                for other in self._open.values():
+                    other.close()
+                self._open.clear()
+            mode = "ab" if split in self._state else "wb"
+            file = self._open[split] = open(self._path(split), mode)  # noqa: SIM115
+            if split not in self._state:
+                self._state[split] = [0, 0, 0]
+                self.digests[split] = hashlib.sha256()
+        return file
+
+    def _path(self, split: str) -> Path:
+        return self.directory / f"{split}.jsonl"
+
+    def append(self, split: str, key: str, path: str, rel: str, label: int) -> None:
+        line = (json.dumps([key, path, rel, label], ensure_ascii=False) + "\n").encode("utf-8")
+        self._file(split).write(line)
+        state = self._state[split]
+        state[0] += len(line)
+        state[2] += 1
+        self.digests[split].update(f"{rel}\t{label}\n".encode())
+        if state[2] == self.shard_size:
+            self._cut(split)
+
+    def _cut(self, split: str) -> None:
+        offset, start, size = self._state[split]
+        index = self._next_index[split]
+        self._next_index[split] += 1
+        path = str(self._path(split))
+        self._pieces.append(ShardPiece(split, index, size, path, start, offset - start))
+        self._state[split] = [offset, offset, 0]
+
+    def finish(self) -> list[ShardPiece]:
+        """Close the files; every piece, a split's short last one included, in plan order."""
+        for file in self._open.values():
+            file.close()
+        self._open.clear()
+        for split, state in self._state.items():
+            if state[2]:
+                self._cut(split)
+        return sorted(self._pieces, key=_piece_order)
+
+
+def _piece_order(piece: ShardPiece) -> tuple[str, int]:
+    return piece.split, piece.index
+
+
+def load_task(piece: ShardPiece) -> ShardTask:
+    """A shard's planned inputs, read from its split's plan file.
+
+    Raises:
+        PlanError: the file does not hold the piece (changed since it was planned).
+    """
+    name = f"shard {piece.split}-{piece.index:06d}"
+    try:
+        with open(piece.path, "rb") as file:
+            file.seek(piece.offset)
+            data = file.read(piece.length)
+        samples = tuple(_planned_sample(line) for line in data.splitlines())
+    except (OSError, ValueError) as error:
+        raise PlanError(
+            f"{piece.path}: cannot read the plan of {name} ({error}); "
+            "rerun the same command, which plans again"
+        ) from error
+    if len(samples) != piece.size:
+        raise PlanError(
+            f"{piece.path}: the plan of {name} holds {len(samples)} inputs, not "
+            f"{piece.size}; rerun the same command, which plans again"
         )
-    tasks: list[ShardTask] = []
-    digest = hashlib.sha256()
-    for split in sorted(by_split):
-        samples = sorted(by_split[split], key=_by_key)
-        random.Random(f"{seed}:{split}").shuffle(samples)
-        for index, start in enumerate(range(0, len(samples), shard_size)):
-            chunk = tuple(samples[start : start + shard_size])
-            tasks.append(ShardTask(split, index, chunk))
-        for sample in samples:
-            digest.update(f"{split}\t{sample.rel}\t{sample.label}\n".encode())
-    return Plan(classes, tasks, len(items), digest.hexdigest(), shard_size)
+    return ShardTask(piece.split, piece.index, samples)
 
 
-def _by_key(sample: PlannedSample) -> str:
-    return sample.key
+def _planned_sample(line: bytes) -> PlannedSample:
+    record = json.loads(line)
+    if not (isinstance(record, list) and len(record) == 4 and isinstance(record[3], int)):
+        raise ValueError(f"not a plan record: {line[:80]!r}")
+    return PlannedSample(*record)
+
+
+def write_plan_index(plan: Plan) -> None:
+    """`plan.json`: what would be built, for `--dry-run` readers and for a look after a crash."""
+    document = {
+        "version": PLAN_VERSION,
+        "digest": plan.digest,
+        "inputs": plan.inputs,
+        "shard_size": plan.shard_size,
+        "classes": plan.classes,
+        "splits": {
+            split: {"inputs": count, "class_counts": plan.class_counts[split]}
+            for split, count in plan.split_counts.items()
+        },
+        "shards": [
+            [p.split, p.index, p.size, os.path.basename(p.path), p.offset, p.length]
+            for p in plan.shards
+        ],
+    }
+    data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    atomic_write_bytes(Path(plan.directory) / PLAN_INDEX, data)

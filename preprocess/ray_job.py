@@ -6,15 +6,17 @@ node dies (`max_retries`); a data error never fails a task (it is a skip) and
 an environment error fails the job at once rather than being retried. A task
 killed with its node leaves its temp files behind: they are swept once every
 task has finished, so the output holds exactly what a fault-free run writes.
+A task is a `ShardPiece` (a place in the plan files, which the task reads) or,
+for an object-store output, the `ShardTask` the driver loaded from it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from preprocess.build import ShardResult, build_shard
-from preprocess.plan import ShardTask
+from preprocess.plan import ShardPiece, ShardTask, load_task
 from shards.io import open_output_store
 
 TASK_RETRIES = 3
@@ -24,16 +26,25 @@ class BuildError(RuntimeError):
     """The build cannot go on; the message says what to do."""
 
 
-def iter_inline(tasks: list[ShardTask], build_kwargs: dict) -> Iterator[ShardResult]:
+def iter_inline(
+    tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict
+) -> Iterator[ShardResult]:
     """Run tasks one after another in this process."""
     for task in tasks:
         yield build_with_options(task, build_kwargs)
 
 
 def iter_ray(
-    tasks: list[ShardTask], build_kwargs: dict, address: str | None, workers: int | None
+    tasks: Iterable[ShardPiece | ShardTask],
+    build_kwargs: dict,
+    address: str | None,
+    workers: int | None,
 ) -> Iterator[ShardResult]:
-    """Run tasks on Ray and yield results as they complete (not in task order)."""
+    """Run tasks on Ray and yield results as they complete (not in task order).
+
+    `tasks` is consumed lazily, as slots free up, so a driver that loads pieces
+    into tasks holds only those in flight.
+    """
     import ray
 
     # Under `ray job submit` the job's driver finds its cluster through RAY_ADDRESS.
@@ -79,6 +90,8 @@ def iter_ray(
             ray.cancel(ref, force=True)
 
 
-def build_with_options(task: ShardTask, options: dict) -> ShardResult:
+def build_with_options(task: ShardPiece | ShardTask, options: dict) -> ShardResult:
     """`build_shard` with the job-wide options in one dict (one object-store entry)."""
+    if isinstance(task, ShardPiece):
+        task = load_task(task)
     return build_shard(task, **options)

@@ -1,11 +1,13 @@
 """List the inputs of a build: an ImageFolder tree or a CSV/JSONL/Parquet manifest.
 
-Produces a `Listing`: the `SourceItem`s (path, relative path, class name, optional
-split) plus an account of every tree entry that is not an input, and nothing else:
-no image is opened here, so listing 500k inputs is cheap. Problems that make the
-input list itself untrustworthy (duplicates, paths escaping the root, missing
-columns, NUL or control characters in a listed path) are errors before any work
-starts.
+`stream_sources` yields the `SourceItem`s (path, relative path, class name,
+optional split) one at a time, in no particular order, and fills a `Listing`
+with an account of every tree entry that is not an input: nothing is kept per
+input, so a list of any length streams through in constant memory, and no image
+is opened here. Problems that make the input list itself untrustworthy (paths
+escaping the root, missing columns, NUL or control characters in a listed path)
+are errors before any work starts; duplicates are found by the plan, which sorts
+(`preprocess.plan`).
 
 Symlinks are followed, file and directory links alike, as torchvision's
 ImageFolder does; a directory link to one of its own ancestors is a loop, left out
@@ -23,6 +25,7 @@ import os
 import posixpath
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +51,7 @@ class SourceItem:
     rel: str  # path relative to the input root, with `/` separators; the identity of the input
     label: str  # class name
     split: str | None = None  # from a manifest's split column, else assigned by hash
+    where: str | None = None  # the list file and row it came from, for messages
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class Listing:
     """What listing found: the inputs, and an account of everything else in the tree.
 
     Attributes:
-        items: the inputs, sorted by relative path.
+        items: the inputs, sorted by relative path (`scan_sources`; empty while
+            `stream_sources` streams them).
         root: the resolved local root (tree root or list file's directory) that
             `--confine-to-input` confines reads to; None for an object store.
         links_followed: file and directory symlinks listed through.
@@ -105,40 +110,63 @@ def list_sources(input_path: str) -> list[SourceItem]:
 
 
 def scan_sources(input_path: str, confine: bool = False) -> Listing:
-    """List the inputs of a build and account for every other entry of the tree.
+    """`stream_sources`, with every input held in `items`: for small inputs and tests."""
+    listing, items = stream_sources(input_path, confine)
+    listing.items = sorted(items, key=_sort_key)
+    return listing
+
+
+def stream_sources(input_path: str, confine: bool = False) -> tuple[Listing, Iterator[SourceItem]]:
+    """The inputs of a build, one at a time, and the account of every other tree entry.
+
+    The `Listing` is complete once the iterator is exhausted (its `root` at once);
+    nothing per input is kept.
 
     Args:
         confine: leave out directory links that resolve outside the root.
 
     Raises:
-        InputError: no inputs, a malformed manifest, duplicates or escaping paths.
-        FileNotFoundError: the input does not exist.
+        InputError: a malformed manifest or escaping paths (while iterating), or no
+            inputs at all (at the end).
+        FileNotFoundError: the input does not exist (at once).
     """
     if is_remote(input_path):
-        listing = Listing(list_remote(input_path))
-    else:
-        path = Path(input_path)
-        if not path.exists():
-            raise FileNotFoundError(f"input {input_path} does not exist; check --input")
-        if path.is_dir():
-            listing = scan_image_folder(path, confine)
-        elif path.suffix.lower() in MANIFEST_SUFFIXES:
-            listing = scan_manifest(path)
-        else:
-            raise InputError(
-                f"input {input_path} is neither a directory nor a manifest "
-                f"({', '.join(MANIFEST_SUFFIXES)}); pass an ImageFolder root or a list file"
-            )
-    if not listing.items:
+        listing = Listing([])
+        return listing, _account(input_path, listing, iter_remote(input_path))
+    path = Path(input_path)
+    if not path.exists():
+        raise FileNotFoundError(f"input {input_path} does not exist; check --input")
+    if path.is_dir():
+        scan = _TreeScan(os.path.realpath(path), confine)
+        listing = Listing([], scan.root, left_out=scan.left_out, ignored=scan.ignored)
+        return listing, _account(input_path, listing, scan.iter_tree(), scan)
+    if path.suffix.lower() in MANIFEST_SUFFIXES:
+        listing = Listing([], str(path.resolve().parent))
+        return listing, _account(input_path, listing, iter_manifest(path, listing))
+    raise InputError(
+        f"input {input_path} is neither a directory nor a manifest "
+        f"({', '.join(MANIFEST_SUFFIXES)}); pass an ImageFolder root or a list file"
+    )
+
+
+def _account(
+    input_path: str, listing: Listing, items: Iterator[SourceItem], scan: _TreeScan | None = None
+) -> Iterator[SourceItem]:
+    """Pass `items` through; at the end, complete `listing` and refuse an empty input."""
+    count = 0
+    for item in items:
+        count += 1
+        yield item
+    if scan is not None:
+        listing.links_followed = scan.links
+    listing.left_out.sort(key=_left_out_key)
+    if not count:
         refused = Counter(entry.reason for entry in listing.refused)
         why = f" ({', '.join(f'{r}: {n}' for r, n in sorted(refused.items()))} refused)"
         raise InputError(
             f"no images found under {input_path}{why if refused else ''}; an "
             "ImageFolder root holds one directory per class with image files in it"
         )
-    listing.items.sort(key=_sort_key)
-    listing.left_out.sort(key=_left_out_key)
-    return listing
 
 
 def _sort_key(item: SourceItem) -> str:
@@ -173,29 +201,8 @@ def is_inside(path: str, root: str) -> bool:
 
 
 def scan_image_folder(root: Path, confine: bool = False) -> Listing:
-    """`root/<class>/.../<file>`: the class is the first directory level.
-
-    Files with an image suffix are inputs. Hidden entries, other suffixes and files
-    directly under the root are counted; names that are not UTF-8, loops, unreadable
-    directories and non-regular files are left out and named.
-    """
-    scan = _TreeScan(os.path.realpath(root), confine)
-    try:
-        entries = _sorted_entries(scan.root)
-    except OSError as error:
-        raise InputError(
-            f"cannot list the input root {root}: {error.strerror}; check its permissions"
-        ) from error
-    for entry in entries:
-        if _is_hidden(entry.name):
-            scan.ignored["hidden"] += 1
-        elif not _is_dir(entry):
-            scan.ignored["no_class"] += 1
-        elif not _is_utf8(entry.name):
-            scan.leave_out(entry.name, "bad_name", _BAD_NAME_DIR, False)
-        else:
-            scan.enter(entry, "", (scan.root,), label=entry.name)
-    return Listing(scan.items, scan.root, scan.links, scan.left_out, scan.ignored)
+    """`root/<class>/.../<file>`, listed at once (see `stream_sources`)."""
+    return scan_sources(str(root), confine)
 
 
 _BAD_NAME = "the file name is not UTF-8; rename it (for example with `convmv`) and rerun"
@@ -222,6 +229,13 @@ def _is_dir(entry: os.DirEntry) -> bool:
 class _TreeScan:
     """One walk of an ImageFolder tree: the inputs found and an account of the rest.
 
+    `root/<class>/.../<file>`: the class is the first directory level. Files with
+    an image suffix are inputs. Hidden entries, other suffixes and files directly
+    under the root are counted; names that are not UTF-8, loops, unreadable
+    directories and non-regular files are left out and named. Only the root's
+    entries (the classes) are sorted; a directory's entries are read as they come,
+    so a flat directory of millions of files streams too.
+
     Directories are walked with an explicit stack (a hostile tree may be deeper than
     Python's recursion limit). Each pending directory carries the resolved paths of
     its ancestors, which is what loop detection compares a directory link against;
@@ -232,7 +246,6 @@ class _TreeScan:
     def __init__(self, root: str, confine: bool) -> None:
         self.root = root
         self.confine = confine
-        self.items: list[SourceItem] = []
         self.left_out: list[LeftOut] = []
         self.ignored: Counter = Counter()
         self.links = 0
@@ -241,19 +254,42 @@ class _TreeScan:
     def leave_out(self, rel: str, reason: str, detail: str, is_input: bool) -> None:
         self.left_out.append(LeftOut(printable_name(rel), reason, detail, is_input))
 
-    def enter(self, entry: os.DirEntry, rel: str, chain: tuple[str, ...], label: str) -> None:
-        """Walk the directory `entry` (a class directory, or one below it)."""
+    def iter_tree(self) -> Iterator[SourceItem]:
+        """The inputs of the whole tree, class directory by class directory."""
+        try:
+            entries = _sorted_entries(self.root)
+        except OSError as error:
+            raise InputError(
+                f"cannot list the input root {self.root}: {error.strerror}; check its permissions"
+            ) from error
+        for entry in entries:
+            if _is_hidden(entry.name):
+                self.ignored["hidden"] += 1
+            elif not _is_dir(entry):
+                self.ignored["no_class"] += 1
+            elif not _is_utf8(entry.name):
+                self.leave_out(entry.name, "bad_name", _BAD_NAME_DIR, False)
+            else:
+                yield from self.iter_class(entry, "", (self.root,), label=entry.name)
+
+    def iter_class(
+        self, entry: os.DirEntry, rel: str, chain: tuple[str, ...], label: str
+    ) -> Iterator[SourceItem]:
+        """The inputs below the directory `entry` (a class directory, or one below it)."""
         self._push(entry, rel, chain, label)
         while self.pending:
             path, dir_rel, dir_label, dir_chain = self.pending.pop()
             try:
-                entries = _sorted_entries(path)
+                entries = os.scandir(path)
             except OSError as error:
                 detail = f"cannot list it ({error.strerror}); fix its permissions and rerun"
                 self.leave_out(dir_rel, "unreadable_dir", detail, False)
                 continue
-            for child in entries:
-                self._visit(child, dir_rel, dir_label, dir_chain)
+            with entries:
+                for child in entries:
+                    item = self._visit(child, dir_rel, dir_label, dir_chain)
+                    if item is not None:
+                        yield item
 
     def _push(self, entry: os.DirEntry, parent_rel: str, chain: tuple[str, ...], label: str):
         rel = f"{parent_rel}/{entry.name}" if parent_rel else entry.name
@@ -276,30 +312,33 @@ class _TreeScan:
         self.links += 1
         self.pending.append((entry.path, rel, label, (*chain, real)))
 
-    def _visit(self, entry: os.DirEntry, rel: str, label: str, chain: tuple[str, ...]) -> None:
+    def _visit(
+        self, entry: os.DirEntry, rel: str, label: str, chain: tuple[str, ...]
+    ) -> SourceItem | None:
+        """The input `entry` is, or None (after pushing a directory or accounting for it)."""
         name = entry.name
         if _is_hidden(name):
             self.ignored["hidden"] += 1
-            return
+            return None
         if _is_dir(entry):
             if not _is_utf8(name):
                 self.leave_out(f"{rel}/{name}", "bad_name", _BAD_NAME_DIR, False)
             else:
                 self._push(entry, rel, chain, label)
-            return
+            return None
         if os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
             self.ignored["other_suffix"] += 1
-            return
+            return None
         child_rel = f"{rel}/{name}"
         if not _is_utf8(name):
             self.leave_out(child_rel, "bad_name", _BAD_NAME, True)
-            return
+            return None
         problem = _not_a_file(entry)
         if problem is not None:
             self.leave_out(child_rel, problem[0], problem[1], False)
-            return
+            return None
         self.links += entry.is_symlink()
-        self.items.append(SourceItem(entry.path, child_rel, label))
+        return SourceItem(entry.path, child_rel, label)
 
 
 def _not_a_file(entry: os.DirEntry) -> tuple[str, str] | None:
@@ -322,17 +361,17 @@ def _not_a_file(entry: os.DirEntry) -> tuple[str, str] | None:
 
 
 def scan_manifest(manifest: Path) -> Listing:
-    """A list file's inputs; its directory is the root that confinement checks against."""
-    items = list_manifest(manifest)
-    links = sum(os.path.islink(item.path) for item in items)
-    return Listing(items, str(manifest.resolve().parent), links)
+    """A list file's inputs, listed at once (see `stream_sources`)."""
+    return scan_sources(str(manifest))
 
 
-def list_manifest(manifest: Path) -> list[SourceItem]:
-    """Rows `path,label[,split]`; paths are relative to the manifest's directory."""
+def iter_manifest(manifest: Path, listing: Listing) -> Iterator[SourceItem]:
+    """Rows `path,label[,split]`; paths are relative to the manifest's directory.
+
+    Symlinks among the listed paths are counted in `listing.links_followed`.
+    """
     root = manifest.resolve().parent
-    items, seen = [], set()
-    for where, row in _read_rows(manifest):
+    for where, row in _iter_rows(manifest):
         raw_path, label = _row_fields(where, row)
         if os.path.isabs(raw_path) or "://" in raw_path:
             raise InputError(f"{where}: path {raw_path!r} must be relative to the manifest")
@@ -340,12 +379,9 @@ def list_manifest(manifest: Path) -> list[SourceItem]:
         rel = os.path.relpath(full, root).replace(os.sep, "/")
         if rel.startswith("../") or rel == "..":
             raise InputError(f"{where}: path {raw_path!r} escapes the manifest's directory")
-        if rel in seen:
-            raise InputError(f"{where}: duplicate path {rel!r}; list each file once")
-        seen.add(rel)
+        listing.links_followed += os.path.islink(full)
         split = row.get("split")
-        items.append(SourceItem(full, rel, label, str(split) if split else None))
-    return items
+        yield SourceItem(full, rel, label, str(split) if split else None, where)
 
 
 def _row_fields(where: str, row: dict) -> tuple[str, str]:
@@ -370,27 +406,27 @@ def _row_fields(where: str, row: dict) -> tuple[str, str]:
     return raw_path, label
 
 
-def _read_rows(manifest: Path | str, opener=open) -> list[tuple[str, dict]]:
-    """(where, row) pairs of a CSV, JSONL or Parquet list; `where` names the file and row.
+def _iter_rows(manifest: Path | str, opener=open) -> Iterator[tuple[str, dict]]:
+    """(where, row) pairs of a CSV, JSONL or Parquet list, read as a stream.
 
-    `opener` is `open` or an fsspec filesystem's. CSV and JSONL rows are named by
-    their line, Parquet rows by their index from 1.
+    `where` names the file and row; `opener` is `open` or an fsspec filesystem's.
+    CSV and JSONL rows are named by their line, Parquet rows by their index from 1.
     """
     suffix = os.path.splitext(str(manifest))[1].lower()
+    if suffix == ".parquet":
+        rows = _iter_parquet_rows(manifest, opener)
+    else:
+        rows = _iter_csv_or_jsonl(manifest, opener, suffix)
     try:
-        if suffix == ".csv":
-            with opener(manifest, "rt", newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                rows = [(f"{manifest} line {reader.line_num}", row) for row in reader]
-        elif suffix == ".jsonl":
-            with opener(manifest, "rt", encoding="utf-8") as f:
-                rows = [
-                    (f"{manifest} line {i}", _parse_json_line(f"{manifest} line {i}", line))
-                    for i, line in enumerate(f, 1)
-                    if line.strip()
-                ]
-        else:
-            rows = _read_parquet_rows(manifest, opener)
+        first = next(rows, None)
+        if first is None:
+            return
+        if not {"path", "label"} <= set(first[1]):
+            raise InputError(
+                f"{manifest} needs columns `path` and `label` (has {sorted(first[1])})"
+            )
+        yield first
+        yield from rows
     except UnicodeDecodeError as error:
         raise InputError(
             f"{manifest} is not UTF-8 text ({error.reason} at byte {error.start}); "
@@ -400,23 +436,40 @@ def _read_rows(manifest: Path | str, opener=open) -> list[tuple[str, dict]]:
         raise InputError(
             f"{manifest}: not a readable CSV file ({error}); fix it and rerun"
         ) from error
-    if rows and not {"path", "label"} <= set(rows[0][1]):
-        raise InputError(f"{manifest} needs columns `path` and `label` (has {sorted(rows[0][1])})")
-    return rows
 
 
-def _read_parquet_rows(manifest: Path | str, opener) -> list[tuple[str, dict]]:
+def _iter_csv_or_jsonl(manifest: Path | str, opener, suffix: str) -> Iterator[tuple[str, dict]]:
+    if suffix == ".csv":
+        with opener(manifest, "rt", newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                yield f"{manifest} line {reader.line_num}", row
+        return
+    with opener(manifest, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                yield f"{manifest} line {i}", _parse_json_line(f"{manifest} line {i}", line)
+
+
+# Parquet rows are decoded a batch at a time: a few MB, whatever the list's length.
+_PARQUET_BATCH = 8192
+
+
+def _iter_parquet_rows(manifest: Path | str, opener) -> Iterator[tuple[str, dict]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    number = 0
     try:
         with opener(manifest, "rb") as f:
-            rows = pq.read_table(f).to_pylist()
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield f"{manifest} row {number}", row
     except pa.ArrowException as error:
         raise InputError(
             f"{manifest}: not a readable Parquet file ({error}); rewrite it and rerun"
         ) from error
-    return [(f"{manifest} row {i}", row) for i, row in enumerate(rows, 1)]
 
 
 def _parse_json_line(where: str, line: str) -> dict:
@@ -442,11 +495,12 @@ def is_remote(input_path: str) -> bool:
     return "://" in input_path and not input_path.startswith("file://")
 
 
-def list_remote(url: str) -> list[SourceItem]:
+def iter_remote(url: str) -> Iterator[SourceItem]:
     """An ImageFolder tree or a list file in an object store, listed through fsspec.
 
     Paths in a remote list file are relative to it and may not leave its prefix;
-    credentials and endpoints come from the store's standard environment.
+    credentials and endpoints come from the store's standard environment. A tree
+    is walked prefix by prefix (`fs.walk`), hidden prefixes not entered.
     """
     import fsspec
 
@@ -456,32 +510,29 @@ def list_remote(url: str) -> list[SourceItem]:
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
     if root.lower().endswith(MANIFEST_SUFFIXES):
-        return _remote_list_file(fs, scheme, root)
-    items = []
-    for full in sorted(fs.find(root)):
-        rel = full[len(root) :].lstrip("/")
-        parts = rel.split("/")
-        if len(parts) < 2 or any(_is_hidden(p) for p in parts):
-            continue
-        if os.path.splitext(parts[-1])[1].lower() in IMAGE_SUFFIXES:
-            items.append(SourceItem(f"{scheme}://{full}", rel, parts[0]))
-    return items
+        yield from _iter_remote_list_file(fs, scheme, root)
+        return
+    for directory, subdirs, files in fs.walk(root):
+        subdirs[:] = [name for name in subdirs if not _is_hidden(name)]
+        for name in files:
+            full = f"{directory.rstrip('/')}/{name}"
+            rel = full[len(root) :].lstrip("/")
+            parts = rel.split("/")
+            if len(parts) < 2 or any(_is_hidden(p) for p in parts):
+                continue
+            if os.path.splitext(parts[-1])[1].lower() in IMAGE_SUFFIXES:
+                yield SourceItem(f"{scheme}://{full}", rel, parts[0])
 
 
-def _remote_list_file(fs, scheme: str, listing: str) -> list[SourceItem]:
+def _iter_remote_list_file(fs, scheme: str, listing: str) -> Iterator[SourceItem]:
     base = posixpath.dirname(listing)
-    items, seen = [], set()
-    for where, row in _read_rows(listing, opener=fs.open):
+    for where, row in _iter_rows(listing, opener=fs.open):
         where = f"{scheme}://{where}"
         raw, label = _row_fields(where, row)
         rel = posixpath.normpath(raw)
         if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
             raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
-        if rel in seen:
-            raise InputError(f"{where}: duplicate path {rel!r}; list each file once")
-        seen.add(rel)
         split = row.get("split")
-        items.append(
-            SourceItem(f"{scheme}://{base}/{rel}", rel, label, str(split) if split else None)
+        yield SourceItem(
+            f"{scheme}://{base}/{rel}", rel, label, str(split) if split else None, where
         )
-    return items
