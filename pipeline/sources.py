@@ -5,23 +5,36 @@ and checksum without opening a shard. Plain URLs work too; their counts come
 from a `manifest.json` beside them, else from the shards themselves (tar
 headers or the Parquet footer), which is cheap for local files; a shard that
 cannot even be counted is left out of the epoch and reported, not fatal.
+
+The specs are `ShardSpecs`: columns (counts, sizes, digests) and a URL rule, so
+a million shards cost ~50 MB in the process that resolves them, are inherited by
+forked workers as they are, and pickle as arrays for spawned ones.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
 
 from pipeline.opener import DEFAULT_RETRY, RetryPolicy, open_stream
 from pipeline.urls import expand_urls, url_scheme
 from shards.errors import ShardError
 from shards.formats import ShardFormat, format_of_url, get_format
-from shards.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ManifestError
+from shards.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    ManifestError,
+    shard_name,
+)
 from shards.redact import redact_url
 
 log = logging.getLogger("pipeline")
@@ -59,24 +72,182 @@ class ShardSpec:
         return f"ShardSpec({self.display!r}, {self.fmt!r}, {self.samples})"
 
 
+_NO_SIZE = -1  # in `ShardSpecs.sizes`: no recorded byte count
+
+
+class ShardSpecs(Sequence[ShardSpec]):
+    """A compact, read-only sequence of `ShardSpec`, made one at a time on access.
+
+    Holds the format, the counts, and (when a manifest gave them) the byte sizes
+    and raw sha256 digests as numpy arrays. A URL is `prefix + name`, the name
+    being `shard_name(split, index, fmt)` unless `names` lists them (a manifest
+    with names of its own, or shards given as URLs, where `prefix` is empty).
+
+    Attributes:
+        fmt: the format's registry name, the same for every shard.
+        samples: int64 samples per shard (read-only).
+        sizes: int64 byte counts, -1 where unknown; None when none is known.
+        digests: uint8 [n, 32] sha256 digests; None when none is known.
+        checked: which rows of `digests` are real; None when all are.
+    """
+
+    def __init__(
+        self,
+        fmt: str,
+        samples: np.ndarray,
+        *,
+        prefix: str = "",
+        split: str = "",
+        names: Sequence[str] | None = None,
+        sizes: np.ndarray | None = None,
+        digests: np.ndarray | None = None,
+        checked: np.ndarray | None = None,
+    ) -> None:
+        self.fmt = fmt
+        self.samples = _read_only(np.asarray(samples, np.int64))
+        self.prefix = prefix
+        self.split = split
+        self.names = None if names is None else tuple(names)
+        self.sizes = None if sizes is None else _read_only(np.asarray(sizes, np.int64))
+        self.digests = None if digests is None else _read_only(np.asarray(digests, np.uint8))
+        self.checked = None if checked is None else _read_only(np.asarray(checked, bool))
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[ShardSpec]) -> ShardSpecs:
+        """From a list of specs of one format (shards given as URLs).
+
+        Raises:
+            ValueError: the specs mix formats.
+        """
+        formats = {spec.fmt for spec in specs}
+        if len(formats) > 1:
+            raise ValueError(f"shard specs mix formats {sorted(formats)}; give one per loader")
+        digests = np.zeros((len(specs), 32), np.uint8)
+        checked = np.zeros(len(specs), bool)
+        for i, spec in enumerate(specs):
+            if spec.sha256 is not None:
+                digests[i] = np.frombuffer(bytes.fromhex(spec.sha256), np.uint8)
+                checked[i] = True
+        sizes = [_NO_SIZE if spec.bytes is None else spec.bytes for spec in specs]
+        return cls(
+            formats.pop() if formats else "tar",
+            np.array([spec.samples for spec in specs], np.int64),
+            names=[spec.url for spec in specs],
+            sizes=np.array(sizes, np.int64),
+            digests=digests,
+            checked=checked,
+        )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return ShardSpecs.from_specs([self[i] for i in range(*index.indices(len(self)))])
+        index = operator.index(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"shard {index} of {len(self)}")
+        return ShardSpec(
+            self.url(index),
+            self.fmt,
+            int(self.samples[index]),
+            self.sha256(index),
+            self.size(index),
+        )
+
+    def __iter__(self) -> Iterator[ShardSpec]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def url(self, index: int) -> str:
+        if self.names is not None:
+            return self.prefix + self.names[index]
+        return self.prefix + shard_name(self.split, index, self.fmt)
+
+    def sha256(self, index: int) -> str | None:
+        if self.digests is None or (self.checked is not None and not self.checked[index]):
+            return None
+        return self.digests[index].tobytes().hex()
+
+    def size(self, index: int) -> int | None:
+        if self.sizes is None or self.sizes[index] == _NO_SIZE:
+            return None
+        return int(self.sizes[index])
+
+    def iter_file_names(self) -> Iterator[str]:
+        """Each shard's file name as its redacted URL ends: `basename(spec.display)`."""
+        for index in range(len(self)):
+            name = self.names[index] if self.names is not None else None
+            if self.prefix and (name is None or "?" not in name):
+                # A manifest's base has no query, so redaction leaves the name alone.
+                yield name if name is not None else shard_name(self.split, index, self.fmt)
+            else:
+                yield os.path.basename(redact_url(self.url(index)))
+
+    def iter_sha256(self) -> Iterator[str | None]:
+        """Each shard's sha256 as hex, None where there is none."""
+        chunk = 65536
+        for start in range(0, len(self), chunk):
+            stop = min(start + chunk, len(self))
+            if self.digests is None:
+                yield from [None] * (stop - start)
+                continue
+            text = self.digests[start:stop].tobytes().hex()
+            for i in range(stop - start):
+                row = start + i
+                known = self.checked is None or self.checked[row]
+                yield text[64 * i : 64 * i + 64] if known else None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(self[i].display) for i in range(min(3, len(self))))
+        more = ", ..." if len(self) > 3 else ""
+        return f"ShardSpecs({len(self)} {self.fmt} shards: {shown}{more})"
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    if array.flags.writeable:
+        array = array.view()
+        array.flags.writeable = False
+    return array
+
+
 @dataclass(frozen=True)
 class ResolvedSource:
     """What the loader needs to plan an epoch.
 
     Attributes:
+        shards: the shards, in order; a list of `ShardSpec` is made a `ShardSpecs`.
         unreadable: `(redacted URL, reason)` of shards given as URLs that could not
             even be counted; they take no part in the epoch, and the loader logs them.
     """
 
-    shards: list[ShardSpec]
+    shards: ShardSpecs
     classes: list[str] | None = None
     class_counts: list[int] | None = None
     manifest_url: str | None = None
     unreadable: tuple[tuple[str, str], ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.shards, ShardSpecs):
+            object.__setattr__(self, "shards", ShardSpecs.from_specs(list(self.shards)))
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Samples per shard, int64, read-only (no copy)."""
+        return self.shards.samples
+
     @property
     def total_samples(self) -> int:
-        return sum(s.samples for s in self.shards)
+        return int(self.counts.sum())
 
 
 def manifest_path(url: str) -> str:
@@ -111,7 +282,7 @@ def resolve_source(
         url = os.fspath(source)
         if url_scheme(url) in ("", "file") and os.path.isdir(url):
             url = os.path.join(url, MANIFEST_NAME)
-        manifest = read_manifest_url(url, retry, storage_options)
+        manifest = read_manifest_url(url, retry, storage_options, split=split, fmt=fmt)
         return from_manifest(manifest, url, split, fmt)
     urls = expand_urls(source)
     formats = {format_of_url(u).name for u in urls}
@@ -120,10 +291,10 @@ def resolve_source(
     found = formats.pop()
     if fmt and fmt != found:
         raise ValueError(f"format={fmt!r} but the URLs are {found} shards")
-    known = specs_from_neighbour_manifest(urls, retry, storage_options)
+    known = neighbour_manifest(urls, found, retry, storage_options)
     specs, unreadable = [], []
     for url in urls:
-        spec = known.get(url)
+        spec = known.spec(url) if known else None
         if spec is None:
             try:
                 spec = ShardSpec(url, found, count_samples(url, found, retry, storage_options))
@@ -140,18 +311,55 @@ def resolve_source(
             f"none of the {len(urls)} shards could be read; first: {unreadable[0][1]}. "
             "Check the shards with `preprocess verify` or the URLs"
         )
-    return ResolvedSource(specs, unreadable=tuple(unreadable))
+    return ResolvedSource(ShardSpecs.from_specs(specs), unreadable=tuple(unreadable))
 
 
-def read_manifest_url(url: str, retry: RetryPolicy, storage_options) -> Manifest:
-    """Fetch and validate a manifest; any malformed content is one `ManifestError`."""
+def read_manifest_url(
+    url: str,
+    retry: RetryPolicy,
+    storage_options,
+    *,
+    split: str | None = None,
+    fmt: str | None = None,
+) -> Manifest:
+    """Fetch and validate a manifest and the side tables the loader needs.
+
+    With `split`, only that split's side table is read; with `fmt`, only that
+    format's columns (without, the loader's default: tar, else the first format).
+    Per-shard class counts are never read. Any malformed content is one
+    `ManifestError`.
+    """
     with open_stream(url, retry, storage_options=storage_options) as stream:
         data = stream.read(MAX_MANIFEST_BYTES + 1)
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(
             url, "(file)", f"larger than {MAX_MANIFEST_BYTES} bytes; not a manifest"
         )
-    return Manifest.from_json(data, url)
+    return Manifest.from_json(
+        data,
+        url,
+        read_table=RemoteTableReader(manifest_base(url), retry, storage_options),
+        splits=None if split is None else (split,),
+        formats=(fmt or "tar",),
+        shard_class_counts=False,
+    )
+
+
+class RemoteTableReader:
+    """Reads a manifest's side tables through `open_stream`: the shards' retries,
+    deadline and redaction, and no more than the manifest's byte count."""
+
+    def __init__(self, base: str, retry: RetryPolicy, storage_options) -> None:
+        self.base = base
+        self.retry = retry
+        self.storage_options = storage_options
+
+    def __call__(self, name: str, size: int) -> bytes:
+        url = f"{self.base}/{name}"
+        with open_stream(
+            url, self.retry, storage_options=self.storage_options, expected_size=size
+        ) as stream:
+            return stream.read(size + 1)
 
 
 def manifest_base(url: str) -> str:
@@ -164,18 +372,48 @@ def manifest_base(url: str) -> str:
 
 def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> ResolvedSource:
     fmt = fmt or ("tar" if "tar" in manifest.formats else manifest.formats[0])
+    table = manifest.shard_table(split, fmt)
+    files = table.file_columns(fmt)
     # The manifest's names are validated plain file names, so these stay in its directory.
-    urls = manifest.shard_urls(split, fmt, manifest_base(url))
-    info = manifest.splits[split]
-    specs = [
-        ShardSpec(u, fmt, s.samples, s.files[fmt].sha256, s.files[fmt].bytes)
-        for u, s in zip(urls, info.shards, strict=True)
-    ]
-    return ResolvedSource(specs, manifest.classes, info.class_counts, url)
+    specs = ShardSpecs(
+        fmt,
+        table.samples,
+        prefix=manifest_base(url).rstrip("/") + "/",
+        split=split,
+        names=files.names,
+        sizes=files.sizes,
+        digests=files.digests,
+    )
+    return ResolvedSource(specs, manifest.classes, manifest.splits[split].class_counts, url)
 
 
-def specs_from_neighbour_manifest(urls: list[str], retry, storage_options) -> dict[str, ShardSpec]:
-    """Specs (counts, checksums, sizes) from a `manifest.json` in the shards' directory.
+class NeighbourManifest:
+    """Specs of shards given as URLs, from the manifest in their directory."""
+
+    def __init__(self, manifest: Manifest, base: str, fmt: str) -> None:
+        self.manifest = manifest
+        self.base = base
+        self.fmt = fmt
+
+    def spec(self, url: str) -> ShardSpec | None:
+        """The manifest's spec for `url`, None when it does not list that file."""
+        head, _, name = url.rpartition("/")
+        if head != self.base or self.fmt not in self.manifest.formats:
+            return None
+        found = self.manifest.locate(name, self.fmt)
+        if found is None:
+            return None
+        split, index = found
+        table = self.manifest.splits[split].shards
+        files = table.file_columns(self.fmt)
+        samples, size = int(table.samples[index]), int(files.sizes[index])
+        return ShardSpec(url, self.fmt, samples, files.sha256(index), size)
+
+
+def neighbour_manifest(
+    urls: list[str], fmt: str, retry, storage_options
+) -> NeighbourManifest | None:
+    """The `manifest.json` in the shards' directory, read for format `fmt`, if any.
 
     A neighbour that is missing is fine (the shards are counted instead); one that
     exists but is malformed is an error, since it would otherwise be silently ignored.
@@ -183,18 +421,12 @@ def specs_from_neighbour_manifest(urls: list[str], retry, storage_options) -> di
     base = manifest_base(urls[0])
     candidate = f"{base}/{MANIFEST_NAME}"
     if url_scheme(candidate) in ("", "file") and not os.path.exists(candidate):
-        return {}
+        return None
     try:
-        manifest = read_manifest_url(candidate, retry, storage_options)
+        manifest = read_manifest_url(candidate, retry, storage_options, fmt=fmt)
     except OSError:
-        return {}
-    specs = {}
-    for split in manifest.splits.values():
-        for shard in split.shards:
-            for name, file in shard.files.items():
-                url = f"{base}/{file.name}"
-                specs[url] = ShardSpec(url, name, shard.samples, file.sha256, file.bytes)
-    return specs
+        return None
+    return NeighbourManifest(manifest, base, fmt)
 
 
 def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> int:

@@ -146,7 +146,7 @@ def describe(manifest: Manifest) -> str:
     for reason, count in sorted(manifest.skipped.items()):
         lines.append(f"  skipped {reason}: {count}")
     for name, split in manifest.splits.items():
-        sizes = {fmt: sum(s.files[fmt].bytes for s in split.shards) for fmt in manifest.formats}
+        sizes = {fmt: split.shards.total_bytes(fmt) for fmt in manifest.formats}
         size_text = ", ".join(f"{fmt} {human_bytes(b)}" for fmt, b in sizes.items())
         lines.append(
             f"split {name}: {split.samples} samples in {len(split.shards)} shards ({size_text})"

@@ -4,18 +4,30 @@ one `ManifestError` that names the (redacted) file and the field, and nothing el
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
 import pickle
 import random
+import shutil
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import pytest
 
+from pipeline.sources import ResolvedSource, ShardSpecs, resolve_source
 from preprocess.job import run_build
 from preprocess.sample import make_sample
 from shards import manifest as manifest_module
 from shards.manifest import (
     MANIFEST_NAME,
     FileInfo,
+    LocalTableReader,
     Manifest,
     ManifestError,
     ShardInfo,
@@ -24,6 +36,7 @@ from shards.manifest import (
     write_manifest,
 )
 from tests.conftest import small_build_config
+from tests.httpserver import LocalHTTPServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -231,7 +244,7 @@ FIELD_CASES = {
     "class twice": ("classes", ["a", "b", "a"], "classes[2]"),
     "classes a string": ("classes", "abc", "classes"),
     "format": ("format", "webdataset", "format"),
-    "version": ("version", 2, "version"),
+    "version": ("version", 3, "version"),
     "version bool": ("version", True, "version"),
     "version string": ("version", "1", "version"),
     "unknown top-level key": ("extra", 1, "extra"),
@@ -273,7 +286,8 @@ def test_count_above_what_the_shard_file_can_hold_is_refused(doc):
 def test_version_message_keeps_its_advice(doc):
     doc["version"] = 7
     message = str(assert_rejected(json.dumps(doc), "version"))
-    assert "manifest version 7; this code reads version 1" in message and "upgrade" in message
+    assert "manifest version 7; this code reads versions 1 and 2" in message
+    assert "upgrade" in message
 
 
 def test_split_class_counts_must_be_the_sums_of_the_shards(doc):
@@ -312,7 +326,7 @@ def test_hostile_json_is_one_manifest_error(doc, case):
 
 
 def test_duplicate_top_level_key_is_refused(valid_text):
-    text = valid_text.replace('"version": 1,', '"version": 1,\n "version": 1,', 1)
+    text = valid_text.replace('"version": 2,', '"version": 2,\n "version": 2,', 1)
     error = assert_rejected(text, "(top level)")
     assert '"version" more than once' in str(error)
 
@@ -442,3 +456,387 @@ def test_mutated_manifests_load_safely_or_raise_one_manifest_error(valid_text, s
             continue
         assert_safe(manifest)
     assert rejected > 50  # the mutator does reach the checks
+
+
+# --- version 2: side tables ----------------------------------------------------------------
+
+TRAIN_TABLE = "_shards-train.parquet"
+
+
+@pytest.fixture(scope="module")
+def side_built(built, tmp_path_factory):
+    """The real dataset with every split's shards in a side table (version 2)."""
+    directory = tmp_path_factory.mktemp("side")
+    for path in built.iterdir():
+        if path.is_file() and path.name != MANIFEST_NAME:
+            shutil.copy(path, directory / path.name)
+    write_manifest(directory, read_manifest(built), inline_max_shards=0)
+    return directory
+
+
+@pytest.fixture
+def side_copy(side_built, tmp_path):
+    """A private copy of `side_built` for one test to damage."""
+    directory = tmp_path / "side"
+    shutil.copytree(side_built, directory)
+    return directory
+
+
+def load_side(directory) -> Manifest:
+    text = (directory / MANIFEST_NAME).read_bytes()
+    return Manifest.from_json(text, SOURCE, read_table=LocalTableReader(directory))
+
+
+def assert_side_rejected(directory, field: str) -> ManifestError:
+    """Like `assert_rejected`, for a manifest whose side tables are in `directory`."""
+    with pytest.raises(ManifestError) as caught:
+        load_side(directory)
+    error = caught.value
+    message = str(error)
+    assert type(error) is ManifestError
+    assert error.field == field, message
+    assert message.startswith(f"{REDACTED}: {field}: "), message
+    assert SECRET not in message and "s1gn4ture" not in message
+    assert "build-shards" in message
+    return error
+
+
+def edit_document(directory, change) -> None:
+    path = directory / MANIFEST_NAME
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_text(json.dumps(document, indent=1))
+
+
+def rewrite_table(directory, change, split: str = "train") -> None:
+    """Replace a side table by `change(table)` and record its new size and sha256."""
+    path = directory / f"_shards-{split}.parquet"
+    table = change(pq.read_table(path))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    data = sink.getvalue().to_pybytes()
+    path.write_bytes(data)
+
+    def record(document):
+        ref = document["splits"][split]["table"]
+        ref["bytes"], ref["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+
+    edit_document(directory, record)
+
+
+def with_column(name: str, values, kind=None):
+    """A `rewrite_table` change setting (or adding) column `name`."""
+
+    def change(table: pa.Table) -> pa.Table:
+        array = pa.array(values, kind or table.schema.field(name).type)
+        if name in table.column_names:
+            return table.set_column(table.column_names.index(name), name, array)
+        return table.append_column(name, array)
+
+    return change
+
+
+def test_side_tables_round_trip_and_are_written_before_the_manifest(built, side_built):
+    inline, side = read_manifest(built), read_manifest(side_built)
+    assert side == inline and side.complete
+    document = json.loads((side_built / MANIFEST_NAME).read_text())
+    train = document["splits"]["train"]
+    assert document["version"] == 2 and "shards" not in train
+    assert train["table"]["name"] == TRAIN_TABLE and train["table"]["rows"] == 3
+    assert [name for name, _ in side.to_files(inline_max_shards=0)][-1] == MANIFEST_NAME
+    # the in-memory form: arrays, file names derived, ShardInfo made on access
+    table = side.splits["train"].shards
+    assert table.samples.dtype == np.int64 and table.files["tar"].names is None
+    assert table[1] == inline.splits["train"].shards[1] and table[-1].index == 2
+    assert [s.files["tar"].name for s in table] == [f"train-{i:06d}.tar" for i in range(3)]
+
+
+def test_side_table_writes_are_deterministic(side_built, tmp_path):
+    manifest = read_manifest(side_built)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_manifest(tmp_path / name, manifest, inline_max_shards=0)
+    for path in (tmp_path / "a").iterdir():
+        assert path.read_bytes() == (tmp_path / "b" / path.name).read_bytes()
+    assert (side_built / TRAIN_TABLE).read_bytes() == (tmp_path / "a" / TRAIN_TABLE).read_bytes()
+
+
+def test_version_1_manifests_still_load_and_may_not_name_a_side_table(valid_text, side_built):
+    v1 = valid_text.replace('"version": 2,', '"version": 1,', 1)
+    assert load(v1) == load(valid_text)
+    document = json.loads((side_built / MANIFEST_NAME).read_text())
+    document["version"] = 1
+    assert_rejected(json.dumps(document), "splits.train.table")
+
+
+def test_pyarrow_dataset_discovery_ignores_the_side_table(side_built):
+    dataset = pads.dataset(side_built, format="parquet", exclude_invalid_files=True)
+    found = {Path(f).name for f in dataset.files}
+    assert TRAIN_TABLE not in found and "train-000000.parquet" in found
+
+
+def test_a_partial_read_loads_one_split_one_format_and_cannot_be_written(side_built):
+    manifest = read_manifest(
+        side_built, splits=["val"], formats=["parquet"], shard_class_counts=False
+    )
+    assert not manifest.complete
+    train, val = manifest.splits["train"].shards, manifest.splits["val"].shards
+    assert len(train) == 3 and not train.loaded
+    with pytest.raises(ValueError, match="not read"):
+        train.samples  # noqa: B018
+    assert val.class_counts is None and list(val.files) == ["parquet"]
+    with pytest.raises(ValueError, match="were not read"):
+        manifest.shard_urls("val", "tar", "/x")
+    with pytest.raises(ValueError, match="cannot be written back"):
+        manifest.to_json()
+    assert manifest.shard_urls("val", "parquet", "/x") == ["/x/val-000000.parquet"]
+
+
+def test_a_side_table_without_a_reader_is_refused(side_built):
+    with pytest.raises(ManifestError, match="no reader for side files") as caught:
+        load((side_built / MANIFEST_NAME).read_bytes())
+    assert caught.value.field == "splits.train.table" and "read_manifest" in str(caught.value)
+
+
+def damage(directory, how: str) -> None:
+    path = directory / TRAIN_TABLE
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[:-10])
+    elif how == "replaced":
+        data = bytearray(path.read_bytes())
+        data[100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "garbage":
+        data = b"not parquet at all" * 10
+        path.write_bytes(data)
+        edit_document(
+            directory,
+            lambda d: d["splits"]["train"]["table"].update(
+                bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+            ),
+        )
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "replaced", "garbage"])
+def test_a_side_table_that_is_not_the_one_recorded_is_refused(side_copy, how):
+    damage(side_copy, how)
+    error = assert_side_rejected(side_copy, "splits.train.table")
+    assert TRAIN_TABLE in str(error)
+
+
+TRAIN = "splits.train"
+TABLE_REF_CASES = {
+    "name escapes": ("name", "../x.parquet", f"{TRAIN}.table.name"),
+    "name absolute": ("name", "/etc/x.parquet", f"{TRAIN}.table.name"),
+    "name not parquet": ("name", "_shards-train.json", f"{TRAIN}.table.name"),
+    "name is a shard": ("name", "train-000000.parquet", f"{TRAIN}.shards[0].files.parquet.name"),
+    "rows negative": ("rows", -1, f"{TRAIN}.table.rows"),
+    "rows wrong": ("rows", 2, f"{TRAIN}.table"),
+    "rows huge": ("rows", 2**40, f"{TRAIN}.table.rows"),
+    "bytes string": ("bytes", "2000", f"{TRAIN}.table.bytes"),
+    "bytes huge": ("bytes", 2**50, f"{TRAIN}.table.bytes"),
+    "sha256 short": ("sha256", "0" * 63, f"{TRAIN}.table.sha256"),
+    "extra key": ("mode", 1, f"{TRAIN}.table.mode"),
+}
+
+
+@pytest.mark.parametrize("case", TABLE_REF_CASES.values(), ids=TABLE_REF_CASES.keys())
+def test_a_hostile_side_table_reference_is_refused(side_copy, case):
+    key, value, field = case
+    if key == "name" and value == "train-000000.parquet":
+        (side_copy / TRAIN_TABLE).rename(side_copy / value)
+        (side_copy / "train-000000.parquet").touch()  # a build's shard would be here
+        data = (side_copy / value).read_bytes()
+        edit_document(side_copy, lambda d: d["splits"]["train"]["table"].update(name=value))
+        (side_copy / value).write_bytes(data)
+    else:
+        edit_document(side_copy, lambda d: d["splits"]["train"]["table"].__setitem__(key, value))
+    assert_side_rejected(side_copy, field)
+
+
+def test_a_split_with_both_shards_and_a_table_is_refused(side_copy, doc):
+    shards = doc["splits"]["train"]["shards"]
+    edit_document(side_copy, lambda d: d["splits"]["train"].__setitem__("shards", shards))
+    assert_side_rejected(side_copy, TRAIN)
+
+
+def only_class_counts(table: pa.Table, ids, counts) -> pa.Table:
+    table = table.set_column(
+        table.column_names.index("class_ids"), "class_ids", pa.array(ids, pa.large_list(pa.int32()))
+    )
+    return table.set_column(
+        table.column_names.index("class_counts"),
+        "class_counts",
+        pa.array(counts, pa.large_list(pa.int64())),
+    )
+
+
+def class_rows(side_copy, row: int, ids, counts):
+    """A change replacing row `row`'s sparse class counts."""
+    table = pq.read_table(side_copy / TRAIN_TABLE)
+    all_ids, all_counts = (
+        table.column("class_ids").to_pylist(),
+        table.column("class_counts").to_pylist(),
+    )
+    all_ids[row], all_counts[row] = ids, counts
+    return partial(only_class_counts, ids=all_ids, counts=all_counts)
+
+
+def test_table_column_cases(side_copy):
+    """Each mutation of the side table is refused naming the shard and the field."""
+    samples = pq.read_table(side_copy / TRAIN_TABLE).column("samples").to_pylist()
+    cases = [
+        (with_column("samples", [samples[0], -1, samples[2]]), f"{TRAIN}.shards[1].samples"),
+        (with_column("samples", [samples[0], None, samples[2]]), f"{TRAIN}.shards[1].samples"),
+        (with_column("samples", [samples[0], 10**6, samples[2]]), f"{TRAIN}.shards[1].samples"),
+        (with_column("tar_bytes", [30720, -1, 30720]), f"{TRAIN}.shards[1].files.tar.bytes"),
+        (with_column("tar_bytes", [30720, 2**50, 30720]), f"{TRAIN}.shards[1].files.tar.bytes"),
+        (with_column("tar_sha256", [b"x" * 31] * 3, pa.binary(31)), f"{TRAIN}.table"),
+        (with_column("tar_sha256", ["0" * 64] * 3, pa.string()), f"{TRAIN}.table"),
+        (with_column("extra", [1, 2, 3], pa.int64()), f"{TRAIN}.table"),
+        (lambda t: t.drop_columns(["parquet_sha256"]), f"{TRAIN}.table"),
+        (lambda t: t.drop_columns(["class_counts"]), f"{TRAIN}.table"),
+        (with_column("samples", [float(s) for s in samples], pa.float64()), f"{TRAIN}.table"),
+        (
+            with_column(
+                "tar_name", ["train-000000.tar", "../x.tar", "train-000002.tar"], pa.string()
+            ),
+            f"{TRAIN}.shards[1].files.tar.name",
+        ),
+        (
+            with_column("tar_name", ["a.tar", "a.tar", "c.tar"], pa.string()),
+            f"{TRAIN}.shards[1].files.tar.name",
+        ),
+        (
+            with_column("tar_name", ["a.tar", "b.tar", "val-000000.tar"], pa.string()),
+            "splits.val.shards[0].files.tar.name",
+        ),
+    ]
+    for change, field in cases:
+        directory = side_copy.parent / f"case-{len(list(side_copy.parent.iterdir()))}"
+        shutil.copytree(side_copy, directory)
+        rewrite_table(directory, change)
+        assert_side_rejected(directory, field)
+
+
+def test_table_class_count_cases(side_copy):
+    table = pq.read_table(side_copy / TRAIN_TABLE)
+    ids, counts = table.column("class_ids")[1].as_py(), table.column("class_counts")[1].as_py()
+    total = sum(counts)
+    cases = [
+        ([5], [total], f"{TRAIN}.shards[1].class_counts"),  # an unknown class
+        ([0], [total + 1], f"{TRAIN}.shards[1].class_counts"),  # more than the shard holds
+        ([0, 1], [total, 0], f"{TRAIN}.shards[1].class_counts"),  # a zero entry
+        ([1, 0], [total - 1, 1], f"{TRAIN}.shards[1].class_counts"),  # out of order
+        ([0, 0], [total - 1, 1], f"{TRAIN}.shards[1].class_counts"),  # twice
+        ([0], [total - 1], f"{TRAIN}.shards[1].class_counts"),  # sums short
+        (ids[::-1], counts[::-1], f"{TRAIN}.shards[1].class_counts"),
+    ]
+    # All of the shard in one class: the shard is consistent, the split's sums are not.
+    one = 0 if ids != [0] else 1
+    dense = [dict(zip(ids, counts, strict=True)).get(c, 0) for c in range(3)]
+    moved = [total if c == one else 0 for c in range(3)]
+    first = next(c for c in range(3) if dense[c] != moved[c])
+    cases.append(([one], [total], f"{TRAIN}.class_counts[{first}]"))
+    if len(ids) < 2:
+        cases.pop(6)
+    for new_ids, new_counts, field in cases:
+        directory = side_copy.parent / f"case-{len(list(side_copy.parent.iterdir()))}"
+        shutil.copytree(side_copy, directory)
+        rewrite_table(directory, class_rows(directory, 1, new_ids, new_counts))
+        assert_side_rejected(directory, field)
+
+
+def test_table_totals_must_match_the_manifest(side_copy):
+    samples = pq.read_table(side_copy / TRAIN_TABLE).column("samples").to_pylist()
+    fewer = with_column("samples", [*samples[:2], samples[2] - 1])
+    rewrite_table(side_copy, lambda t: fewer(t.drop_columns(["class_ids", "class_counts"])))
+    assert_side_rejected(side_copy, f"{TRAIN}.samples")
+
+
+def test_a_table_with_explicit_names_round_trips(side_copy):
+    names = ["first.tar", "second.tar", "third.tar"]
+    rewrite_table(side_copy, with_column("tar_name", names, pa.string()))
+    manifest = load_side(side_copy)
+    assert manifest.shard_urls("train", "tar", "/d") == [f"/d/{n}" for n in names]
+    assert manifest.locate("second.tar", "tar") == ("train", 1)
+    assert manifest.locate("train-000001.tar", "tar") is None
+    assert manifest.locate("train-000001.parquet", "parquet") == ("train", 1)
+    rewritten = side_copy.parent / "rewritten"
+    rewritten.mkdir()
+    write_manifest(rewritten, manifest, inline_max_shards=0)
+    columns = pq.read_table(rewritten / TRAIN_TABLE).column_names
+    assert "tar_name" in columns and "parquet_name" not in columns
+    assert load_side(rewritten) == manifest
+
+
+# --- the loader's view: ShardSpecs ---------------------------------------------------------
+
+
+def test_the_loader_reads_a_side_table_locally_and_over_http(built, side_built):
+    inline = resolve_source(str(built), "train", "parquet")
+    local = resolve_source(str(side_built), "train", "parquet")
+    assert isinstance(local.shards, ShardSpecs) and local.counts.dtype == np.int64
+    assert not local.counts.flags.writeable
+    assert [(s.samples, s.sha256, s.bytes) for s in local.shards] == [
+        (s.samples, s.sha256, s.bytes) for s in inline.shards
+    ]
+    with LocalHTTPServer(side_built) as base:
+        secret = base.replace("http://", f"http://reader:{SECRET}@")
+        remote = resolve_source(f"{secret}/manifest.json?X-Amz-Signature=s1gn4ture", "val")
+    assert remote.shards[0].url == f"{secret}/val-000000.tar"
+    assert remote.total_samples == read_manifest(built).splits["val"].samples
+    assert SECRET not in repr(remote.shards) and "***@" in repr(remote.shards)
+
+
+def test_a_remote_side_table_larger_than_recorded_is_refused_without_secrets(side_copy):
+    path = side_copy / TRAIN_TABLE
+    path.write_bytes(path.read_bytes() + b"\0" * 1000)
+    with LocalHTTPServer(side_copy) as base:
+        secret = base.replace("http://", f"http://reader:{SECRET}@")
+        with pytest.raises(ManifestError) as caught:
+            resolve_source(f"{secret}/manifest.json?X-Amz-Signature=s1gn4ture", "train")
+    message = str(caught.value)
+    assert caught.value.field == "splits.train.table" and TRAIN_TABLE in message
+    assert SECRET not in message and "s1gn4ture" not in message
+
+
+def test_shard_urls_beside_a_side_table_manifest_get_its_checksums(side_built):
+    urls = [str(side_built / "train-000001.tar"), str(side_built / "train-000002.tar")]
+    source = resolve_source(urls, "train")
+    table = read_manifest(side_built).splits["train"].shards
+    assert [s.sha256 for s in source.shards] == [table.files["tar"].sha256(i) for i in (1, 2)]
+    assert list(source.counts) == [int(table.samples[1]), int(table.samples[2])]
+
+
+def test_shard_specs_index_slice_and_pickle_compactly(side_built):
+    source = resolve_source(str(side_built), "train")
+    specs = source.shards
+    assert specs[-1] == specs[len(specs) - 1] and specs[-1].url.endswith("train-000002.tar")
+    with pytest.raises(IndexError):
+        specs[len(specs)]
+    assert list(specs[1:]) == list(specs)[1:]
+    back = pickle.loads(pickle.dumps(source))
+    assert list(back.shards) == list(specs) and back.total_samples == source.total_samples
+    assert back.shards.names is None  # names are derived, not pickled one by one
+    assert ResolvedSource(list(specs)).shards == specs  # a list becomes ShardSpecs
+
+
+def test_the_trainers_data_identity_is_the_one_of_every_spec(built, side_built):
+    torch_run = pytest.importorskip("trainers.run")
+    config = SimpleNamespace(batch_size=8, accum_steps=1, seed=1, model="m")
+    for directory in (built, side_built):
+        source = resolve_source(str(directory), "train")
+        digest = hashlib.sha256()
+        for spec in source.shards:  # the formula before the columns
+            name = os.path.basename(spec.display)
+            digest.update(f"{name}|{spec.samples}|{spec.sha256 or ''}\n".encode())
+        identity = torch_run.data_identity(source, config, 1, 3)
+        assert identity["train_data"].endswith(digest.hexdigest()[:16])
+    same = [
+        torch_run.data_identity(resolve_source(str(d), "train"), config, 1, 3)
+        for d in (built, side_built)
+    ]
+    assert same[0]["train_data"] == same[1]["train_data"]
