@@ -24,7 +24,7 @@ T = TypeVar("T")
 EPOCH_RULES = ("pad", "drop", "uneven")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a worker may hold one per shard it reads
 class Piece:
     """A run of consecutive samples `[start, stop)` of one shard."""
 
