@@ -138,6 +138,8 @@ def plan_build(
     while not created.parent.exists():
         created = created.parent
     made_root = not root.exists()
+    # The plan of an earlier run (a dry run, a killed build) may name splits this one has not.
+    shutil.rmtree(root / PLAN_NAME, ignore_errors=True)
     try:
         return plan_inputs(config, root / PLAN_NAME)
     except BaseException:

@@ -193,6 +193,19 @@ def test_dry_run_of_paths_that_do_not_exist_and_of_a_tree_names_what_is_left_out
     printed = capsys.readouterr().out
     assert "50 inputs, 3 classes" in printed
     assert "estimated bytes: unknown (none of the 50 probe inputs read: missing 50)" in printed
+    assert sorted(p.name for p in (out / "_build" / "plan").iterdir()) == [
+        "plan.json",
+        "train.jsonl",
+    ]
+    args = ["build-shards", f"--input={fake}", f"--output={out}", "--dry-run", "--val-fraction=0.3"]
+    assert main(args) == 0 and "val " in capsys.readouterr().out
+    plan_files = sorted(p.name for p in (out / "_build" / "plan").iterdir())
+    assert plan_files == ["plan.json", "train.jsonl", "val.jsonl"]
+    assert main(args[:-1]) == 0  # the next plan replaces the last one entirely
+    assert sorted(p.name for p in (out / "_build" / "plan").iterdir()) == [
+        "plan.json",
+        "train.jsonl",
+    ]
     tree = tmp_path / "tree"
     (tree / "a").mkdir(parents=True)
     shutil.copy(fake, tree / "a" / "x.jpg")
