@@ -8,13 +8,14 @@ live in the field metadata), so the CLI, the optional YAML/TOML config file,
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import types
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 BUILTIN_WORKERS = 4
@@ -37,7 +38,10 @@ class TrainConfig:
 
     # data
     train_shards: str | None = option(
-        None, "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern", "data"
+        None,
+        "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern; required "
+        "(default: none, unless --config sets it)",
+        "data",
     )
     val_shards: str | None = option(
         None,
@@ -67,17 +71,24 @@ class TrainConfig:
         "cnn, cnn-nobn, resnet-tiny, resnet-small, or torchvision:NAME / timm:NAME",
         "model",
     )
-    num_classes: int | None = option(None, "default: the classes in the manifest", "model")
+    num_classes: int | None = option(
+        None, "classifier outputs; default: the classes in the manifest", "model"
+    )
     sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm under DDP", "model")
     # batch
     batch_size: int = option(64, "samples per device per micro-step", "batch")
     accum_steps: int = option(1, "micro-steps accumulated per optimizer step", "batch")
     epochs: int = option(10, "epochs; the LR schedule spans all of them", "batch")
     max_steps: int | None = option(
-        None, "stop after this many optimizer steps (the schedule still spans --epochs)", "batch"
+        None,
+        "stop after this many optimizer steps (the schedule still spans --epochs); "
+        "default: no limit",
+        "batch",
     )
     # optimizer and schedule
-    optimizer: str = option("sgd", "optimizer", "optimizer", ("sgd", "adamw"))
+    optimizer: str = option(
+        "sgd", "SGD (with --momentum, --nesterov) or AdamW", "optimizer", ("sgd", "adamw")
+    )
     lr: float = option(0.1, "peak learning rate at --lr-ref-batch", "optimizer")
     lr_ref_batch: int = option(256, "effective batch that --lr is given for", "optimizer")
     lr_scaling: str = option(
@@ -89,7 +100,7 @@ class TrainConfig:
     min_lr: float = option(0.0, "learning rate at the end of the cosine decay", "optimizer")
     warmup_ratio: float = option(0.05, "share of optimizer steps in linear warmup", "optimizer")
     warmup_steps: int | None = option(
-        None, "warmup optimizer steps; overrides --warmup-ratio", "optimizer"
+        None, "warmup optimizer steps; overrides --warmup-ratio (default: none)", "optimizer"
     )
     momentum: float = option(0.9, "SGD momentum (AdamW beta1)", "optimizer")
     nesterov: bool = option(False, "Nesterov momentum for SGD", "optimizer")
@@ -99,15 +110,28 @@ class TrainConfig:
     label_smoothing: float = option(0.0, "label smoothing of the training loss", "optimizer")
     clip_grad: float = option(0.0, "clip the gradient norm to this (0: off)", "optimizer")
     # precision and device
-    device: str = option("auto", "device", "device", ("auto", "cpu", "cuda"))
-    amp: str = option("off", "autocast dtype", "device", ("off", "bf16", "fp16"))
+    device: str = option(
+        "auto",
+        "where to train: auto (CUDA when available), cpu or cuda",
+        "device",
+        ("auto", "cpu", "cuda"),
+    )
+    amp: str = option(
+        "off",
+        "mixed precision: off, bf16 autocast, or fp16 autocast with a gradient scaler (CUDA only)",
+        "device",
+        ("off", "bf16", "fp16"),
+    )
     seed: int = option(0, "seeds Python, NumPy, torch, CUDA and the loader", "device")
     deterministic: bool = option(False, "deterministic cuDNN/torch algorithms (slower)", "device")
     dist_timeout_s: int = option(600, "collective timeout under torchrun, seconds", "device")
     # run directory and checkpoints
     run_dir: str = option("runs/train", "config, metrics, plots and checkpoints go here", "run")
     resume: str | None = option(
-        None, "`auto` (latest checkpoint in --run-dir, if any) or a checkpoint path", "run"
+        None,
+        "`auto` (latest checkpoint in --run-dir, if any) or a checkpoint path; "
+        "default: a fresh run",
+        "run",
     )
     allow_data_change: bool = option(
         False, "resume although the data, global batch or seed changed", "run"
@@ -180,6 +204,8 @@ class TrainConfig:
             raise ValueError("--clip-grad and --weight-decay must be 0 or more")
         if any(b < 1 for b in self.probe_batches + self.scan_batch_sizes):
             raise ValueError("--probe-batches and --scan-batch-sizes must be positive")
+        if len(set(self.probe_batches)) < 2:
+            raise ValueError("--probe-batches needs at least two different batch sizes")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values (tuples become lists); also what checkpoints store."""
@@ -256,7 +282,10 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         import tomllib
 
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"{path}: not valid TOML: {exc}") from exc
     elif suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -266,7 +295,10 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
                 "or write the same keys as TOML"
             ) from exc
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            try:
+                data = yaml.safe_load(f) or {}
+            except yaml.YAMLError as exc:
+                raise ValueError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
     else:
         raise ValueError(f"{path}: config files must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
@@ -284,7 +316,7 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) 
             groups[group] = parser.add_argument_group(f"{group} options")
         base, optional = unwrap_optional(hints[f.name])
         kwargs: dict[str, Any] = {"dest": f.name, "default": defaults[f.name]}
-        kwargs["help"] = f"{f.metadata['help']} (default: %(default)s)"
+        kwargs["help"] = flag_help(f.name, f.metadata["help"])
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif base == tuple[int, ...]:
@@ -296,6 +328,30 @@ def add_config_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) 
         groups[group].add_argument(f"--{flag_name(f.name)}", **kwargs)
 
 
+def flag_help(name: str, text: str) -> str:
+    """The help of one flag, ending in its default (a field without help text is a bug)."""
+    if not text.strip():
+        raise TypeError(f"TrainConfig.{name} has no help text: every flag must say what it does")
+    if "default:" in text:
+        return text  # says in words what the default is (None would tell nothing)
+    return f"{text} (default: %(default)s)"
+
+
+def package_version() -> str:
+    """The installed shardpipe version, for `--version`."""
+    try:
+        return importlib.metadata.version("shardpipe")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (the full usage is 30 lines long)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def default_values() -> dict[str, Any]:
     out = {}
     for f in fields(TrainConfig):
@@ -304,14 +360,20 @@ def default_values() -> dict[str, Any]:
 
 
 def build_parser(command: str, defaults: dict[str, Any]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"train {command}" if command != "train" else "train",
+        usage="%(prog)s --train-shards SHARDS [options]"
+        if command == "train"
+        else "%(prog)s [options]",
         description=COMMAND_HELP[command],
         epilog="Commands: train (default), find-batch-size, scan-throughput. "
         "Under torchrun: `torchrun --nproc-per-node N -m trainers.train ...`.",
     )
+    parser.add_argument("--version", action="version", version=f"shardpipe {package_version()}")
     parser.add_argument(
-        "--config", metavar="FILE", help="YAML or TOML file of option defaults; flags win"
+        "--config",
+        metavar="FILE",
+        help="YAML or TOML file of option defaults; flags win (default: none)",
     )
     add_config_flags(parser, defaults)
     return parser
@@ -331,20 +393,43 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
     """
     argv = list(argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = CommandParser(prog="train" if command == "train" else f"train {command}", add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     defaults = default_values()
     if known.config:
-        defaults.update(read_config_file(known.config))
+        defaults.update(config_file_values(known.config, pre))
     parser = build_parser(command, defaults)
     namespace = parser.parse_args(argv)
     values = {f.name: getattr(namespace, f.name) for f in fields(TrainConfig)}
     try:
-        return command, TrainConfig(**values)
+        config = TrainConfig(**values)
     except ValueError as exc:
         parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+    if needs_train_shards(command, config) and not config.train_shards:
+        # Not argparse's `required=True`: the value may come from --config FILE.
+        parser.error(
+            "the following arguments are required: --train-shards "
+            "(a manifest.json, its directory, or shard files)"
+        )
+    return command, config
+
+
+def config_file_values(path: str, parser: CommandParser) -> dict[str, Any]:
+    """`read_config_file`, its problems reported as one usage line (exit 2)."""
+    try:
+        return read_config_file(path)
+    except OSError as exc:
+        parser.error(
+            f"--config {path}: {exc.strerror or exc}; pass an existing .toml or .yaml file"
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def needs_train_shards(command: str, config: TrainConfig) -> bool:
+    """Training reads shards; the probes only when timing the real loader."""
+    return command == "train" or (command == "scan-throughput" and config.scan_source == "loader")
 
 
 def diff_configs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

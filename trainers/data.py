@@ -10,6 +10,7 @@ the Parquet key column.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,12 +19,18 @@ from pipeline.checksum import open_shard
 from pipeline.loader import LoaderConfig, ShardLoader, build_loader
 from pipeline.opener import DEFAULT_RETRY
 from pipeline.sources import ShardSpec, is_manifest_source
+from pipeline.urls import expand_urls, url_scheme
+from shards.manifest import MANIFEST_NAME, ManifestError
 from shards.redact import redact_url
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
 
 log = logging.getLogger("trainers")
 MAX_EXAMPLES = 5
+
+
+class DataError(RuntimeError):
+    """The data cannot be trained on as configured (a missing path, overlapping splits, ...)."""
 
 
 @dataclass
@@ -62,31 +69,103 @@ def loader_config(
     )
 
 
-def build_loaders(config: TrainConfig, info: DistInfo) -> Loaders:
-    """Train loader (with keys, for the non-finite report and traces) and the val loader."""
-    if not config.train_shards:
-        raise ValueError(
-            "--train-shards is required: a manifest.json, its directory, or shard URLs"
+def check_sources(config: TrainConfig) -> None:
+    """Local `--train-shards` / `--val-shards` that do not exist, found before any loader is built.
+
+    Raises:
+        DataError: naming the flag, the path, and what to pass instead.
+    """
+    check_source("--train-shards", config.train_shards)
+    if config.val_shards is not None:
+        check_source("--val-shards", config.val_shards)
+
+
+def check_source(flag: str, source: str | None) -> None:
+    """One source: a dataset directory needs its manifest; shard paths must exist.
+
+    Remote sources are left to the loader (asking costs a request, with retries).
+    Some shard files of a pattern missing is the loader's call (it leaves them
+    out, with a warning); all of them missing is a typo.
+    """
+    if not source or url_scheme(source) not in ("", "file"):
+        return
+    try:
+        paths = expand_urls(source)
+    except ValueError as error:
+        raise DataError(f"{flag} {redact_url(source)}: {error}") from error
+    if len(paths) == 1 and os.path.isdir(paths[0]):
+        if not os.path.exists(os.path.join(paths[0], MANIFEST_NAME)):
+            raise DataError(
+                f"{flag} {source}: this directory holds no {MANIFEST_NAME}; pass the output "
+                f"directory of `preprocess build-shards`, a {MANIFEST_NAME}, or shard files"
+            )
+        return
+    if any(os.path.exists(path) for path in paths):
+        return
+    if len(paths) == 1:
+        raise DataError(
+            f"{flag} {paths[0]} does not exist; pass a dataset directory, its {MANIFEST_NAME}, "
+            "or shard files (a brace pattern such as train-{000000..000009}.tar)"
         )
-    train = build_loader(loader_config(config, info, config.train_split, True, with_keys=True))
+    raise DataError(
+        f"{flag} {source}: none of its {len(paths)} shard files exist (the first would be "
+        f"{paths[0]}); check the directory and the brace range"
+    )
+
+
+def build_loaders(config: TrainConfig, info: DistInfo) -> Loaders:
+    """Train loader (with keys, for the non-finite report and traces) and the val loader.
+
+    Raises:
+        DataError: the source cannot be read as configured (a malformed manifest, an
+            unknown split or format, shards that cannot be counted), one line naming it.
+    """
+    if not config.train_shards:
+        raise DataError("--train-shards is required: a manifest.json, its directory, or shard URLs")
+    train = build_split_loader(
+        loader_config(config, info, config.train_split, True, with_keys=True), "--train-shards"
+    )
     return Loaders(train, build_val_loader(config, info))
 
 
 def build_val_loader(config: TrainConfig, info: DistInfo) -> ShardLoader | None:
     """From --val-shards, else the train manifest's val split when it has one, else None."""
-    keys = config.debug_trace
+    settings = loader_config(config, info, config.val_split, False, with_keys=config.debug_trace)
     if config.val_shards is not None:
-        return build_loader(loader_config(config, info, config.val_split, False, with_keys=keys))
+        return build_split_loader(settings, "--val-shards")
     if not is_manifest_source(config.train_shards):
         log.warning("no --val-shards given: training without evaluation")
         return None
     try:
-        return build_loader(loader_config(config, info, config.val_split, False, with_keys=keys))
+        return build_loader(settings)
     except KeyError:
         log.warning(
             "the train manifest has no %r split: training without evaluation", config.val_split
         )
         return None
+    except SOURCE_ERRORS as error:
+        raise source_error("--train-shards", settings, error) from error
+
+
+# What resolving a source raises for data it cannot use (see `resolve_source` and
+# `Manifest.shard_urls`); anything else is a bug and propagates.
+SOURCE_ERRORS = (ManifestError, ValueError, KeyError, OSError)
+
+
+def build_split_loader(settings: LoaderConfig, flag: str) -> ShardLoader:
+    """`build_loader`, its data-source errors turned into one-line `DataError`s."""
+    try:
+        return build_loader(settings)
+    except SOURCE_ERRORS as error:
+        raise source_error(flag, settings, error) from error
+
+
+def source_error(flag: str, settings: LoaderConfig, error: Exception) -> DataError:
+    # A KeyError's str() is its repr; the message is its first argument.
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    text = " ".join(text.split())  # one line, whatever the cause wrapped
+    source = redact_url(os.fspath(settings.source))
+    return DataError(f"{flag} {source} (split {settings.split!r}): {text}")
 
 
 def iter_shard_keys(spec: ShardSpec) -> Iterator[str]:

@@ -37,13 +37,33 @@ class DistInfo:
         return self.world_size > 1
 
 
+class DeviceError(RuntimeError):
+    """The device asked for is not there, or too small for the job (not a bug in our code)."""
+
+
+def check_device(name: str) -> None:
+    """`--device cuda` needs a CUDA build of torch and a visible GPU; say which is missing."""
+    if name != "cuda" or torch.cuda.is_available():
+        return
+    why = (
+        f"torch {torch.__version__} is built without CUDA"
+        if torch.version.cuda is None
+        else "no GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)"
+    )
+    raise DeviceError(f"--device cuda, but CUDA is not available: {why}; use --device cpu")
+
+
 def resolve_device(name: str, local_rank: int) -> torch.device:
     """`auto` picks CUDA when present; under torchrun each rank takes GPU `LOCAL_RANK`."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda, but CUDA is not available; use --device cpu")
+        check_device(name)
+        if local_rank >= torch.cuda.device_count():
+            raise DeviceError(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible; "
+                "start at most one process per GPU (torchrun --nproc-per-node)"
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from trainers.data import locate_keys
 from trainers.distributed import all_reduce, all_reduce_tensor
-from trainers.metrics import Window, bottleneck_verdict, iter_timed
+from trainers.metrics import Window, bottleneck_verdict, iter_timed, rate_window
 from trainers.run import Run, save_run_checkpoint
 from trainers.schedule import is_window_end, window_size
 
@@ -183,14 +183,17 @@ def log_metrics(run: Run) -> None:
     world = run.info.world_size
     reduced = Window(window.steps, int(samples), wait_s / world, elapsed_s / world)
     run.verdict_window.add(reduced)
+    rated = rate_window(reduced, run.last_window, (run.config.log_every + 1) // 2)
+    run.last_window = reduced
     row = {
         "kind": "train",
         "step": state.step,
         "epoch": state.epoch,
         "loss": state.window_loss / max(1, state.window_steps),
         "lr": run.schedule.lr(state.step - 1),
-        "images_per_s": reduced.samples / reduced.elapsed_s if reduced.elapsed_s > 0 else 0.0,
-        "data_wait_frac": reduced.wait_frac,
+        "images_per_s": rated.images_per_s,
+        "data_wait_frac": rated.wait_frac,
+        "rate_steps": rated.steps,
         "scheduler_steps": run.scheduler.steps,
     }
     first = run.loaders.train.stats.first_batch_s
@@ -208,12 +211,15 @@ def log_metrics(run: Run) -> None:
         run.verdict_window = Window()
 
 
-def report_verdict(run: Run, window: Window) -> str:
-    verdict = bottleneck_verdict(
+def verdict_of(run: Run, window: Window) -> str:
+    return bottleneck_verdict(
         window.wait_frac, run.config.input_bound_threshold, run.info.device.type, run.config.workers
     )
-    ips = window.samples / window.elapsed_s if window.elapsed_s > 0 else 0.0
-    log.info("step %d: %s (%.0f images/s)", run.state.step, verdict, ips)
+
+
+def report_verdict(run: Run, window: Window) -> str:
+    verdict = verdict_of(run, window)
+    log.info("step %d: %s (%.0f images/s)", run.state.step, verdict, window.images_per_s)
     return verdict
 
 
@@ -287,8 +293,12 @@ def run_evaluation(run: Run) -> None:
     run.timer.mark()
 
 
-def fit(run: Run) -> None:
-    """Epochs from the current state to `--epochs` (or `--max-steps`), evaluating and checkpointing."""
+def fit(run: Run) -> dict[str, Any]:
+    """Epochs from the current state to `--epochs` (or `--max-steps`), evaluating and checkpointing.
+
+    Returns:
+        The `end` metrics row (see `final_summary`).
+    """
     config = run.config
     stopped = run.config.max_steps is not None and run.state.step >= config.max_steps
     while not stopped and run.state.epoch < config.epochs:
@@ -296,28 +306,37 @@ def fit(run: Run) -> None:
         run_evaluation(run)
         save_run_checkpoint(run)
         run.timer.mark()
-    final_summary(run)
+    return final_summary(run)
 
 
-def final_summary(run: Run) -> None:
+def final_summary(run: Run) -> dict[str, Any]:
+    """The `end` row: this segment's images/s and verdict, the last train loss and evaluation.
+
+    The summary line made of it is logged last, by `trainers.train.finish`.
+    """
     total = run.timer.total
     samples, wait_s, elapsed_s = all_reduce(
         [total.samples, total.wait_s, total.elapsed_s], run.info
     )
     world = run.info.world_size
     reduced = Window(total.steps, int(samples), wait_s / world, elapsed_s / world)
-    verdict = report_verdict(run, reduced)
+    last_train = run.metrics.last.get("train", {})
+    last_eval = run.metrics.last.get("eval", {})
     row: dict[str, Any] = {
         "kind": "end",
         "step": run.state.step,
         "epoch": run.state.epoch,
-        "images_per_s": reduced.samples / reduced.elapsed_s if reduced.elapsed_s else 0.0,
+        "loss": last_train.get("loss"),
+        "images_per_s": reduced.images_per_s,
         "data_wait_frac": reduced.wait_frac,
-        "verdict": verdict,
+        "val_loss": last_eval.get("val_loss"),
+        "val_accuracy": last_eval.get("val_accuracy"),
+        "val_samples": last_eval.get("val_samples"),
+        "verdict": verdict_of(run, reduced),
     }
     if run.info.device.type == "cuda":
         row["peak_mem_gb"] = torch.cuda.max_memory_allocated(run.info.device) / 2**30
-    run.metrics.write(row)
+    return run.metrics.write({name: value for name, value in row.items() if value is not None})
 
 
 def parameter_digest(module: nn.Module) -> str:

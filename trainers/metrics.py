@@ -9,6 +9,8 @@ is compute.
 from __future__ import annotations
 
 import csv
+import datetime
+import itertools
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ log = logging.getLogger("trainers")
 METRICS_NAME = "metrics.jsonl"
 CSV_NAME = "metrics.csv"
 PLOT_NAME = "metrics.png"
+# Every field any row has (a row with another field is a bug: `MetricsLog.write` raises).
 CSV_COLUMNS = (
     "kind",
     "step",
@@ -36,7 +39,27 @@ CSV_COLUMNS = (
     "val_samples",
     "evals",
     "time_s",
+    "wall_time",
+    "rate_steps",
+    "scheduler_steps",
+    "first_batch_s",
+    "peak_mem_gb",
+    "verdict",
 )
+# TensorBoard gets the curves worth watching, under one tag each; counters, clocks and
+# the eval row's copies of training figures stay in the JSONL/CSV.
+TENSORBOARD_TAGS = {
+    "train": {
+        "loss": "train/loss",
+        "lr": "train/lr",
+        "images_per_s": "train/images_per_s",
+        "data_wait_frac": "train/data_wait_frac",
+        "first_batch_s": "train/first_batch_s",
+        "peak_mem_gb": "train/peak_mem_gb",
+    },
+    "eval": {"val_loss": "val/loss", "val_accuracy": "val/accuracy"},
+}
+MARKER_POINTS = 40  # plot each point as a marker up to this many rows
 
 
 @dataclass
@@ -51,6 +74,10 @@ class Window:
     @property
     def wait_frac(self) -> float:
         return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def add(self, other: Window) -> None:
         self.steps += other.steps
@@ -114,6 +141,22 @@ def iter_timed(batches: Iterable, timer: StepTimer) -> Iterator:
             close()
 
 
+def rate_window(current: Window, previous: Window | None, min_steps: int) -> Window:
+    """The steps a metrics row's images/s and data wait are measured over.
+
+    A row forced early (an epoch's end, `--max-steps`) may cover one or two steps,
+    often steps whose batches the loader had read ahead while the model was slower:
+    alone, their images/s looked like a 10-20x spike. Such a short window, fewer
+    than `min_steps`, is measured together with the window before it.
+    """
+    if previous is None or current.steps >= min_steps:
+        return current
+    merged = Window()
+    merged.add(previous)
+    merged.add(current)
+    return merged
+
+
 def bottleneck_verdict(wait_frac: float, threshold: float, device: str, workers: int) -> str:
     """One line saying whether the input pipeline or the model limits the run."""
     who = "GPU" if device == "cuda" else "CPU"
@@ -126,30 +169,45 @@ def bottleneck_verdict(wait_frac: float, threshold: float, device: str, workers:
 
 
 class MetricsLog:
-    """Rows to `metrics.jsonl` and `metrics.csv` (and TensorBoard when installed); rank 0 only."""
+    """Rows to `metrics.jsonl` and `metrics.csv` (and TensorBoard when installed); rank 0 only.
 
-    def __init__(self, run_dir: str | Path, enabled: bool, tensorboard: bool) -> None:
+    Every row gets `time_s`, seconds since the run started (a resumed run goes on
+    from its last kept row), and `wall_time`, the local time in ISO 8601.
+    """
+
+    def __init__(
+        self, run_dir: str | Path, enabled: bool, tensorboard: bool, started: float | None = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.path = self.run_dir / METRICS_NAME
         self.csv_path = self.run_dir / CSV_NAME
         self.writer = open_tensorboard(self.run_dir) if enabled and tensorboard else None
+        self.started = time.perf_counter() if started is None else started
+        self.offset_s = 0.0  # time_s of the earlier segments of a resumed run
+        self.last: dict[str, dict[str, Any]] = {}  # the latest row of each kind
 
-    def write(self, row: dict[str, Any]) -> None:
+    def elapsed_s(self) -> float:
+        return self.offset_s + time.perf_counter() - self.started
+
+    def write(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Stamp `row` with the time, keep it as the latest of its kind, write it; returns it."""
+        row = {**row, "time_s": round(self.elapsed_s(), 3), "wall_time": wall_clock()}
+        self.last[row["kind"]] = row
         if not self.enabled:
-            return
+            return row
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         new = not self.csv_path.exists()
         with open(self.csv_path, "a", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="raise")
             if new:
                 writer.writeheader()
             writer.writerow(row)
         if self.writer is not None:
-            for name, value in row.items():
-                if isinstance(value, (int, float)) and name not in ("step", "epoch"):
-                    self.writer.add_scalar(f"{row['kind']}/{name}", value, row["step"])
+            for tag, value in tensorboard_scalars(row):
+                self.writer.add_scalar(tag, value, row["step"])
+        return row
 
     def truncate(self, keep: Callable[[dict], bool]) -> int:
         """Rewrite both files with only the rows `keep` accepts (resume drops replayed rows)."""
@@ -159,14 +217,50 @@ class MetricsLog:
         kept = [row for row in rows if keep(row)]
         rewrite_jsonl(self.path, kept)
         with open(self.csv_path, "w", encoding="utf-8", newline="") as f:
+            # "ignore": rows written by an older version may hold fields we no longer write.
             writer = csv.DictWriter(f, CSV_COLUMNS, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(kept)
+        self.offset_s = max((row.get("time_s") or 0.0 for row in kept), default=0.0)
+        self.last = {row["kind"]: row for row in kept if "kind" in row}
         return len(rows) - len(kept)
 
     def close(self) -> None:
         if self.writer is not None:
+            end = self.last.get("end")
+            if end is not None and "verdict" in end:
+                self.writer.add_text("summary", end["verdict"], end["step"])
             self.writer.close()
+
+
+def wall_clock() -> str:
+    """Now, local time with its UTC offset, to the second: `2026-12-01T09:50:23+01:00`."""
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def tensorboard_scalars(row: dict[str, Any]) -> list[tuple[str, float]]:
+    """`(tag, value)` pairs of a metrics row that TensorBoard shows (see TENSORBOARD_TAGS)."""
+    tags = TENSORBOARD_TAGS.get(row.get("kind", ""), {})
+    return [(tag, row[name]) for name, tag in tags.items() if row.get(name) is not None]
+
+
+def summary_line(end: dict[str, Any], steps_per_epoch: int) -> str:
+    """The run in one line: wall time, final loss, val accuracy, images/s and the verdict."""
+    epochs = end["step"] / steps_per_epoch if steps_per_epoch else 0.0
+    unit = "epoch" if epochs == 1 else "epochs"
+    parts = [f"{end['step']} optimizer steps ({epochs:.3g} {unit}) in {end['time_s']:.1f} s"]
+    if end.get("loss") is not None:
+        parts.append(f"final train loss {end['loss']:.4f}")
+    if end.get("val_accuracy") is not None:
+        parts.append(
+            f"val accuracy {end['val_accuracy']:.4f} (val loss {end['val_loss']:.4f}, "
+            f"{end['val_samples']} samples)"
+        )
+    else:
+        parts.append("no validation")
+    parts.append(f"{end['images_per_s']:.0f} images/s")
+    parts.append(end["verdict"])
+    return "summary: " + "; ".join(parts)
 
 
 def open_tensorboard(run_dir: Path):
@@ -217,8 +311,14 @@ class Trace:
             rewrite_jsonl(self.path, [row for row in read_jsonl(self.path) if keep(row)])
 
 
-def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> bool:
-    """Loss, learning rate, images/s and data wait against step, as one PNG.
+def plot_metrics(
+    metrics_path: str | Path, png_path: str | Path, threshold: float | None = None
+) -> bool:
+    """Loss (and val accuracy), learning rate, images/s and data wait against step, as one PNG.
+
+    Args:
+        threshold: the data-wait share above which the run is input-bound; drawn
+            as a line on the data-wait panel.
 
     Returns:
         False when matplotlib is not installed (the `bench` extra): no plot.
@@ -230,29 +330,62 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = read_jsonl(metrics_path)
+    figure = build_figure(read_jsonl(metrics_path), threshold)
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def build_figure(rows: list[dict], threshold: float | None = None):
+    """The figure `plot_metrics` saves; readable from a 1-epoch run of a few rows up.
+
+    Few rows are drawn as markers (a line through two points hides them), the
+    step axis has integer ticks only, epoch ends are dotted lines, and the
+    data-wait panel shows the input-bound threshold and the run's verdict.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
+    end = next((r for r in reversed(rows) if r.get("kind") == "end"), None)
     figure, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     steps = [r["step"] for r in train]
+    style = {"lw": 1.2, "marker": "o" if len(train) <= MARKER_POINTS else None, "ms": 4}
     panels = [
         (axes[0][0], "loss", "train loss"),
         (axes[0][1], "lr", "learning rate"),
         (axes[1][0], "images_per_s", "images/s (all ranks)"),
         (axes[1][1], "data_wait_frac", "data wait / step time"),
     ]
+    epoch_ends = [a["step"] for a, b in itertools.pairwise(train) if b["epoch"] != a["epoch"]]
     for axis, name, title in panels:
-        axis.plot(steps, [r[name] for r in train], lw=1.2)
+        axis.plot(steps, [r[name] for r in train], **style)
         axis.set_title(title)
         axis.grid(alpha=0.3)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for step in epoch_ends:
+            axis.axvline(step, color="0.6", ls=":", lw=1)
     if evals:
         twin = axes[0][0].twinx()
         twin.plot([r["step"] for r in evals], [r["val_accuracy"] for r in evals], "o-", color="C1")
         twin.set_ylabel("val accuracy", color="C1")
-    axes[1][1].set_ylim(0, 1)
+    mark_verdict(axes[1][1], threshold, end)
     for axis in axes[1]:
         axis.set_xlabel("optimizer step")
     figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
-    plt.close(figure)
-    return True
+    return figure
+
+
+def mark_verdict(axis, threshold: float | None, end: dict | None) -> None:
+    """The input-bound threshold as a dashed line, the run's verdict as the panel's caption."""
+    axis.set_ylim(0, 1)
+    if threshold is not None:
+        axis.axhline(
+            threshold, color="C3", ls="--", lw=1, label=f"input-bound above {threshold:.0%}"
+        )
+        axis.legend(loc="upper right", fontsize=8)
+    if end is not None and end.get("verdict"):
+        verdict = end["verdict"].split(";")[0]  # "input-bound: the GPU waited 40% ..."
+        color = "C3" if verdict.startswith("input-bound") else "C2"
+        axis.text(0.02, 0.95, verdict, transform=axis.transAxes, va="top", fontsize=8, color=color)

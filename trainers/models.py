@@ -101,6 +101,7 @@ BUILTIN_MODELS: dict[str, Callable[[int], nn.Module]] = {
     "resnet-small": partial(SmallResNet, blocks=(2, 2, 2)),
 }
 LIBRARIES = {"torchvision": "torchvision", "timm": "timm"}
+LIST_HINT = {"torchvision": "torchvision.models.list_models()", "timm": "timm.list_models()"}
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
@@ -117,18 +118,38 @@ def build_model(name: str, num_classes: int) -> nn.Module:
     """
     if num_classes < 1:
         raise ModelError(f"num_classes must be at least 1, got {num_classes}")
+    library, model_name = resolve_model_name(name)
+    if library is None:
+        return BUILTIN_MODELS[model_name](num_classes)
+    return library_model(library, model_name, num_classes)
+
+
+def resolve_model_name(name: str) -> tuple[str | None, str]:
+    """`(library, name)` that provides `--model name` (library None: built-in), building nothing.
+
+    Cheap enough to run before any data is read, so a typo stops the run at once.
+
+    Raises:
+        ModelError: unknown name, or the library that provides it is not installed.
+    """
     if name in BUILTIN_MODELS:
-        return BUILTIN_MODELS[name](num_classes)
+        return None, name
     library, _, model_name = name.rpartition(":")
     if library:
         if library not in LIBRARIES:
             raise ModelError(
-                f"unknown model library {library!r} in {name!r}; use torchvision: or timm:"
+                f"unknown model library {library!r} in --model {name!r}; use torchvision:NAME "
+                f"or timm:NAME, or a built-in model: {', '.join(BUILTIN_MODELS)}"
             )
-        return library_model(library, model_name, num_classes)
+        if not has_model(library, model_name):
+            raise ModelError(
+                f"{library} has no model {model_name!r}; "
+                f"{LIST_HINT[library]} lists the names it has"
+            )
+        return library, model_name
     for library in LIBRARIES:
         if importlib.util.find_spec(library) is not None and has_model(library, name):
-            return library_model(library, name, num_classes)
+            return library, name
     raise ModelError(
         f"unknown model {name!r}: built-in models are {', '.join(BUILTIN_MODELS)}; "
         "torchvision and timm models need those packages: pip install 'shardpipe[vision]' "
@@ -156,10 +177,11 @@ def has_model(library: str, name: str) -> bool:
 
 
 def library_model(library: str, name: str, num_classes: int) -> nn.Module:
-    """`torchvision.models.get_model` or `timm.create_model`, randomly initialised."""
+    """`torchvision.models.get_model` or `timm.create_model`, randomly initialised.
+
+    `name` must be one `resolve_model_name` accepted.
+    """
     module = import_library(library)
-    if not has_model(library, name):
-        raise ModelError(f"{library} has no model {name!r}")
     if library == "timm":
         return module.create_model(name, pretrained=False, num_classes=num_classes)
     return module.models.get_model(name, weights=None, num_classes=num_classes)

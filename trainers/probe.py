@@ -23,8 +23,8 @@ from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
 from trainers.config import TrainConfig
-from trainers.data import loader_config
-from trainers.distributed import DistInfo, init_distributed, setup_logging
+from trainers.data import SOURCE_ERRORS, DataError, build_split_loader, loader_config
+from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_logging
 from trainers.metrics import StepTimer, iter_timed
 from trainers.models import build_model
 from trainers.run import seed_generators
@@ -126,7 +126,13 @@ def classes_from_source(config: TrainConfig) -> int | None:
         return None
     from pipeline.sources import resolve_source
 
-    classes = resolve_source(config.train_shards, config.train_split, config.format).classes
+    try:
+        classes = resolve_source(config.train_shards, config.train_split, config.format).classes
+    except SOURCE_ERRORS as error:
+        text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+        raise DataError(
+            f"--train-shards {config.train_shards}: {' '.join(text.split())}"
+        ) from error
     return len(classes) if classes else None
 
 
@@ -179,7 +185,10 @@ def fit_line(points: list[tuple[int, int]]) -> tuple[float, float]:
 def max_batch_for(fixed: float, per_sample: float, budget: float) -> int:
     """Largest batch whose predicted peak fits `budget`; a multiple of 8 from 16 up."""
     if per_sample <= 0:
-        raise ValueError("memory did not grow with the batch; use larger --probe-batches")
+        raise DeviceError(
+            "memory did not grow with the batch, so no batch size can be extrapolated; "
+            "use larger --probe-batches"
+        )
     batch = math.floor((budget - fixed) / per_sample)
     if batch >= 16:
         batch -= batch % 8  # tensor-core friendly sizes
@@ -212,7 +221,7 @@ def find_batch_size(config: TrainConfig) -> BatchSizeResult:
     fixed, per_sample = fit_line(points)
     batch = max_batch_for(fixed, per_sample, budget)
     if batch < 1:
-        raise ValueError(
+        raise DeviceError(
             f"even a batch of 1 needs about {(fixed + per_sample) / 2**20:.0f} MB, over the budget of "
             f"{budget / 2**20:.0f} MB; lower --image-size or use a smaller --model"
         )
@@ -236,7 +245,10 @@ def confirm_batch(probe: Probe, meter: MemoryMeter, batch: int, budget: float) -
             return batch, peak
         probe.optimizer.zero_grad(set_to_none=True)
         batch = max(1, int(batch * 0.85))
-    raise RuntimeError(f"no batch fit the budget of {budget / 2**20:.0f} MB after backing off")
+    raise DeviceError(
+        f"no batch fit the budget of {budget / 2**20:.0f} MB after backing off; lower "
+        "--image-size, use a smaller --model, or raise --memory-fraction"
+    )
 
 
 def report_batch_size(config: TrainConfig, result: BatchSizeResult) -> None:
@@ -304,10 +316,9 @@ def time_loader(probe: Probe, batch: int) -> ScanPoint:
     """Steps fed by the real train loader: the end-to-end rate and how long it waited for data."""
     from dataclasses import replace
 
-    from pipeline.loader import build_loader
-
     config = replace(probe.config, batch_size=batch)
-    loader = build_loader(loader_config(config, probe.info, config.train_split, True))
+    settings = loader_config(config, probe.info, config.train_split, True)
+    loader = build_split_loader(settings, "--train-shards")
     batches = CudaPrefetcher(loader, probe.info.device, channels_last=config.channels_last)
     timer = StepTimer()
     stream = iter_timed(batches, timer)
@@ -323,7 +334,10 @@ def time_loader(probe: Probe, batch: int) -> ScanPoint:
         stream.close()
     window = timer.take()
     if window.steps == 0:
-        raise ValueError(f"the train split has too few batches of {batch} for the scan")
+        raise DataError(
+            f"the train split has too few batches of {batch} for the scan; lower "
+            "--scan-batch-sizes or --scan-warmup"
+        )
     ips = window.samples / window.elapsed_s
     return ScanPoint(
         batch, ips, 1000 * window.elapsed_s / window.steps, window.wait_frac, peak_mb(probe)

@@ -28,6 +28,7 @@ from trainers.checkpoint import (
     FORMAT_NAME,
     FORMAT_VERSION,
     CheckpointError,
+    latest_checkpoint,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -36,7 +37,7 @@ from trainers.checkpoint import (
 from trainers.config import TrainConfig
 from trainers.data import Loaders
 from trainers.distributed import DistInfo, gather_objects
-from trainers.metrics import MetricsLog, StepTimer, Trace, Window
+from trainers.metrics import METRICS_NAME, MetricsLog, StepTimer, Trace, Window
 from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine
 
 log = logging.getLogger("trainers")
@@ -82,6 +83,7 @@ class Run:
     state: TrainState
     timer: StepTimer
     verdict_window: Window
+    last_window: Window | None = None  # the previous metrics row's, for `rate_window`
 
 
 def data_identity(
@@ -105,6 +107,40 @@ def data_identity(
         "model": config.model,
         "num_classes": num_classes,
     }
+
+
+class RunDirError(RuntimeError):
+    """`--run-dir` cannot hold this run: a file, not writable, or already holding a run."""
+
+
+def check_run_dir(run_dir: str | Path, resume: str | None, refuse_used: bool = True) -> None:
+    """Before any data is read: the run directory can be made and written, and is ours to use.
+
+    With `refuse_used`, a fresh run (no `--resume`) refuses a directory that already
+    holds one, so a typo cannot mix two runs' metrics or prune another run's checkpoints.
+
+    Raises:
+        RunDirError: the directory is unusable; CheckpointError: `--resume PATH` is missing.
+    """
+    path = Path(run_dir)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise RunDirError(f"--run-dir {path} {where}, not a directory; pick another --run-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(
+            f"--run-dir {path}: {existing} is not writable by this user; pick another --run-dir"
+        )
+    fresh = refuse_used and resume is None
+    if fresh and ((path / METRICS_NAME).exists() or latest_checkpoint(path) is not None):
+        raise RunDirError(
+            f"{path} already holds a run; pass --resume auto to continue it, or pick a new --run-dir"
+        )
+    if resume not in (None, "auto") and not Path(resume).is_file():
+        raise CheckpointError(
+            f"--resume {resume}: no such checkpoint; pass --resume auto (the latest in "
+            "--run-dir) or the path of a step-*.pt file"
+        )
 
 
 def resume_problems(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,33 +18,38 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from pipeline.dataset import LoaderDataError
 from pipeline.prefetch import CudaPrefetcher
 from shards.redact import redact_url
 from trainers.checkpoint import CheckpointError, latest_checkpoint
 from trainers.config import TrainConfig, parse_command_line
-from trainers.data import Loaders, build_loaders, overlap_error
+from trainers.data import DataError, Loaders, build_loaders, check_sources, overlap_error
 from trainers.distributed import (
+    DeviceError,
     DistInfo,
     all_reduce,
     broadcast_error,
+    check_device,
     init_distributed,
     setup_logging,
     shutdown_distributed,
 )
 from trainers.loop import NonFiniteLossError, fit
 from trainers.metrics import (
-    METRICS_NAME,
     PLOT_NAME,
     MetricsLog,
     StepTimer,
     Trace,
     Window,
     plot_metrics,
+    summary_line,
 )
-from trainers.models import ModelError, build_model, parameter_groups
+from trainers.models import ModelError, build_model, parameter_groups, resolve_model_name
 from trainers.run import (
     Run,
+    RunDirError,
     TrainState,
+    check_run_dir,
     data_identity,
     restore_run,
     seed_generators,
@@ -54,18 +60,24 @@ from trainers.schedule import BatchPlan, WarmupCosine, build_schedule
 
 log = logging.getLogger("trainers")
 
-
-class DataError(RuntimeError):
-    """The data cannot be trained on as configured (overlapping splits, too few samples)."""
-
-
-USER_ERRORS = (CheckpointError, ModelError, NonFiniteLossError, DataError)
+# Mistakes in the command, the data or the environment: one line on stderr, exit 1.
+# Anything else (TypeError, ...) is a bug in our code and keeps its traceback.
+USER_ERRORS = (
+    CheckpointError,
+    DataError,
+    DeviceError,
+    LoaderDataError,
+    ModelError,
+    NonFiniteLossError,
+    RunDirError,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: `train [train|find-batch-size|scan-throughput] --flags`."""
     command, config = parse_command_line(sys.argv[1:] if argv is None else argv)
     try:
+        check_config(command, config)
         if command == "find-batch-size":
             from trainers.probe import find_batch_size
 
@@ -78,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return train(config)
     except USER_ERRORS as error:
-        log.error("%s", error)
-        print(f"train: error: {error}", file=sys.stderr)
+        report_error(error)
         return 1
     except KeyboardInterrupt:
         print(
@@ -89,15 +100,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def check_config(command: str, config: TrainConfig) -> None:
+    """The mistakes that cost nothing to find, before any data is read or directory made.
+
+    Device, precision, model name, local data paths, then the run directory.
+    """
+    check_device(config.device)
+    if planned_device(config.device).type == "cpu":
+        resolve_amp(config.amp, torch.device("cpu"))  # on CUDA it would start a CUDA context
+    resolve_model_name(config.model)
+    check_sources(config)
+    # The probes write their report into --run-dir too, next to an earlier run's files.
+    check_run_dir(config.run_dir, config.resume, refuse_used=command == "train")
+
+
+def planned_device(name: str) -> torch.device:
+    """The device type `--device` will give (its index comes with the rank, later)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def report_error(error: Exception) -> None:
+    """`train: error: ...` on stderr, once (tagged with the rank under torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tag = f"[rank {os.environ.get('RANK', '0')}] " if world > 1 else ""
+    print(f"train: error: {tag}{error}", file=sys.stderr)
+
+
 def train(config: TrainConfig) -> int:
-    """Run a whole training job in this process (one rank of it under torchrun)."""
+    """Run a whole training job in this process (one rank of it under torchrun).
+
+    `main` has run `check_config` on `config` first.
+    """
+    started = time.perf_counter()
     configure_determinism(config.deterministic)
     info = init_distributed(config.device, config.dist_timeout_s)
     setup_logging(info)
     try:
-        run = setup_run(config, info)
-        fit(run)
-        finish(run)
+        run = setup_run(config, info, started)
+        end = fit(run)
+        finish(run, end)
     finally:
         shutdown_distributed()
     return 0
@@ -128,14 +171,18 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def setup_run(config: TrainConfig, info: DistInfo) -> Run:
-    """Data, model, optimizer, schedule and logs; then resume when asked."""
+def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None) -> Run:
+    """Data, model, optimizer, schedule and logs; then resume when asked.
+
+    Args:
+        started: `time.perf_counter()` when the job began: the zero of `time_s`.
+    """
     amp_dtype = resolve_amp(config.amp, info.device)
-    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
     seed_generators(config.seed)  # the same on every rank: identical initial weights
     loaders = build_loaders(config, info)
     check_batches(loaders, config, info)
     check_splits(loaders, config, info)
+    make_run_dir(config.run_dir)  # only once the data is known to be usable
     num_classes = resolve_num_classes(config, loaders)
     module = prepare_model(config, info, num_classes)
     plan = BatchPlan(
@@ -166,7 +213,7 @@ def setup_run(config: TrainConfig, info: DistInfo) -> Run:
         plan=plan,
         schedule=schedule,
         amp_dtype=amp_dtype,
-        metrics=MetricsLog(config.run_dir, info.is_main, config.tensorboard),
+        metrics=MetricsLog(config.run_dir, info.is_main, config.tensorboard, started),
         trace=Trace(config.run_dir, info.rank, config.debug_trace),
         identity=data_identity(loaders.train.source, config, info.world_size, num_classes),
         state=TrainState(),
@@ -179,6 +226,15 @@ def setup_run(config: TrainConfig, info: DistInfo) -> Run:
     if info.is_main:
         write_config(config.run_dir, config, startup_figures(run))
     return run
+
+
+def make_run_dir(run_dir: str) -> None:
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # checked by check_run_dir, but the disk may have changed since
+        raise RunDirError(
+            f"--run-dir {run_dir} cannot be made: {error.strerror or error}; pick another --run-dir"
+        ) from error
 
 
 def check_batches(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
@@ -214,7 +270,10 @@ def resolve_num_classes(config: TrainConfig, loaders: Loaders) -> int:
         return config.num_classes
     if loaders.classes:
         return len(loaders.classes)
-    raise DataError("the shards come without a class list (no manifest): pass --num-classes")
+    raise DataError(
+        f"--train-shards {redact_url(os.fspath(config.train_shards))}: no class list (no "
+        "manifest.json beside the shards names the classes); pass --num-classes N"
+    )
 
 
 def prepare_model(config: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
@@ -258,14 +317,10 @@ def prefetcher(loader, config: TrainConfig, info: DistInfo) -> CudaPrefetcher:
 
 
 def resume(run: Run) -> None:
-    """`--resume auto|PATH`; a fresh run refuses a run directory that already holds one."""
+    """`--resume auto|PATH` (a fresh run's directory was checked by `check_run_dir`)."""
     config = run.config
     run_dir = Path(config.run_dir)
     if config.resume is None:
-        if (run_dir / METRICS_NAME).exists() or latest_checkpoint(run_dir) is not None:
-            raise CheckpointError(
-                f"{run_dir} already holds a run; pass --resume auto to continue it, or pick a new --run-dir"
-            )
         return
     path = latest_checkpoint(run_dir) if config.resume == "auto" else Path(config.resume)
     if path is None:
@@ -309,7 +364,7 @@ def log_startup(run: Run) -> None:
         f"config: {config.to_dict()}",
         f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards"
         f" ({redact_url(train_source.manifest_url or 'shard URLs')}), val {f['val_samples']} samples; "
-        f"{len(f['classes'] or [])} classes",
+        f"{class_figure(run)}",
         f"batch: {plan.batch_size} per device x {plan.accum_steps} accumulation x "
         f"{plan.world_size} ranks = effective batch {plan.effective_batch}",
         f"epoch: {plan.batches_per_epoch} batches per rank (drop_last leaves out about "
@@ -333,18 +388,25 @@ def log_startup(run: Run) -> None:
         log.info("%s", line)
 
 
-def finish(run: Run) -> None:
-    """Close the logs and draw the plot (rank 0)."""
+def class_figure(run: Run) -> str:
+    classes = run.loaders.classes
+    count = run.identity["num_classes"]
+    return f"{count} classes" if classes else f"{count} classes (--num-classes; no class names)"
+
+
+def finish(run: Run, end: dict) -> None:
+    """Close the logs, draw the plot and log the summary line, last (rank 0)."""
     run.metrics.close()
     if not run.info.is_main:
         return
     if run.config.plot:
         png = Path(run.config.run_dir) / PLOT_NAME
-        if plot_metrics(run.metrics.path, png):
+        if plot_metrics(run.metrics.path, png, run.config.input_bound_threshold):
             log.info("plot: %s", png)
         else:
             log.info("plot skipped: matplotlib is not installed (pip install 'shardpipe[bench]')")
     log.info("metrics: %s", run.metrics.path)
+    log.info("%s", summary_line(end, run.plan.steps_per_epoch))
 
 
 if __name__ == "__main__":

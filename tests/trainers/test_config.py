@@ -53,7 +53,8 @@ def test_bad_choice_and_bad_value_exit_with_usage(capsys):
 def test_toml_file_gives_defaults_and_flags_win(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('batch-size = 12\nlr = 1\nmodel = "cnn"\nscan_batch_sizes = [2, 4]\n')
-    _, config = parse_command_line(["--config", str(path), "--batch-size", "20"])
+    argv = ["--config", str(path), "--batch-size", "20", "--train-shards", "data"]
+    _, config = parse_command_line(argv)
     assert config.batch_size == 20  # the flag wins
     assert config.lr == 1.0 and config.model == "cnn" and config.scan_batch_sizes == (2, 4)
 
