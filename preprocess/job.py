@@ -26,8 +26,9 @@ from preprocess.plan import PLAN_VERSION, Plan, ShardPiece, Spill, load_task, or
 from preprocess.ray_job import BuildError, iter_inline, iter_ray
 from preprocess.sizing import Probe, probe_inputs, shard_size_for_bytes
 from preprocess.sources import Listing, stream_sources
+from shards.formats import get_format
 from shards.io import OutputStore, is_remote, open_output_store
-from shards.manifest import MANIFEST_NAME, Manifest, ShardTable, SplitInfo
+from shards.manifest import MANIFEST_NAME, Manifest, ShardTable, SplitInfo, write_manifest
 
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"
@@ -80,7 +81,7 @@ def run_build(config: BuildConfig) -> BuildSummary:
         manifest = assemble_manifest(plan, config, results, listing)
         write_errors(store, results, listing)
         enforce_skip_budget(manifest, config, store)
-        store.write_bytes_atomic(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
+        write_manifest(store, manifest)
     remove_plan(store)
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
@@ -400,8 +401,7 @@ class DryRun:
         estimate: dict[str, int | None] = {}
         for fmt in self.probe.sizes:
             mean = self.probe.mean_bytes(fmt)
-            # A tar ends with two empty blocks.
-            ends = 1024 * len(self.plan.shards) if fmt == "tar" else 0
+            ends = get_format(fmt).file_overhead_bytes * len(self.plan.shards)
             estimate[fmt] = None if mean is None else round(mean * self.plan.inputs) + ends
         return estimate
 

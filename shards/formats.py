@@ -57,6 +57,8 @@ class ShardFormat:
         count_samples: `(stream, url, limits) -> int`, headers or footer only.
         sample_bytes: `(sample) -> int`, the bytes one sample adds to a file of this
             format (exact for tar; the payload for Parquet), for sizing shards.
+        file_overhead_bytes: the least a file of this format adds beyond its samples
+            (a tar's two end blocks), for estimates.
     """
 
     name: str
@@ -67,6 +69,7 @@ class ShardFormat:
     iter_samples: Callable[..., Iterator[Sample]]
     count_samples: Callable[[Any, str, ReadLimits], int]
     sample_bytes: Callable[[Sample], int]
+    file_overhead_bytes: int = 0
 
 
 def _tar_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
@@ -100,6 +103,7 @@ TAR = ShardFormat(
     iter_samples=tar.iter_tar_samples,
     count_samples=tar.count_tar_samples,
     sample_bytes=_tar_sample_bytes,
+    file_overhead_bytes=2 * tar.BLOCK,
 )
 PARQUET = ShardFormat(
     name="parquet",
