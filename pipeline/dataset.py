@@ -17,7 +17,7 @@ import multiprocessing
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,17 +156,21 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
-        shards: list[ShardSpec],
+        shards: Sequence[ShardSpec],
         settings: StreamSettings,
         transform: Callable,
         shared: SharedState,
         ring: BatchRing | None = None,
+        counts: np.ndarray | None = None,
     ) -> None:
         super().__init__()
         self.ring = ring
         self.shards = shards
-        # Read once: planning an epoch needs only these (O(shards), never O(samples)).
-        self.counts = np.fromiter((s.samples for s in shards), dtype=np.int64, count=len(shards))
+        # Samples per shard (the source's column when given), read once: planning an
+        # epoch needs only these, O(shards), never O(samples).
+        if counts is None:
+            counts = np.fromiter((s.samples for s in shards), dtype=np.int64, count=len(shards))
+        self.counts = np.asarray(counts, dtype=np.int64)
         self.total = int(self.counts.sum())
         self.settings = settings
         self.transform = transform

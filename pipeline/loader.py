@@ -213,7 +213,7 @@ class ShardLoader:
         reusable = config.num_workers == 0 or config.persistent_workers
         self.ring = self.make_ring() if config.reuse_buffers and reusable else None
         self.dataset = ShardStream(
-            source.shards, settings, self.make_transform(), self.shared, self.ring
+            source.shards, settings, self.make_transform(), self.shared, self.ring, source.counts
         )
         self.epoch = 0
         self.segments: list[Segment] = []  # earlier partitions of this epoch (resume)
