@@ -25,8 +25,8 @@ from pathlib import Path
 from loader_throughput import machine_info, prepare_data
 
 from pipeline import LoaderConfig, build_loader
-from pipeline.plan import Partition, positions_to_pieces, shard_order
-from pipeline.resume import remaining_after, worker_positions
+from pipeline.plan import EpochLayout, Partition
+from pipeline.resume import plan_worker
 from shards.manifest import (
     FileInfo,
     Manifest,
@@ -161,12 +161,10 @@ def plan_peak_bytes(total: int, num_workers: int, shard_size: int = 1000) -> tup
     )
     part = Partition(1, num_workers, 256, True, "pad", 2000, 500)
     tracemalloc.start()
-    remaining = remaining_after(total, [], seed=0, epoch=0)
-    positions, _ = worker_positions(remaining, part, rank=0, role=0)
-    pieces = positions_to_pieces(positions, shard_order(len(counts), 0, 0), counts)
+    plan = plan_worker(EpochLayout.build(counts, seed=0, epoch=0), [], part, rank=0, role=0)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return peak, len(pieces)
+    return peak, len(plan.pieces)
 
 
 # --- driver --------------------------------------------------------------------------------
