@@ -370,6 +370,7 @@ def build_figure(rows: list[dict], threshold: float | None = None):
         twin = axes[0][0].twinx()
         twin.plot([r["step"] for r in evals], [r["val_accuracy"] for r in evals], "o-", color="C1")
         twin.set_ylabel("val accuracy", color="C1")
+        twin.set_ylim(0, 1.02)
     mark_verdict(axes[1][1], threshold, end)
     for axis in axes[1]:
         axis.set_xlabel("optimizer step")
@@ -378,14 +379,14 @@ def build_figure(rows: list[dict], threshold: float | None = None):
 
 
 def mark_verdict(axis, threshold: float | None, end: dict | None) -> None:
-    """The input-bound threshold as a dashed line, the run's verdict as the panel's caption."""
+    """The input-bound threshold as a dashed line, the run's verdict as the legend's title."""
     axis.set_ylim(0, 1)
-    if threshold is not None:
-        axis.axhline(
-            threshold, color="C3", ls="--", lw=1, label=f"input-bound above {threshold:.0%}"
-        )
-        axis.legend(loc="upper right", fontsize=8)
-    if end is not None and end.get("verdict"):
-        verdict = end["verdict"].split(";")[0]  # "input-bound: the GPU waited 40% ..."
-        color = "C3" if verdict.startswith("input-bound") else "C2"
-        axis.text(0.02, 0.95, verdict, transform=axis.transAxes, va="top", fontsize=8, color=color)
+    verdict = end["verdict"].split(";")[0] if end and end.get("verdict") else None
+    color = "C3" if verdict and verdict.startswith("input-bound") else "C2"
+    if threshold is None:
+        if verdict:
+            axis.text(0.02, 0.95, verdict, transform=axis.transAxes, va="top", color=color)
+        return
+    axis.axhline(threshold, color="C3", ls="--", lw=1, label=f"input-bound above {threshold:.0%}")
+    legend = axis.legend(loc="best", fontsize=8, title=verdict, title_fontsize=8)
+    legend.get_title().set_color(color)
