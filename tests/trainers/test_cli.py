@@ -63,6 +63,12 @@ def test_missing_train_shards_is_a_usage_error(capsys):
         main(["--device", "cpu"])
     assert stop.value.code == 2  # argparse's code for a missing required flag
     assert_one_error_line(capsys.readouterr().err.splitlines(), "--train-shards", "required")
+    with pytest.raises(SystemExit) as stop:
+        main(["scan-throughput", "--scan-source", "loader"])  # the probe that reads shards
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train scan-throughput: error: ")
+    assert "--train-shards" in lines[0]
 
 
 def test_train_shards_from_a_config_file_is_enough(tmp_path, dataset, no_loaders, capsys):
