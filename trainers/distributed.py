@@ -91,6 +91,16 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
+def finish_together(info: DistInfo) -> None:
+    """A barrier after a successful run, so that no rank tears gloo down while a peer
+    still finishes (rank 0 draws the plot): a rank exiting that early was seen to
+    abort with "terminate called without an active exception" (cf. pytorch#179291).
+    Only on success: after an error a barrier could wait for a rank that is gone.
+    """
+    if info.distributed:
+        dist.barrier()
+
+
 def all_reduce(values: list[float], info: DistInfo, op: str = "sum") -> list[float]:
     """Sum (or max) a few floats over ranks; a no-op in a world of one."""
     if not info.distributed:

@@ -30,6 +30,7 @@ from trainers.distributed import (
     all_reduce,
     broadcast_error,
     check_device,
+    finish_together,
     init_distributed,
     setup_logging,
     shutdown_distributed,
@@ -141,6 +142,7 @@ def train(config: TrainConfig) -> int:
         run = setup_run(config, info, started)
         end = fit(run)
         finish(run, end)
+        finish_together(info)
     finally:
         shutdown_distributed()
     return 0
