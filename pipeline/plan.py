@@ -180,13 +180,16 @@ class EpochLayout:
     def total(self) -> int:
         return int(self.starts[-1])
 
-    def pieces(self, positions: Runs) -> list[Piece]:
+    def pieces(self, positions: Runs) -> Pieces:
         """Stream positions as runs of consecutive samples within shards, in order.
 
         Costs O(runs + shards touched): each run is cut at the shard boundaries it spans.
+        The result is three arrays, not one object per piece: a worker of a 10^9-sample
+        epoch reads ~5*10^5 pieces, which as Python objects cost seconds and ~100 MiB
+        before its first batch.
         """
         if not len(positions.starts):
-            return []
+            return Pieces.empty()
         # side="right" skips empty shards, which share their start with the next shard.
         first = np.searchsorted(self.starts, positions.starts, side="right") - 1
         last = np.searchsorted(self.starts, positions.stops - 1, side="right") - 1
@@ -197,12 +200,44 @@ class EpochLayout:
         lo = np.maximum(positions.starts[run], base) - base
         hi = np.minimum(positions.stops[run], self.starts[slot + 1]) - base
         keep = hi > lo
-        return [
-            Piece(shard, start, stop)
-            for shard, start, stop in zip(
-                self.order[slot[keep]].tolist(), lo[keep].tolist(), hi[keep].tolist(), strict=True
+        return Pieces(self.order[slot[keep]], lo[keep], hi[keep])
+
+
+class Pieces(Sequence):
+    """A worker's pieces as three int64 arrays, read as `Piece`s one at a time."""
+
+    def __init__(self, shards: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
+        self.shards, self.starts, self.stops = shards, starts, stops
+
+    @classmethod
+    def empty(cls) -> Pieces:
+        nothing = np.empty(0, dtype=np.int64)
+        return cls(nothing, nothing, nothing)
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, index: int) -> Piece:  # type: ignore[override]
+        return Piece(int(self.shards[index]), int(self.starts[index]), int(self.stops[index]))
+
+    def __iter__(self) -> Iterator[Piece]:
+        for begin in range(0, len(self.shards), _PIECE_CHUNK):
+            end = begin + _PIECE_CHUNK
+            yield from map(
+                Piece,
+                self.shards[begin:end].tolist(),
+                self.starts[begin:end].tolist(),
+                self.stops[begin:end].tolist(),
             )
-        ]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (Pieces, list)) else NotImplemented
+
+    def samples(self) -> int:
+        return int((self.stops - self.starts).sum())
+
+
+_PIECE_CHUNK = 4096  # pieces made into objects at a time, as the stream reaches them
 
 
 def rank_slice(total: int, part: Partition, rank: int) -> tuple[Runs, int]:
@@ -282,7 +317,7 @@ def positions_to_pieces(
         seed=0,
         epoch=0,
     )
-    return layout.pieces(Runs.from_positions(positions))
+    return list(layout.pieces(Runs.from_positions(positions)))
 
 
 def shuffle_buffer(items: Iterable[T], size: int, initial: int, rng: random.Random) -> Iterator[T]:

@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.plan import (
     EpochLayout,
     Partition,
-    Piece,
+    Pieces,
     Runs,
     shuffle_buffer,
     worker_rng,
@@ -55,7 +55,7 @@ class WorkerPlan:
         batches: how many batches the worker yields (its last may be partial).
     """
 
-    pieces: list[Piece]
+    pieces: Pieces
     samples: int
     batches: int
 
