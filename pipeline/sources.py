@@ -311,7 +311,12 @@ def resolve_source(
             f"none of the {len(urls)} shards could be read; first: {unreadable[0][1]}. "
             "Check the shards with `preprocess verify` or the URLs"
         )
-    return ResolvedSource(ShardSpecs.from_specs(specs), unreadable=tuple(unreadable))
+    # Class names are the dataset's, whichever of its shards were named: a trainer
+    # launched on shard URLs needs no --num-classes when the manifest sits beside them.
+    classes = list(known.manifest.classes) if known else None
+    return ResolvedSource(
+        ShardSpecs.from_specs(specs), classes=classes, unreadable=tuple(unreadable)
+    )
 
 
 def read_manifest_url(

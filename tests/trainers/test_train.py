@@ -190,3 +190,12 @@ def test_installed_console_script():
         [str(script), "scan-throughput", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "--scan-batch-sizes" in result.stdout
+
+
+def test_training_on_shard_urls_takes_classes_from_the_manifest_beside_them(train_shards, tmp_path):
+    """Launching on a brace pattern, the way peers are launched, needs no --num-classes."""
+    manifest = json.loads((train_shards / "manifest.json").read_text())
+    pattern = str(train_shards / manifest["splits"]["train"]["patterns"]["tar"])
+    assert train_main(train_shards, tmp_path / "run", train_shards=pattern, epochs=1) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert any(row.get("kind") == "train" for row in rows)
