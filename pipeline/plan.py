@@ -13,6 +13,7 @@ memory in the number of shards a worker touches, not in the number of samples.
 
 from __future__ import annotations
 
+import array
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -148,9 +149,19 @@ class Runs:
 
 def shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
     """The epoch's shard permutation; identical on every rank, new every epoch."""
-    order = list(range(num_shards))
+    return shard_permutation(num_shards, seed, epoch).tolist()
+
+
+def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """`shard_order` as an int64 array, shuffled in 8 bytes a shard.
+
+    `random.shuffle` swaps items of any mutable sequence, so shuffling an
+    `array('q')` gives exactly the permutation of shuffling a list, without a Python
+    int object per shard (36 bytes each: 36 MiB per worker at 10^6 shards).
+    """
+    order = array.array("q", range(num_shards))
     random.Random(f"shards:{seed}:{epoch}").shuffle(order)
-    return order
+    return np.frombuffer(order, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -171,7 +182,7 @@ class EpochLayout:
     @classmethod
     def build(cls, counts: Sequence[int] | np.ndarray, seed: int, epoch: int) -> EpochLayout:
         """The layout of `epoch` for shards of `counts` samples: O(shards)."""
-        order = np.asarray(shard_order(len(counts), seed, epoch), dtype=np.int64)
+        order = shard_permutation(len(counts), seed, epoch)
         starts = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
         return cls(order, starts, seed, epoch)
