@@ -241,12 +241,6 @@ class Pieces(Sequence):
                 self.stops[begin:end].tolist(),
             )
 
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (Pieces, list)) else NotImplemented
-
-    def samples(self) -> int:
-        return int((self.stops - self.starts).sum())
-
 
 _PIECE_CHUNK = 4096  # pieces made into objects at a time, as the stream reaches them
 

@@ -23,7 +23,7 @@ from pipeline.opener import RetryPolicy
 from pipeline.plan import (
     EpochLayout,
     Partition,
-    Piece,
+    Pieces,
     Runs,
     shuffle_buffer,
     worker_rng,
@@ -295,11 +295,10 @@ def plan_delivery(
     )
 
 
-def piece_samples(pieces: Sequence[Piece]) -> np.ndarray:
+def piece_samples(pieces: Pieces) -> np.ndarray:
     """`[shard index, offset within the shard]` of every sample of `pieces`, in order."""
-    lengths = [p.stop - p.start for p in pieces]
-    shards = np.repeat(np.asarray([p.shard for p in pieces], dtype=np.int64), lengths)
-    offsets = Runs([p.start for p in pieces], [p.stop for p in pieces]).to_array()
+    shards = np.repeat(pieces.shards, pieces.stops - pieces.starts)
+    offsets = Runs(pieces.starts, pieces.stops).to_array()
     return np.stack([shards, offsets], axis=1)
 
 
