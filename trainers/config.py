@@ -8,23 +8,26 @@ live in the field metadata), so the CLI, the optional YAML/TOML config file,
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import types
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
+
+from shards.flags import (
+    CommandParser,
+    add_config_flags,
+    add_version_flag,
+    default_values,
+    flag_name,
+    option,
+    parse_int_list,
+    unwrap_optional,
+)
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 BUILTIN_WORKERS = 4
-
-
-def option(default: Any, text: str, group: str, choices: Sequence[str] | None = None) -> Any:
-    """A dataclass field with the metadata the flag generator reads."""
-    meta = {"help": text, "group": group, "choices": tuple(choices) if choices else None}
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -217,40 +220,6 @@ class TrainConfig:
         return cls(**coerce_values(data, source="config"))
 
 
-def flag_name(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def unwrap_optional(kind: Any) -> tuple[Any, bool]:
-    """`int | None` -> `(int, True)`; other types -> `(type, False)`."""
-    if get_origin(kind) in (Union, types.UnionType):
-        args = [a for a in get_args(kind) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return kind, False
-
-
-def parse_int_list(text: str) -> tuple[int, ...]:
-    """`"8,16,32"` -> `(8, 16, 32)`."""
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from exc
-
-
-class OptionalType:
-    """argparse `type=` for `X | None` fields: `none` (any case) means None."""
-
-    def __init__(self, base: type) -> None:
-        self.base = base
-        self.__name__ = base.__name__
-
-    def __call__(self, text: str) -> Any:
-        return None if text.lower() in ("none", "") else self.base(text)
-
-
 def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Check keys and types of values from a file or a stored config."""
     hints = get_type_hints(TrainConfig)
@@ -306,59 +275,6 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     return coerce_values(data, source=str(path))
 
 
-def add_config_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
-    """One flag per `TrainConfig` field, grouped as in the field metadata."""
-    hints = get_type_hints(TrainConfig)
-    groups: dict[str, Any] = {}
-    for f in fields(TrainConfig):
-        group = f.metadata["group"]
-        if group not in groups:
-            groups[group] = parser.add_argument_group(f"{group} options")
-        base, optional = unwrap_optional(hints[f.name])
-        kwargs: dict[str, Any] = {"dest": f.name, "default": defaults[f.name]}
-        kwargs["help"] = flag_help(f.name, f.metadata["help"])
-        if base is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif base == tuple[int, ...]:
-            kwargs["type"] = parse_int_list
-        else:
-            kwargs["type"] = OptionalType(base) if optional else base
-        if f.metadata["choices"]:
-            kwargs["choices"] = f.metadata["choices"]
-        groups[group].add_argument(f"--{flag_name(f.name)}", **kwargs)
-
-
-def flag_help(name: str, text: str) -> str:
-    """The help of one flag, ending in its default (a field without help text is a bug)."""
-    if not text.strip():
-        raise TypeError(f"TrainConfig.{name} has no help text: every flag must say what it does")
-    if "default:" in text:
-        return text  # says in words what the default is (None would tell nothing)
-    return f"{text} (default: %(default)s)"
-
-
-def package_version() -> str:
-    """The installed shardpipe version, for `--version`."""
-    try:
-        return importlib.metadata.version("shardpipe")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
-
-
-class CommandParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (the full usage is 30 lines long)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
-
-
-def default_values() -> dict[str, Any]:
-    out = {}
-    for f in fields(TrainConfig):
-        out[f.name] = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-    return out
-
-
 def build_parser(command: str, defaults: dict[str, Any]) -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=f"train {command}" if command != "train" else "train",
@@ -369,13 +285,13 @@ def build_parser(command: str, defaults: dict[str, Any]) -> argparse.ArgumentPar
         epilog="Commands: train (default), find-batch-size, scan-throughput. "
         "Under torchrun: `torchrun --nproc-per-node N -m trainers.train ...`.",
     )
-    parser.add_argument("--version", action="version", version=f"shardpipe {package_version()}")
+    add_version_flag(parser)
     parser.add_argument(
         "--config",
         metavar="FILE",
         help="YAML or TOML file of option defaults; flags win (default: none)",
     )
-    add_config_flags(parser, defaults)
+    add_config_flags(parser, TrainConfig, defaults)
     return parser
 
 
@@ -396,7 +312,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
     pre = CommandParser(prog="train" if command == "train" else f"train {command}", add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    defaults = default_values()
+    defaults = default_values(TrainConfig)
     if known.config:
         defaults.update(config_file_values(known.config, pre))
     parser = build_parser(command, defaults)

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import trainers.data
+from shards.flags import default_values
 from tests.trainers.conftest import REPO, subprocess_env
-from trainers.config import COMMANDS, TrainConfig, build_parser, default_values
+from trainers.config import COMMANDS, TrainConfig, build_parser
 from trainers.train import main
 
 NO_CUDA = not torch.cuda.is_available()
@@ -239,7 +240,7 @@ def option_help(text: str) -> dict[str, str]:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_flag_has_help_and_a_default(command, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
-    entries = option_help(build_parser(command, default_values()).format_help())
+    entries = option_help(build_parser(command, default_values(TrainConfig)).format_help())
     assert len(entries) == len(fields(TrainConfig)) + 3  # + --help, --version, --config
     for invocation, text in entries.items():
         assert text, f"{invocation} has no help"
