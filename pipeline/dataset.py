@@ -39,7 +39,16 @@ from pipeline.plan import (
 from pipeline.resume import Segment, plan_worker, roles_consumed
 from pipeline.sources import ShardSpec
 from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
-from shards.sample import IMAGE_FIELDS, Sample, SampleError, decode_label, image_field_of
+from shards.sample import (
+    DEFAULT_FIELDS,
+    LABEL_FIELDS,
+    Field,
+    Sample,
+    SampleError,
+    collate_values,
+    field_value,
+    read_fields,
+)
 
 log = logging.getLogger("pipeline")
 
@@ -52,9 +61,10 @@ RESERVE_SIZE = 32
 MAX_FRUITLESS_READS = 100_000
 MAX_SEGMENTS = 8
 MAX_EXAMPLES = 5  # bad shards named in a worker's stats (the logs name every one)
-# What the stream decodes: the image and its label. A shard's `json` metadata is
-# passed over unread (seeked past in tars, a column not read in Parquet).
-STREAM_FIELDS = frozenset((*IMAGE_FIELDS, "cls"))
+# What the stream reads by default: the image and its label. Members no requested
+# field needs (a shard's `json` metadata, say) are passed over unread (seeked past in
+# tars, a column not read in Parquet).
+STREAM_FIELDS = read_fields(DEFAULT_FIELDS)
 _SEGMENT_FIELDS = 8
 
 
@@ -149,10 +159,16 @@ class StreamSettings:
     class_weights: tuple[float, ...] | None = None  # resampled mode: keep-probability per class
     verify_checksums: bool = False  # hash each shard against the manifest before reading it
     limits: ReadLimits = DEFAULT_LIMITS
+    fields: tuple[Field, ...] = DEFAULT_FIELDS  # what each batch carries, in this order
 
 
 class ShardStream(IterableDataset):
-    """Yields ready batches `(images uint8 [B,3,H,W], labels int64 [B], keys, stats)`."""
+    """Yields ready batches `(values, size, keys, stats)`.
+
+    `values` holds one collated entry per field of `settings.fields`, in that order:
+    images uint8 `[B, 3, H, W]` (or a ring `SlotBatch`), labels int64 `[B]`, text and
+    JSON as lists, multi-label targets float32 `[B, C]`, weights float32 `[B]`.
+    """
 
     def __init__(
         self,
@@ -173,6 +189,7 @@ class ShardStream(IterableDataset):
         self.counts = np.asarray(counts, dtype=np.int64)
         self.total = int(self.counts.sum())
         self.settings = settings
+        self.read_fields = read_fields(settings.fields)
         self.transform = transform
         self.shared = shared
 
@@ -293,7 +310,7 @@ class ShardStream(IterableDataset):
                 spec.url,
                 start,
                 stop,
-                fields=STREAM_FIELDS,
+                fields=self.read_fields,
                 limits=limits,
                 declared=spec.samples,
             )
@@ -303,38 +320,44 @@ class ShardStream(IterableDataset):
     ) -> Iterator[tuple]:
         reserve: deque = deque(maxlen=RESERVE_SIZE)
         for size in sizes:
-            images, labels, keys = [], [], []
-            while len(images) < size:
+            rows, keys = [], []
+            while len(rows) < size:
                 sample, repeat = next(shuffled, None), 0
                 if sample is None:
                     sample, repeat = self.refill(reserve, stats)
                 try:
-                    image, label = self.decode(sample, epoch, stats, repeat)
+                    row = self.decode(sample, epoch, stats, repeat)
                 except SampleError as error:
                     self.log_skip(sample, error, stats)
                     where = f"{sample.get('__url__')} key {sample.get('__key__')}"
                     count_skips(stats, error.reason, 1, where)
                     continue
                 reserve.append(sample)
-                images.append(image)
-                labels.append(label)
+                rows.append(row)
                 keys.append(sample["__key__"])
             stats.samples += size
-            yield self.collate(images, labels, keys, stats)
+            yield self.collate(rows, keys, stats)
 
-    def decode(
-        self, sample: Sample, epoch: int, stats: WorkerStats, repeat: int = 0
-    ) -> tuple[np.ndarray, int]:
+    def decode(self, sample: Sample, epoch: int, stats: WorkerStats, repeat: int = 0) -> tuple:
+        """One value per field: the transformed image, the label, text, JSON, ..."""
         if "__error__" in sample:
             raise sample["__error__"]
         started = time.perf_counter()
-        # Augmentation randomness comes from the sample key and epoch, so it does
-        # not depend on which worker or rank happens to decode the sample.
-        rng = random.Random(f"aug:{self.settings.seed}:{epoch}:{sample['__key__']}:{repeat}")
-        image = self.transform(sample[image_field_of(sample)], rng)
-        label = decode_label(sample)
+        key, seed = sample["__key__"], self.settings.seed
+        parsed: dict = {}  # JSON members parsed once for all fields reading them
+        row = []
+        for spec in self.settings.fields:
+            value = field_value(sample, spec, parsed)
+            # Augmentation randomness comes from the sample key and epoch, so it does
+            # not depend on which worker or rank happens to decode the sample.
+            if spec.kind == "image":
+                value = self.transform(value, random.Random(f"aug:{seed}:{epoch}:{key}:{repeat}"))
+            elif spec.transform is not None:
+                rng = random.Random(f"{spec.name}:{seed}:{epoch}:{key}:{repeat}")
+                value = spec.transform(value, rng)
+            row.append(value)
         stats.decode_s += time.perf_counter() - started
-        return image, label
+        return tuple(row)
 
     def refill(self, reserve: deque, stats: WorkerStats) -> tuple[Sample, int]:
         """A recent good sample and its repeat number (for a new augmentation)."""
@@ -357,10 +380,40 @@ class ShardStream(IterableDataset):
                 skipped,
             )
 
-    def collate(self, images, labels, keys, stats: WorkerStats) -> tuple:
-        label_tensor = torch.tensor(labels, dtype=torch.int64)
-        batch = stack_images(images, self.settings.channels_last, self.ring)
-        return batch, label_tensor, keys if self.settings.with_keys else None, stats.snapshot()
+    def collate(self, rows: list[tuple], keys: list[str], stats: WorkerStats) -> tuple:
+        values = []
+        for spec, column in zip(self.settings.fields, zip(*rows, strict=True), strict=True):
+            if spec.kind == "image":
+                values.append(stack_images(list(column), self.settings.channels_last, self.ring))
+            elif spec.transform is not None:
+                values.append(stack_outputs(spec, list(column), keys))
+            else:
+                collated = collate_values(spec, list(column))
+                is_array = isinstance(collated, np.ndarray)
+                values.append(torch.from_numpy(collated) if is_array else collated)
+        keys = keys if self.settings.with_keys else None
+        return tuple(values), len(rows), keys, stats.snapshot()
+
+
+def stack_outputs(spec: Field, outputs: list, keys: list[str]) -> torch.Tensor | list:
+    """A field transform's outputs as one batch: tensors and arrays stacked, others a list.
+
+    Raises:
+        ValueError: the outputs are tensors of different shapes (a bug of the
+            transform, e.g. a tokenizer that does not pad to a fixed length).
+    """
+    first = outputs[0]
+    if not isinstance(first, (torch.Tensor, np.ndarray)):
+        return outputs
+    tensors = [torch.as_tensor(output) for output in outputs]
+    shapes = {tuple(tensor.shape) for tensor in tensors}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"the transform of field {spec.name!r} returned tensors of shapes "
+            f"{sorted(shapes)[:4]} in one batch (keys {keys[0]}...); return one fixed shape "
+            "(pad or truncate, e.g. to a fixed token count) so the batch can be stacked"
+        )
+    return torch.stack(tensors)
 
 
 def stack_images(
@@ -414,8 +467,9 @@ def count_skips(stats: WorkerStats, reason: str, count: int, where: str) -> None
 
 def class_weight(weights: tuple[float, ...], sample: Sample, default: float) -> float:
     """The sample's class weight; unreadable or unknown labels pass (decode judges them)."""
+    value = next((sample[name] for name in LABEL_FIELDS if name in sample), b"")
     try:
-        label = int(sample.get("cls", b""))
+        label = int(value)
     except ValueError:
         return default
     return weights[label] if 0 <= label < len(weights) else default

@@ -1,4 +1,4 @@
-"""`build_loader(LoaderConfig(...))`: shard URLs or a manifest in, uint8 batches out.
+"""`build_loader(LoaderConfig(...))`: shard URLs or a manifest in, batches of the chosen fields out.
 
 The main process only forwards batches that workers built (and pins them);
 it counts what was consumed so `state_dict()` can resume mid-epoch, and it
@@ -27,6 +27,7 @@ from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import ReadLimits
 from shards.redact import redact_url
+from shards.sample import Field, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
@@ -90,6 +91,12 @@ class LoaderConfig:
             (default: the dataset size).
         class_balance: sample classes evenly (weights 1/count from the
             manifest's class counts, applied in the stream); implies resampled.
+        fields: what each batch carries, in this order: `image` (uint8 images),
+            `label` (int64 classes from `cls`, else `label`), `txt` (a list of str),
+            `json` (a list of dicts), or a `shards.sample.Field` (multi-label targets,
+            weights, other members, a per-field transform such as a tokenizer).
+            Leave `label` out for shards without classes (img2dataset, webdataset's
+            `ShardWriter`). `with_keys` appends the keys after the last field.
     """
 
     source: str | os.PathLike | Sequence[str]
@@ -127,6 +134,7 @@ class LoaderConfig:
     resampled: bool = False
     epoch_samples: int | None = None
     class_balance: bool = False
+    fields: Sequence[str | Field] = ("image", "label")
 
     def __repr__(self) -> str:
         # Source URLs may carry credentials (`user:password@`, presigned signatures).
@@ -146,6 +154,7 @@ class LoaderConfig:
 
 def build_loader(config: LoaderConfig) -> ShardLoader:
     """Resolve the source, plan nothing yet (plans are per epoch), return the loader."""
+    resolve_fields(config.fields)  # a mistake in the fields fails before any shard is opened
     source = resolve_source(
         config.source,
         config.split,
@@ -174,7 +183,8 @@ def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int,
 
 
 class ShardLoader:
-    """Iterable of `(images, labels)` or `(images, labels, keys)` batches for one rank."""
+    """Iterable of batches for one rank: one entry per field (`(images, labels)` by
+    default), then the keys when `with_keys`."""
 
     def __init__(self, config: LoaderConfig, source: ResolvedSource) -> None:
         self.config = config
@@ -186,6 +196,7 @@ class ShardLoader:
         rule = config.epoch_rule or ("pad" if train else "uneven")
         if rule not in EPOCH_RULES:
             raise ValueError(f"epoch_rule must be one of {EPOCH_RULES}")
+        fields = resolve_fields(config.fields)
         settings = StreamSettings(
             seed=config.seed,
             rank=self.rank,
@@ -204,6 +215,7 @@ class ShardLoader:
             class_weights=class_weights(source) if config.class_balance else None,
             verify_checksums=config.verify_checksums,
             limits=config.read_limits,
+            fields=fields,
         )
         self.settings = settings
         self.shared = SharedState()
@@ -211,7 +223,8 @@ class ShardLoader:
         # still queued when they are shut down are never received, so never freed);
         # persistent ones hand those batches over when the next iteration drains them.
         reusable = config.num_workers == 0 or config.persistent_workers
-        self.ring = self.make_ring() if config.reuse_buffers and reusable else None
+        has_images = any(spec.kind == "image" for spec in fields)
+        self.ring = self.make_ring() if config.reuse_buffers and reusable and has_images else None
         self.dataset = ShardStream(
             source.shards, settings, self.make_transform(), self.shared, self.ring, source.counts
         )
@@ -326,13 +339,12 @@ class ShardLoader:
             batch = next(iterator, None)
             if batch is None:
                 break
-            images, labels, keys, worker_stats = batch
-            images = materialize(images)  # a ring slot becomes a tensor (once pinned, already is)
-            self.stats.record_batch(
-                time.perf_counter() - waited, len(labels), worker_stats, started
-            )
+            values, size, keys, worker_stats = batch
+            # A ring slot becomes a tensor (once pinned, it already is one).
+            values = tuple(materialize(value) for value in values)
+            self.stats.record_batch(time.perf_counter() - waited, size, worker_stats, started)
             self.consumed += 1
-            yield (images, labels, keys) if self.config.with_keys else (images, labels)
+            yield (*values, keys) if self.config.with_keys else values
         self.stats.end_epoch()
         # The epoch is complete: a new iteration (or a state saved now) starts the next one.
         self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0

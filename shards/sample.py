@@ -2,16 +2,31 @@
 
 A `Sample` is a plain dict, as in webdataset: `__key__` plus one entry per
 field, each holding bytes. Tar and Parquet readers both yield exactly this.
+A `Field` says how one of those entries becomes a value of a batch (image, class,
+caption, metadata document, multi-label target, weight); the decoding and collation
+helpers here are torch-free, so the build can validate fields with the same rules.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 # Field names a shard may carry. Anything else is ignored by our readers, so a
-# planted `.pkl` or `.pth` member is never even read, let alone unpickled.
-IMAGE_FIELDS = ("jpg", "webp", "png")
-ALLOWED_FIELDS = frozenset((*IMAGE_FIELDS, "cls", "json", "txt"))
+# planted `.pkl` or `.pth` member is never even read, let alone unpickled. Image
+# fields are tried in this order: ours first, then the names other writers use
+# (webdataset's `ShardWriter` and img2dataset write `jpeg`, HF Parquet `image`).
+IMAGE_FIELDS = ("jpg", "webp", "png", "jpeg", "image")
+# Class index fields, tried in this order: webdataset's `cls`, then HF's `label`.
+LABEL_FIELDS = ("cls", "label")
+# `labels` (a JSON list of class ids) and `weight` (a JSON number) are dedicated
+# members for multi-label targets and per-sample weights; both can come from `json`.
+ALLOWED_FIELDS = frozenset((*IMAGE_FIELDS, *LABEL_FIELDS, "json", "txt", "labels", "weight"))
 
 Sample = dict  # {"__key__": str, "__url__": str, field: bytes, ...}
 
@@ -45,38 +60,47 @@ def check_key(key: str) -> str:
     return key
 
 
-def image_field_of(sample: Sample) -> str:
-    """Return the name of the image field a sample holds: `jpg`, `webp` or `png`.
+def image_field_of(sample: Sample, fields: Sequence[str] = IMAGE_FIELDS) -> str:
+    """Return the name of the image field a sample holds, the first of `fields` present.
 
-    Fields are tried in that order, so a sample holding several uses the first.
+    By default `jpg`, `webp`, `png`, `jpeg`, `image`, tried in that order, so a
+    sample holding several uses the first.
 
     Raises:
         SampleError: `no_image` when the sample holds none of them.
     """
-    for field in IMAGE_FIELDS:
+    for field in fields:
         if field in sample:
             return field
-    fields = sorted(name for name in sample if not name.startswith("__"))
+    present = sorted(name for name in sample if not name.startswith("__"))
     raise SampleError(
         "no_image",
-        f"sample {sample.get('__key__')!r} has no {'/'.join(IMAGE_FIELDS)} field "
-        f"(fields: {', '.join(fields) or 'none'})",
+        f"sample {sample.get('__key__')!r} has no {'/'.join(fields)} field "
+        f"(fields: {', '.join(present) or 'none'})",
     )
 
 
-def decode_label(sample: Sample) -> int:
-    """Return the class index stored in the sample's `cls` field (ASCII digits, e.g. `b"3"`).
+def decode_label(sample: Sample, fields: Sequence[str] = LABEL_FIELDS) -> int:
+    """Return the class index in the first of `fields` the sample has (`cls`, then `label`).
+
+    The value is ASCII digits (`b"3"`, as webdataset writes `.cls`) or an int (a
+    Parquet integer column).
 
     Raises:
-        SampleError: `no_label` when `cls` is missing, `bad_label` when it is not a
-            non-negative integer of at most 18 digits.
+        SampleError: `no_label` when none of `fields` is present, `bad_label` when
+            the value is not a non-negative integer of at most 18 digits.
     """
     key = sample.get("__key__")
-    if "cls" not in sample:
-        raise SampleError("no_label", f"sample {key!r} has no cls field")
-    value = sample["cls"]
+    name = next((field for field in fields if field in sample), None)
+    if name is None:
+        raise SampleError(
+            "no_label",
+            f"sample {key!r} has no {' or '.join(fields)} field; for shards without "
+            "classes leave `label` out of LoaderConfig.fields",
+        )
+    value = sample[name]
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value  # already decoded by a user's own reader stage
+        return value  # already decoded by a user's own reader stage, or a Parquet int
     text = value.encode("ascii", "replace") if isinstance(value, str) else value
     if isinstance(text, (bytes, bytearray)):
         text = text.strip()
@@ -84,5 +108,281 @@ def decode_label(sample: Sample) -> int:
         if 0 < len(text) <= _MAX_LABEL_DIGITS and text.isdigit():
             return int(text)
     raise SampleError(
-        "bad_label", f"sample {key!r}: cls {value!r:.40} is not a non-negative integer"
+        "bad_label", f"sample {key!r}: {name} {value!r:.40} is not a non-negative integer"
     )
+
+
+# --- fields beyond image and class --------------------------------------------------------
+
+FIELD_KINDS = ("image", "label", "text", "json", "multi_label", "weight")
+# Where each kind is read from unless a `Field` names its own members.
+DEFAULT_SOURCES = {
+    "image": IMAGE_FIELDS,
+    "label": LABEL_FIELDS,
+    "text": ("txt",),
+    "json": ("json",),
+    "multi_label": ("labels",),
+    "weight": ("weight",),
+}
+# A caption or metadata document is a few KiB; 1 MiB is ~1000x that and keeps a batch
+# of 256 under 256 MiB of text. JSON nesting beyond 32 levels is no metadata we know of,
+# and a cap well under Python's recursion limit keeps hostile documents harmless.
+MAX_FIELD_BYTES = 1 * 2**20
+MAX_JSON_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class Field:
+    """One entry of a batch: which sample members it comes from and what it becomes.
+
+    Attributes:
+        name: its place in `LoaderConfig.fields` and in messages (`image`, `txt`, `tags`).
+        kind: `image` (bytes for the image transform), `label` (int class index),
+            `text` (UTF-8 str), `json` (a JSON object as a dict), `multi_label` (a
+            JSON list of class ids in `[0, num_classes)`, collated multi-hot) or
+            `weight` (a finite JSON number >= 0, collated to float32).
+        source: the sample members tried in order (default: `DEFAULT_SOURCES[kind]`);
+            each must be an allowlisted field (`ALLOWED_FIELDS`).
+        key: for `json`, `multi_label` and `weight`: take this key of the JSON
+            object the member holds (e.g. `source="json", key="tags"`).
+        num_classes: `multi_label` only: the width of the multi-hot target.
+        max_bytes: text and JSON members over this are a counted skip.
+        transform: `transform(value, rng) -> tensor | ndarray | object`, run in the
+            worker on the decoded value (a tokenizer, a caption picker); the same rules
+            as the image transform: picklable (a module-level class or
+            `functools.partial`, never a lambda), raises `SampleError` on bad data
+            (a counted skip) and nothing broader (anything else propagates as a bug).
+            Tensors and arrays are stacked, anything else is collated as a list.
+    """
+
+    name: str
+    kind: str
+    source: tuple[str, ...] | str = ()
+    key: str | None = None
+    num_classes: int | None = None
+    max_bytes: int = MAX_FIELD_BYTES
+    transform: Callable | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a field's name must be a non-empty string, got {self.name!r}")
+        if self.kind not in FIELD_KINDS:
+            raise ValueError(
+                f"field {self.name!r}: kind {self.kind!r} is not one of {', '.join(FIELD_KINDS)}"
+            )
+        source = (self.source,) if isinstance(self.source, str) else tuple(self.source)
+        source = source or DEFAULT_SOURCES[self.kind]
+        unknown = [name for name in source if name not in ALLOWED_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"field {self.name!r}: {unknown} are not readable shard fields; readers only "
+                f"read {', '.join(sorted(ALLOWED_FIELDS))}"
+            )
+        object.__setattr__(self, "source", source)  # frozen: normalise once, here
+        if (self.kind == "multi_label") != (self.num_classes is not None):
+            raise ValueError(f"field {self.name!r}: num_classes is for multi_label fields only")
+        if self.num_classes is not None and (
+            not isinstance(self.num_classes, int) or self.num_classes < 1
+        ):
+            raise ValueError(f"field {self.name!r}: num_classes must be a positive integer")
+        if self.key is not None and self.kind not in ("json", "multi_label", "weight"):
+            raise ValueError(f"field {self.name!r}: key is for json, multi_label, weight fields")
+        if self.transform is not None and self.kind == "image":
+            raise ValueError("the image's transform is LoaderConfig.transform")
+        if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
+            raise ValueError(f"field {self.name!r}: max_bytes must be a positive integer")
+
+
+# The names `LoaderConfig.fields` understands as plain strings.
+NAMED_FIELDS = {
+    "image": Field("image", "image"),
+    "label": Field("label", "label"),
+    "txt": Field("txt", "text"),
+    "json": Field("json", "json"),
+}
+DEFAULT_FIELDS = (NAMED_FIELDS["image"], NAMED_FIELDS["label"])
+
+
+def resolve_fields(fields: Sequence[str | Field]) -> tuple[Field, ...]:
+    """`Field`s for a fields option: names from `NAMED_FIELDS`, or `Field`s as they are.
+
+    Raises:
+        ValueError: no fields, an unknown name, a name used twice, or two image fields.
+    """
+    if isinstance(fields, (str, Field)):
+        fields = (fields,)
+    resolved = []
+    for item in fields:
+        if isinstance(item, Field):
+            resolved.append(item)
+        elif item in NAMED_FIELDS:
+            resolved.append(NAMED_FIELDS[item])
+        else:
+            raise ValueError(
+                f"unknown field {item!r}: name one of {', '.join(NAMED_FIELDS)} or pass a "
+                "shards.sample.Field (multi-label targets, weights, other members)"
+            )
+    names = [field.name for field in resolved]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"fields must name at least one field, each once; got {names}")
+    if sum(field.kind == "image" for field in resolved) > 1:
+        raise ValueError("fields may hold one image field")
+    return tuple(resolved)
+
+
+def read_fields(fields: Sequence[Field]) -> frozenset[str]:
+    """The sample members a reader must read to decode `fields`."""
+    return frozenset(name for field in fields for name in field.source)
+
+
+def field_value(sample: Sample, field: Field, parsed: dict | None = None) -> object:
+    """The decoded value of `field` in `sample` (before its transform).
+
+    Image: the encoded bytes. Label: int. Text: str. JSON: dict. Multi-label: a list
+    of class ids. Weight: float.
+
+    Args:
+        parsed: a per-sample cache of parsed JSON members, so fields that share a
+            member (`json` and `key="tags"` of it) parse it once.
+
+    Raises:
+        SampleError: `no_<kind>` (`no_image`, `no_label`, `no_text`, ...) when none of
+            the field's members is present, `bad_<kind>` when the value is invalid.
+    """
+    if field.kind == "image":
+        return sample[image_field_of(sample, field.source)]
+    if field.kind == "label":
+        return decode_label(sample, field.source)
+    member = next((name for name in field.source if name in sample), None)
+    where = f"sample {sample.get('__key__')!r}"
+    if member is None:
+        raise SampleError(
+            f"no_{_SLUG[field.kind]}",
+            f"{where} has no {' or '.join(field.source)} field for {field.name!r}",
+        )
+    where = f"{where} field {member}"
+    if field.kind == "text":
+        return decode_text(sample[member], where, field.max_bytes)
+    cache = {} if parsed is None else parsed
+    if member not in cache:
+        cache[member] = parse_json(sample[member], where, field.max_bytes)
+    value = cache[member]
+    if field.key is not None:
+        if not isinstance(value, dict) or field.key not in value:
+            raise SampleError(
+                f"no_{_SLUG[field.kind]}", f"{where} holds no JSON object with key {field.key!r}"
+            )
+        value, where = value[field.key], f"{where} key {field.key!r}"
+    return _CHECKS[field.kind](value, where, field)
+
+
+_SLUG = {"text": "text", "json": "json", "multi_label": "labels", "weight": "weight"}
+
+
+def decode_text(data: object, where: str, max_bytes: int = MAX_FIELD_BYTES) -> str:
+    """UTF-8 bytes as str (a str passes as it is).
+
+    Raises:
+        SampleError: `bad_text`: not UTF-8, over `max_bytes`, or not bytes at all.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SampleError("bad_text", f"{where} is a {type(data).__name__}, not text")
+    if len(data) > max_bytes:
+        raise SampleError("bad_text", f"{where} is {len(data)} bytes (cap {max_bytes})")
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SampleError("bad_text", f"{where} is not UTF-8 ({error.reason})") from error
+
+
+def parse_json(
+    data: object, where: str, max_bytes: int = MAX_FIELD_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> object:
+    """A JSON document (UTF-8 bytes or str) parsed, within a size and a nesting cap.
+
+    Raises:
+        SampleError: `bad_json`: over `max_bytes`, not UTF-8, not JSON, or nested
+            deeper than `max_depth`.
+    """
+    try:
+        text = decode_text(data, where, max_bytes)
+    except SampleError as error:
+        raise SampleError("bad_json", error.detail) from error
+    try:
+        value = json.loads(text)
+    # ValueError: not JSON (JSONDecodeError), or an int past Python's digit limit;
+    # RecursionError: nesting deep enough to exhaust the parser's stack.
+    except (ValueError, RecursionError) as error:
+        raise SampleError("bad_json", f"{where} is not JSON ({error})"[:300]) from error
+    # Containers are never deeper than there are brackets: most documents skip the walk.
+    if text.count("[") + text.count("{") > max_depth and _depth(value) > max_depth:
+        raise SampleError("bad_json", f"{where} nests deeper than {max_depth} levels")
+    return value
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of containers in a parsed JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _check_json(value: object, where: str, field: Field) -> dict:
+    if not isinstance(value, dict):
+        raise SampleError("bad_json", f"{where} is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _check_labels(value: object, where: str, field: Field) -> list[int]:
+    ok = isinstance(value, list) and all(
+        type(item) is int and 0 <= item < field.num_classes for item in value
+    )
+    if not ok:
+        raise SampleError(
+            "bad_labels",
+            f"{where}: {json.dumps(value)[:60]} is not a list of class ids in "
+            f"[0, {field.num_classes})",
+        )
+    return value
+
+
+def _check_weight(value: object, where: str, field: Field) -> float:
+    weight = -1.0
+    if type(value) in (int, float):
+        try:
+            weight = float(value)
+        except OverflowError:  # an int of hundreds of digits
+            weight = -1.0
+    if not (math.isfinite(weight) and weight >= 0):
+        raise SampleError(
+            "bad_weight", f"{where}: {json.dumps(value)[:60]} is not a finite number >= 0"
+        )
+    return weight
+
+
+_CHECKS = {"json": _check_json, "multi_label": _check_labels, "weight": _check_weight}
+
+
+def collate_values(field: Field, values: list) -> np.ndarray | list:
+    """One batch's decoded values of a non-image field, without a transform.
+
+    Labels: int64 `[B]`. Multi-label: float32 multi-hot `[B, num_classes]`. Weights:
+    float32 `[B]`. Text and JSON: the list as it is (str, dict).
+    """
+    if field.kind == "label":
+        return np.asarray(values, dtype=np.int64)
+    if field.kind == "weight":
+        return np.asarray(values, dtype=np.float32)
+    if field.kind == "multi_label":
+        hot = np.zeros((len(values), field.num_classes), dtype=np.float32)
+        rows = np.repeat(np.arange(len(values)), [len(ids) for ids in values])
+        hot[rows, np.fromiter((i for ids in values for i in ids), np.int64, len(rows))] = 1.0
+        return hot
+    return list(values)
