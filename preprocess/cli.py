@@ -1,199 +1,207 @@
 """`preprocess` command line: make-sample, build-shards, verify, info.
 
-`main()` reads as a table of contents; each subcommand turns its flags into a
-config and calls one library function.
+`main()` reads as a table of contents; each subcommand is one entry of
+`COMMANDS`: its options dataclass (the flags are generated from it, see
+`shards.flags`) and the function that runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from preprocess.config import BuildConfig
-from preprocess.images import ImageConfig
-from preprocess.sizing import parse_bytes
-from shards.manifest import SHARD_FORMATS
+from shards.flags import (
+    CommandParser,
+    add_command,
+    add_config_flags,
+    add_version_flag,
+    config_from_args,
+    option,
+)
+
+DESCRIPTION = """\
+Turn an image dataset (an ImageFolder tree, or a CSV/JSONL/Parquet list of
+path,label) into tar and Parquet shards with a manifest, ready for
+`train` and the streaming loader; then check and describe them."""
+
+EPILOG = """\
+Try it: `preprocess make-sample --output images`, then
+`preprocess build-shards --input images --output shards`, then
+`train --train-shards shards`. `preprocess COMMAND --help` lists every option."""
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """Options of `make-sample`."""
+
+    output: str = option(
+        text="directory to write the sample into (empty or absent); required", group="sample"
+    )
+    count: int = option(1000, "images to write", "sample")
+    classes: int = option(10, "classes, one directory each (1 to 1000)", "sample")
+    seed: int = option(0, "seeds every image (the same seed writes the same bytes)", "sample")
+    workers: int | None = option(
+        None, "processes drawing images (default: one per CPU; 1: this process)", "sample"
+    )
+    overwrite: bool = option(
+        False, "replace an earlier sample in --output (nothing else is ever deleted)", "sample"
+    )
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError("--count must be at least 1")
+        if not 1 <= self.classes <= 1000:
+            raise ValueError("--classes must be in 1..1000")
+        if self.seed < 0:
+            raise ValueError("--seed must be 0 or more")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError("--workers must be at least 1")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """Options of `verify`."""
+
+    directory: str = option(
+        text="shard directory (the --output of build-shards)", group="verify", positional=True
+    )
+    images: bool = option(
+        True,
+        "decode every image as the loader does (--no-images: checksums, counts, keys and "
+        "labels only)",
+        "verify",
+    )
+
+
+@dataclass(frozen=True)
+class InfoOptions:
+    """Options of `info`."""
+
+    directory: str = option(
+        text="shard directory (the --output of build-shards) or its manifest.json",
+        group="info",
+        positional=True,
+    )
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its options dataclass, the function that runs it, its extra switches."""
+
+    name: str
+    summary: str
+    options: type
+    run: Callable[[Any, argparse.Namespace], int]
+    switches: tuple[tuple[str, str], ...] = ()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        options = config_from_args(args.command.options, args)
+    except ValueError as error:
+        args.parser.error(str(error))  # a bad value: a usage error, exit 2
+    setup_logging()
+    try:
+        return args.command.run(options, args)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="preprocess", description=__doc__)
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    add_make_sample(commands)
-    add_build_shards(commands)
-    add_verify(commands)
-    add_info(commands)
+    parser = CommandParser(prog="preprocess", description=DESCRIPTION, epilog=EPILOG)
+    add_version_flag(parser)
+    commands = parser.add_subparsers(required=True, title="commands", dest="COMMAND")
+    for command in COMMANDS:
+        sub = add_command(commands, command.name, command.summary)
+        add_config_flags(sub, command.options)
+        for flag, text in command.switches:
+            sub.add_argument(flag, action="store_true", help=text)
+        sub.set_defaults(command=command, parser=sub)
     return parser
 
 
-def add_make_sample(commands) -> None:
-    p = commands.add_parser(
-        "make-sample", help="write a sample ImageFolder dataset of photo-like images"
-    )
-    p.add_argument("--output", required=True)
-    p.add_argument("--count", type=int, default=1000)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(handler=run_make_sample)
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes (tests and tqdm swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always the current sys.stderr
 
 
-def run_make_sample(args) -> int:
+def setup_logging() -> None:
+    """`preprocess` log lines (progress of make-sample, starting Ray) to stderr, once."""
+    logger = logging.getLogger("preprocess")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+
+
+def fail(command: str, error: BaseException, label: str = "error") -> int:
+    """A user's mistake, or a problem of the data or the machine: one line on stderr, exit 1."""
+    print(f"preprocess {command}: {label}: {error}", file=sys.stderr)
+    return 1
+
+
+def run_make_sample(options: SampleOptions, args: argparse.Namespace) -> int:
     from preprocess.sample import make_sample
 
     try:
         summary = make_sample(
-            args.output,
-            args.count,
-            classes=args.classes,
-            seed=args.seed,
-            workers=args.workers,
-            overwrite=args.overwrite,
+            options.output,
+            options.count,
+            classes=options.classes,
+            seed=options.seed,
+            workers=options.workers,
+            overwrite=options.overwrite,
         )
-    except ValueError as error:
-        print(f"make-sample: error: {error}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError) as error:
+        return fail("make-sample", error)
     print(summary.describe())
     return 0
 
 
-def add_build_shards(commands) -> None:
-    defaults = ImageConfig()
-    p = commands.add_parser(
-        "build-shards", help="turn an image dataset into tar and Parquet shards"
-    )
-    p.add_argument(
-        "--input",
-        required=True,
-        help="ImageFolder root or CSV/JSONL/Parquet manifest (path,label[,split])",
-    )
-    p.add_argument(
-        "--output", required=True, help="directory for shards, manifest.json and errors.jsonl"
-    )
-    p.add_argument("--image-size", type=int, default=defaults.image_size)
-    p.add_argument(
-        "--resize", choices=("shorter", "longer", "center-crop", "none"), default=defaults.resize
-    )
-    p.add_argument(
-        "--resample", choices=("bilinear", "bicubic", "lanczos"), default=defaults.resample
-    )
-    p.add_argument("--encode", choices=("jpeg", "webp", "png"), default=defaults.encode)
-    p.add_argument(
-        "--backend",
-        choices=("pillow", "fast"),
-        default=defaults.backend,
-        help="`fast`: libjpeg-turbo + OpenCV for plain JPEGs (pip install 'shardpipe[fast]')",
-    )
-    p.add_argument("--quality", type=int, default=defaults.quality)
-    p.add_argument(
-        "--max-pixels",
-        type=int,
-        default=defaults.max_pixels,
-        help="skip images whose header declares more pixels",
-    )
-    sizes = p.add_mutually_exclusive_group()
-    sizes.add_argument("--shard-size", type=int, default=None, help="samples per shard (1000)")
-    sizes.add_argument(
-        "--shard-bytes",
-        type=parse_bytes,
-        default=None,
-        help="aim for tar shards of about this size instead, e.g. 512MB or 1GiB",
-    )
-    p.add_argument(
-        "--formats", default=",".join(SHARD_FORMATS), help="comma-separated: tar,parquet"
-    )
-    p.add_argument("--val-fraction", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--row-group-size", type=int, default=128)
-    p.add_argument("--max-skip-fraction", type=float, default=0.01)
-    p.add_argument(
-        "--ray-address",
-        default=None,
-        help="`auto` or ray://host:port for a cluster; default: local Ray",
-    )
-    p.add_argument("--executor", choices=("ray", "inline"), default="ray")
-    p.add_argument("--workers", type=int, default=None, help="CPUs for a local Ray (default: all)")
-    p.add_argument("--overwrite", action="store_true", help="rebuild everything")
-    p.add_argument(
-        "--confine-to-input",
-        action="store_true",
-        help="read nothing outside the input root: a file or directory symlink resolving "
-        "outside it is skipped as `outside_input` (checked again when each file is "
-        "opened); by default symlinks are followed, as torchvision's ImageFolder does",
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="list and plan only: print the inputs per split and class, the shards, an "
-        "estimate of the bytes (from 64 probe inputs) and what is left out; writes "
-        "nothing but the plan under OUTPUT/_build/plan",
-    )
-    p.set_defaults(handler=run_build_shards)
+def build_config_from_args(args: argparse.Namespace) -> BuildConfig:
+    """The `BuildConfig` of parsed `build-shards` flags."""
+    return config_from_args(BuildConfig, args)
 
 
-def build_config_from_args(args) -> BuildConfig:
-    image = ImageConfig(
-        image_size=args.image_size,
-        resize=args.resize,
-        encode=args.encode,
-        quality=args.quality,
-        max_pixels=args.max_pixels,
-        resample=args.resample,
-        backend=args.backend,
-    )
-    return BuildConfig(
-        input=args.input,
-        output=args.output,
-        image=image,
-        shard_size=args.shard_size or 1000,
-        shard_bytes=args.shard_bytes,
-        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        row_group_size=args.row_group_size,
-        max_skip_fraction=args.max_skip_fraction,
-        ray_address=args.ray_address,
-        executor=args.executor,
-        workers=args.workers,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        confine_to_input=args.confine_to_input,
-    )
-
-
-def run_build_shards(args) -> int:
+def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
     from preprocess.job import run_build, run_dry_run
     from preprocess.ray_job import BuildError
     from preprocess.sources import InputError
+    from shards.errors import ShardError
 
     try:
-        config = build_config_from_args(args)
         if args.dry_run:
             print(format_dry_run(run_dry_run(config)))
             return 0
         summary = run_build(config)
-    except (BuildError, InputError, ValueError, FileNotFoundError) as error:
-        print(f"build-shards: error: {error}", file=sys.stderr)
-        return 1
+    except (BuildError, InputError, ShardError, ValueError, FileNotFoundError) as error:
+        return fail("build-shards", error)
     except OSError as error:
-        print(
-            f"build-shards: environment error: {error}. Nothing partial was left under a final name; "
-            "fix the cause and rerun the same command to resume.",
-            file=sys.stderr,
+        return fail(
+            "build-shards",
+            f"{error}. Nothing partial was left under a final name; fix the cause and rerun "
+            "the same command to resume.",
+            "environment error",
         )
-        return 1
     print(format_summary(summary))
     return 0
 
@@ -224,10 +232,16 @@ def format_summary(summary) -> str:
         "bytes: "
         + ", ".join(f"{fmt} {human_bytes(b)}" for fmt, b in summary.bytes_by_format.items())
     )
-    lines.append(
-        f"shards built {summary.shards_built}, reused {summary.shards_reused}; "
-        f"wall {summary.seconds:.1f} s, {summary.images_per_s:.0f} images/s"
-    )
+    if summary.shards_built == 0:
+        # No image was read: a rate would read "0 images/s", as if the build had stalled.
+        lines.append(
+            f"nothing to do: {summary.shards_reused} shards reused; wall {summary.seconds:.1f} s"
+        )
+    else:
+        lines.append(
+            f"shards built {summary.shards_built}, reused {summary.shards_reused}; "
+            f"wall {summary.seconds:.1f} s, {summary.images_per_s:.0f} images/s"
+        )
     lines.append(f"manifest: {summary.output / 'manifest.json'}")
     return "\n".join(lines)
 
@@ -326,48 +340,60 @@ def _existing_line(report) -> str:
     return f"output: {report.output}: would be {report.existing}"
 
 
-def add_verify(commands) -> None:
-    p = commands.add_parser(
-        "verify",
-        help="recompute checksums and counts; judge every sample as the loader does",
-    )
-    p.add_argument("directory")
-    p.add_argument(
-        "--no-images",
-        action="store_true",
-        help="do not decode the images (checksums, counts, keys and labels only)",
-    )
-    p.set_defaults(handler=run_verify)
-
-
-def run_verify(args) -> int:
+def run_verify(options: VerifyOptions, args: argparse.Namespace) -> int:
     from preprocess.verify import VerifyError, verify_directory
+    from shards.errors import ShardError
 
     try:
-        report = verify_directory(args.directory, check_images=not args.no_images)
-    except (VerifyError, FileNotFoundError, ValueError) as error:
-        print(f"verify: FAILED: {error}", file=sys.stderr)
-        return 1
+        report = verify_directory(options.directory, check_images=options.images)
+    except (VerifyError, ShardError, FileNotFoundError, ValueError) as error:
+        return fail("verify", error, "FAILED")
     print(f"verify: OK: {report.shards} shards, {report.files} files, {report.samples} samples")
     return 0
 
 
-def add_info(commands) -> None:
-    p = commands.add_parser("info", help="print the manifest summary of a shard directory")
-    p.add_argument("directory")
-    p.set_defaults(handler=run_info)
-
-
-def run_info(args) -> int:
+def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
     from preprocess.verify import describe
     from shards.manifest import read_manifest
 
     try:
-        print(describe(read_manifest(args.directory)))
+        print(describe(read_manifest(options.directory)))
     except (FileNotFoundError, ValueError) as error:
-        print(f"info: error: {error}", file=sys.stderr)
-        return 1
+        return fail("info", error)
     return 0
+
+
+# The subcommands in the order `--help` lists them; a new one is a dataclass, a run
+# function and a line here.
+COMMANDS = (
+    Command(
+        "make-sample",
+        "write a sample ImageFolder dataset of photo-like images (to try everything)",
+        SampleOptions,
+        run_make_sample,
+    ),
+    Command(
+        "build-shards",
+        "turn an image dataset into tar and Parquet shards and a manifest (resumable)",
+        BuildConfig,
+        run_build_shards,
+        (
+            (
+                "--dry-run",
+                "list and plan only: print the inputs per split and class, the shards, an "
+                "estimate of the bytes (from 64 probe inputs) and what is left out; writes "
+                "nothing but the plan under OUTPUT/_build/plan",
+            ),
+        ),
+    ),
+    Command(
+        "verify",
+        "recompute checksums and counts, and judge every sample as the loader does",
+        VerifyOptions,
+        run_verify,
+    ),
+    Command("info", "print the manifest summary of a shard directory", InfoOptions, run_info),
+)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ build and in the manifest; a rerun against the same output must match it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from preprocess.images import ImageConfig
+from preprocess.images import BACKENDS, EXTENSIONS, RESAMPLING, RESIZE_POLICIES, ImageConfig
+from preprocess.sizing import parse_bytes
+from shards.flags import about, option
 from shards.manifest import SHARD_FORMATS
 
 # Options that change how a build runs but not a byte of what it writes.
@@ -58,22 +60,86 @@ class BuildConfig:
             ImageFolder does.
     """
 
-    input: str
-    output: str
-    image: ImageConfig = field(default_factory=ImageConfig)
-    shard_size: int = 1000
-    shard_bytes: int | None = None
-    formats: tuple[str, ...] = SHARD_FORMATS
-    val_fraction: float = 0.0
-    seed: int = 0
-    row_group_size: int = 128
-    max_skip_fraction: float = 0.01
-    ray_address: str | None = None
-    executor: str = "ray"
-    workers: int | None = None
-    overwrite: bool = False
-    progress: bool = True
-    confine_to_input: bool = False
+    input: str = option(
+        text="ImageFolder root, or a CSV/JSONL/Parquet list of path,label[,split]; required",
+        group="input and output",
+    )
+    output: str = option(
+        text="directory (or s3://bucket/prefix) for the shards, manifest.json and errors.jsonl; "
+        "required",
+        group="input and output",
+    )
+    image: ImageConfig = option(
+        default_factory=ImageConfig,
+        text="per-image decode, resize and encode options",
+        group="image",
+        nested={
+            "image_size": about("target side in pixels; what it measures depends on --resize"),
+            "resize": about(
+                "fit the shorter or longer side to --image-size, center-crop a square, or keep "
+                "the size",
+                RESIZE_POLICIES,
+            ),
+            "resample": about("resampling filter of the resize", tuple(RESAMPLING)),
+            "encode": about("encoding of the stored images", tuple(EXTENSIONS)),
+            "quality": about("JPEG/WebP quality 1-100 (ignored for PNG)"),
+            "max_pixels": about("skip images whose header declares more pixels, before decoding"),
+            "backend": about(
+                "`fast`: libjpeg-turbo + OpenCV for plain JPEGs (pip install 'shardpipe[fast]')",
+                BACKENDS,
+            ),
+        },
+    )
+    shard_size: int = option(
+        1000, "samples per shard (fewer when inputs are skipped)", "shard", exclusive="size"
+    )
+    shard_bytes: int | None = option(
+        None,
+        "aim for tar shards of about this size instead of --shard-size, e.g. 512MB or 1GiB "
+        "(default: none)",
+        "shard",
+        parse=parse_bytes,
+        metavar="SIZE",
+        exclusive="size",
+    )
+    formats: tuple[str, ...] = option(
+        SHARD_FORMATS, "comma-separated shard formats to write", "shard", metavar="LIST"
+    )
+    val_fraction: float = option(
+        0.0,
+        "share of inputs put in the val split (by a hash of their path), unless the input "
+        "list has a split column",
+        "shard",
+    )
+    seed: int = option(0, "seeds the order of the samples inside each split", "shard")
+    row_group_size: int = option(
+        128, "Parquet rows per row group (the loader's streaming unit)", "shard"
+    )
+    max_skip_fraction: float = option(
+        0.01, "fail the build when more than this share of the inputs is skipped", "run"
+    )
+    ray_address: str | None = option(
+        None, "`auto` or ray://host:port for a Ray cluster (default: a local Ray)", "run"
+    )
+    executor: str = option(
+        "ray",
+        "run shard tasks on Ray, or one after another in this process (for debugging)",
+        "run",
+        ("ray", "inline"),
+    )
+    workers: int | None = option(
+        None, "CPUs for a local Ray (default: all of this machine's)", "run"
+    )
+    overwrite: bool = option(False, "rebuild everything, replacing the build in --output", "run")
+    progress: bool = option(
+        True, "progress bar on a terminal, a progress line every 10 s otherwise", "run"
+    )
+    confine_to_input: bool = option(
+        False,
+        "read nothing outside the input root: a symlink resolving outside it is skipped as "
+        "`outside_input` (by default symlinks are followed, as torchvision's ImageFolder does)",
+        "input and output",
+    )
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:

@@ -13,17 +13,35 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from preprocess.build import BUILD_DIR, ShardResult, image_field
+from preprocess.build import (
+    BUILD_DIR,
+    ShardResult,
+    image_field,
+    load_complete_shard,
+    marker_name,
+    retry_skips,
+    task_digest,
+)
 from preprocess.config import BuildConfig, diff_configs
-from preprocess.plan import PLAN_VERSION, Plan, ShardPiece, Spill, load_task, order_spill
-from preprocess.ray_job import BuildError, iter_inline, iter_ray
+from preprocess.plan import (
+    PLAN_VERSION,
+    Plan,
+    ShardPiece,
+    ShardTask,
+    Spill,
+    load_task,
+    order_spill,
+)
+from preprocess.ray_job import BuildError, iter_inline, iter_ray, start_ray
 from preprocess.sizing import Probe, probe_inputs, shard_size_for_bytes
 from preprocess.sources import Listing, stream_sources
 from shards.formats import get_format
@@ -250,6 +268,8 @@ def run_tasks(
     """Run every shard task, writing to `output` (absolute); returns results in plan order.
 
     `confine_root` is the resolved input root that tasks confine reads to, or None.
+    Shards an earlier run committed are checked here first (`reuse_committed`), so a
+    rerun with nothing to do starts no executor at all.
     """
     build_kwargs = {
         "output": output,
@@ -261,19 +281,60 @@ def run_tasks(
         "confine_root": confine_root,
     }
     pieces = dispatch_order(plan.shards)
-    # A local output's tasks read their pieces from `_build/plan/`; an object store's
-    # plan is on this machine only, so each piece is loaded here as its task is sent.
-    tasks = map(load_task, pieces) if is_remote(output) else pieces
-    if config.executor == "inline":
-        stream = iter_inline(tasks, build_kwargs)
-    else:
-        stream = iter_ray(tasks, build_kwargs, config.ray_address, config.workers)
-    by_name = {}
-    with progress_bar(plan.inputs, config.progress) as bar:
-        for result in stream:
-            by_name[(result.split, result.info.index)] = result
-            bar.update(result.info.samples + len(result.skipped))
+    by_name = reuse_committed(pieces, build_kwargs)
+    pieces = [piece for piece in pieces if (piece.split, piece.index) not in by_name]
+    if pieces:
+        # A local output's tasks read their pieces from `_build/plan/`; an object store's
+        # plan is on this machine only, so each piece is loaded here as its task is sent.
+        tasks = map(load_task, pieces) if is_remote(output) else pieces
+        if config.executor == "inline":
+            stream = iter_inline(tasks, build_kwargs)
+        else:
+            start_ray(config.ray_address, config.workers)  # before the bar: its own step
+            stream = iter_ray(tasks, build_kwargs, config.ray_address, config.workers)
+        done = sum(r.info.samples + len(r.skipped) for r in by_name.values())
+        with progress_bar(plan.inputs, config.progress, done) as bar:
+            for result in stream:
+                by_name[(result.split, result.info.index)] = result
+                bar.update(result.info.samples + len(result.skipped))
     return [by_name[(piece.split, piece.index)] for piece in plan.shards]
+
+
+# The driver checks committed shards itself up to this many bytes hashed (about a second):
+# enough for a rerun with nothing to do; beyond, the tasks check the rest in parallel.
+DRIVER_CHECK_BYTES = 512 * 2**20
+
+
+def reuse_committed(pieces: list[ShardPiece], build_kwargs: dict) -> dict:
+    """`{(split, index): result}` of the shards kept as an earlier run committed them.
+
+    Checked in dispatch order until the first shard that needs building, or until
+    `DRIVER_CHECK_BYTES` have been hashed: from there the executor's tasks check
+    (and build) the rest, in parallel. A result is the one the task would return.
+    """
+    store = open_output_store(build_kwargs["output"])
+    found: dict = {}
+    hashed = 0
+    for piece in pieces:
+        if hashed >= DRIVER_CHECK_BYTES or store.info(marker_name(piece)) is None:
+            break
+        result = reusable_result(store, load_task(piece), build_kwargs)
+        if result is None:
+            break
+        found[(piece.split, piece.index)] = result
+        hashed += sum(file.bytes for file in result.info.files.values())
+    return found
+
+
+def reusable_result(store: OutputStore, task: ShardTask, options: dict) -> ShardResult | None:
+    """What `build_shard` returns for a shard it keeps as committed; None when it would build."""
+    reused = load_complete_shard(store, task, task_digest(task, options["shaping"]))
+    if reused is None:
+        return None
+    retried, changed = retry_skips(task, reused.skipped, options["image"], options["confine_root"])
+    if changed:
+        return None
+    return ShardResult(reused.split, reused.info, reused.skipped, True, retried)
 
 
 def dispatch_order(tasks: list[ShardPiece]) -> list[ShardPiece]:
@@ -286,10 +347,64 @@ def dispatch_order(tasks: list[ShardPiece]) -> list[ShardPiece]:
     return sorted(tasks, key=lambda task: -task.size)
 
 
-def progress_bar(total: int, enabled: bool):
-    from tqdm import tqdm
+# Without a terminal (a log file, CI) a plain line this often instead of a bar.
+PROGRESS_EVERY_S = 10.0
 
-    return tqdm(total=total, unit="img", disable=not enabled, smoothing=0.1, desc="build-shards")
+
+class ProgressLine:
+    """Progress for a log file: `build-shards: N of M images (P%), R images/s` every few seconds.
+
+    Never a `\r` frame: each report is a line of its own.
+    """
+
+    def __init__(self, total: int, initial: int = 0, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.total = total
+        self.done = initial
+        self.every_s = every_s
+        self.started = self.last = time.monotonic()
+        self.counted = 0  # images of this run, for the rate
+
+    def update(self, count: int) -> None:
+        self.done += count
+        self.counted += count
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            rate = self.counted / max(now - self.started, 1e-9)
+            share = self.done / self.total if self.total else 1.0
+            print(
+                f"build-shards: {self.done} of {self.total} images ({share:.0%}), "
+                f"{rate:.0f} images/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+class NoProgress:
+    """`--no-progress`: nothing at all."""
+
+    def update(self, count: int) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, enabled: bool, initial: int = 0, every_s: float = PROGRESS_EVERY_S):
+    """A tqdm bar on a terminal (log lines written above it), a `ProgressLine` otherwise."""
+    if not enabled:
+        yield NoProgress()
+        return
+    if not sys.stderr.isatty():
+        yield ProgressLine(total, initial, every_s)
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    loggers = [logging.getLogger("preprocess"), logging.getLogger("ray"), logging.getLogger()]
+    with (
+        tqdm(total=total, initial=initial, unit="img", smoothing=0.1, desc="build-shards") as bar,
+        logging_redirect_tqdm(loggers=loggers),
+    ):
+        yield bar
 
 
 def assemble_manifest(

@@ -12,14 +12,19 @@ for an object-store output, the `ShardTask` the driver loaded from it.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 
 from preprocess.build import ShardResult, build_shard
 from preprocess.plan import ShardPiece, ShardTask, load_task
 from shards.io import open_output_store
+from shards.redact import redact_url
 
 TASK_RETRIES = 3
+
+log = logging.getLogger(__name__)
 
 
 class BuildError(RuntimeError):
@@ -47,20 +52,7 @@ def iter_ray(
     """
     import ray
 
-    # Under `ray job submit` the job's driver finds its cluster through RAY_ADDRESS.
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, logging_level="WARNING")
-        else:
-            # "local": a Ray of our own, even on a machine where `ray start` ran;
-            # plain ray.init() would join that cluster, then refuse num_cpus.
-            ray.init(
-                address="local",
-                num_cpus=workers or os.cpu_count(),
-                include_dashboard=False,
-                logging_level="WARNING",
-            )
+    start_ray(address, workers)
     remote_build = ray.remote(build_with_options).options(num_cpus=1, max_retries=TASK_RETRIES)
     # Shared options travel once through the object store; Ray resolves the
     # reference to the dict before each task runs.
@@ -88,6 +80,36 @@ def iter_ray(
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
+
+
+def start_ray(address: str | None, workers: int | None) -> None:
+    """Start a local Ray, or join a cluster, as one `starting Ray` step with its duration.
+
+    Ray's own start-up lines (INFO lines, the token-authentication notice) are held
+    back; its warnings show again once it runs. Does nothing when Ray is up already.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Under `ray job submit` the job's driver finds its cluster through RAY_ADDRESS.
+    address = address or os.environ.get("RAY_ADDRESS")
+    where = redact_url(address) if address else f"local, {workers or os.cpu_count()} CPUs"
+    log.info("starting Ray (%s) ...", where)
+    started = time.perf_counter()
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+    else:
+        # "local": a Ray of our own, even on a machine where `ray start` ran;
+        # plain ray.init() would join that cluster, then refuse num_cpus.
+        ray.init(
+            address="local",
+            num_cpus=workers or os.cpu_count(),
+            include_dashboard=False,
+            logging_level="ERROR",
+        )
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    log.info("Ray started in %.1f s", time.perf_counter() - started)
 
 
 def build_with_options(task: ShardPiece | ShardTask, options: dict) -> ShardResult:

@@ -253,8 +253,19 @@ def add_version_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter with room for subcommand and flag names before their help."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
 class CommandParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (exit 2); the full usage is long."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
