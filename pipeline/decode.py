@@ -7,14 +7,17 @@ loader skips and counts; programming errors (TypeError, a bad box from our own c
 Error reasons raised here:
     no_image, no_label, bad_label   a sample without an image field, or with a broken `cls`.
     unidentified        not a JPEG, PNG or WEBP (garbage bytes, or a format we never decode:
-                        BMP, EPS, PDF, ... are refused unparsed by `formats=`).
+                        BMP, EPS, PDF, ... are refused unparsed by `formats=`; the detail
+                        names what the magic bytes say).
     too_many_pixels     the header declares more than `max_pixels` (checked before decoding),
                         or Pillow's own decompression-bomb guard fired.
     truncated           the data ends early (`LOAD_TRUNCATED_IMAGES` stays False).
     decode_error        any other exception of Pillow's fuzzing set while opening or decoding;
                         the detail names the exception class.
 Image errors name the cause, not the sample (transforms see only bytes): the caller adds the
-sample's `__key__` and `__url__`.
+sample's `__key__` and `__url__`. The rules themselves (allowlist, pixel cap, truncation, modes
+and alpha: composited onto white, as build-shards does) are `shards.imagedata`'s; this module
+keeps only the crop geometry.
 
 `open_image` turns Pillow's DecompressionBombWarning into an error with
 `warnings.catch_warnings`, which swaps process-wide filter state: decode in one thread per
@@ -26,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageFile
 
-from shards.imagedata import DECODER_ERRORS, classify_decoder_error
+from shards.imagedata import load_image, to_rgb
 
 RESAMPLING = {
     "nearest": Image.Resampling.NEAREST,
@@ -37,12 +40,9 @@ RESAMPLING = {
 # A box at least this many times the output is first box-reduced by an integer factor:
 # cheap for large PNG/WEBP sources, which have no DCT scaling. Same value as preprocess.
 REDUCING_GAP = 2.0
-# Transparent pixels are composited onto white, as `preprocess` does for its shards.
-BACKGROUND = (255, 255, 255)
 
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's convention
 
-_ALPHA_MODES = frozenset(("RGBA", "LA", "PA", "RGBa", "La"))
 _DCT_SCALES = (8, 4, 2)  # what libjpeg can decode to directly: 1/8, 1/4, 1/2
 
 
@@ -79,10 +79,7 @@ def decode_crop(
     """
     if draft and image.format in ("JPEG", "MPO"):
         box = _draft(image, box, size)
-    try:
-        image.load()
-    except DECODER_ERRORS as error:
-        raise classify_decoder_error(error) from error
+    load_image(image)
     rgb = to_rgb(image)
     out = rgb.resize(size, resample, box=box, reducing_gap=REDUCING_GAP)
     if flip:
@@ -101,26 +98,6 @@ def draft_scale(box_width: float, box_height: float, size: tuple[int, int]) -> i
         if room >= scale:
             return scale
     return 1
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Convert a loaded image of any mode to RGB; returns `image` itself when already RGB.
-
-    Transparency is composited onto white. 16-bit greys keep their high byte (Pillow's own
-    conversion would clip everything above 255 to white).
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode.startswith("I;16"):
-        grey = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
-        return grey.convert("RGB")
-    if mode in _ALPHA_MODES or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGB", rgba.size, BACKGROUND)
-        canvas.paste(rgba, None, rgba)  # the RGBA image is its own mask: one blend pass
-        return canvas
-    return image.convert("RGB")
 
 
 def _draft(image: ImageFile.ImageFile, box: Box, size: tuple[int, int]) -> Box:

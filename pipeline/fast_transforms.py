@@ -1,14 +1,14 @@
 """Faster drop-in crops for the loader's workers: simplejpeg decodes, OpenCV resizes.
 
 Same arguments, crop boxes, flips and `SampleError` reasons as `pipeline.transforms`; about
-2x the images/s per core on 256-px shards. Needs `pip install "shardpipe[fast]"`.
+2x the images/s per core on 256-px shards. Needs `pip install "shardpipe[fast]"`. The decode
+policy (backend loading, JPEG header, pixel cap, strict decoding) is `shards.imagedata`'s;
+this module keeps the crop geometry in OpenCV.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import os
 import random
 from dataclasses import dataclass, fields
 from types import ModuleType
@@ -18,12 +18,15 @@ import numpy as np
 
 from pipeline.decode import RESAMPLING, Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
-from shards.imagedata import open_image
-from shards.sample import SampleError
-
-FAST_HINT = (
-    'the fast transforms need simplejpeg and opencv-python-headless: pip install "shardpipe[fast]"'
+from shards.imagedata import (
+    FAST_JPEG_COLORSPACES,
+    check_pixels,
+    decode_jpeg_scaled,
+    load_fast_backends,
+    open_image,
+    read_jpeg_header,
 )
+
 # Above this shrink factor (source box side / output side) OpenCV's INTER_AREA replaces the
 # interpolating filters: Pillow's filters are antialiased when shrinking, OpenCV's are not, and
 # INTER_AREA averages as Pillow does. Measured against Pillow's output: for 1.25-2x shrinks
@@ -31,43 +34,10 @@ FAST_HINT = (
 # with INTER_LINEAR; on 256-px shards, where few crops shrink, INTER_AREA everywhere would
 # cost 13% of the throughput for a 0.01 smaller difference, so milder shrinks stay linear.
 AREA_SHRINK = 1.25
-# JPEG colour spaces libjpeg-turbo converts to RGB exactly as Pillow does. CMYK and YCCK
-# (Adobe's inverted variants) go to Pillow, whose handling the shards were checked with.
-DIRECT_COLORSPACES = frozenset(("YCbCr", "Gray", "RGB"))
 # OpenCV's InterpolationFlags values (cv2.INTER_NEAREST, _LINEAR, _CUBIC, _LANCZOS4), spelled
 # out so this module imports without OpenCV.
 WARP_FILTERS = {"nearest": 0, "bilinear": 1, "bicubic": 2, "lanczos": 4}
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _INTEGRAL_EPS = 1e-6
-
-
-class _Backends:
-    """simplejpeg and cv2, imported on first use, with OpenCV single-threaded in each process.
-
-    DataLoader workers are already one per core; OpenCV's own thread pool would oversubscribe
-    them, and a pool inherited through fork is not safe to use.
-    """
-
-    pid: int | None = None
-    simplejpeg: ModuleType | None = None
-    cv2: ModuleType | None = None
-
-
-def load_backends() -> tuple[ModuleType, ModuleType]:
-    """Import simplejpeg and cv2 (once per process) and return them.
-
-    Raises:
-        ImportError: either package is missing; the message says what to install.
-    """
-    if _Backends.pid != os.getpid():
-        try:
-            import cv2
-            import simplejpeg
-        except ImportError as error:
-            raise ImportError(FAST_HINT) from error
-        cv2.setNumThreads(1)
-        _Backends.simplejpeg, _Backends.cv2, _Backends.pid = simplejpeg, cv2, os.getpid()
-    return _Backends.simplejpeg, _Backends.cv2
 
 
 class _FastCrop:
@@ -81,7 +51,7 @@ class _FastCrop:
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc] - the spec checks the arguments
-        load_backends()  # fail in the main process, not later in every worker
+        load_fast_backends()  # fail in the main process, not later in every worker
 
     @functools.cached_property
     def pillow(self) -> RandomResizedCrop | CenterCrop:
@@ -137,34 +107,6 @@ class FastCenterCrop(_FastCrop, CenterCropSpec):
     pillow_class = CenterCrop
 
 
-def read_jpeg_header(data: bytes) -> tuple[int, int, str] | None:
-    """(width, height, colorspace) of a JPEG, or None when simplejpeg cannot read a header.
-
-    None covers every non-JPEG and every broken header: the Pillow transform then judges
-    the bytes and raises the reason `pipeline.decode` gives them.
-    """
-    if not data.startswith(_JPEG_MAGIC):
-        return None
-    simplejpeg, _ = load_backends()
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
-        return None
-    return width, height, colorspace
-
-
-def check_pixels(width: int, height: int, max_pixels: int) -> None:
-    """The pixel cap, on the header, before anything is decoded.
-
-    Raises:
-        SampleError: `too_many_pixels`.
-    """
-    if width * height > max_pixels:
-        raise SampleError(
-            "too_many_pixels", f"header says {width}x{height} = {width * height} > {max_pixels}"
-        )
-
-
 @dataclass(frozen=True)
 class JpegCrop:
     """One JPEG whose header was read: decodes a box of it at an output size."""
@@ -184,7 +126,7 @@ class JpegCrop:
         decodes the image or raises the reason `pipeline.decode` gives it.
         """
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
-        pixels = self.decode_scaled(scale) if self.colorspace in DIRECT_COLORSPACES else None
+        pixels = self.decode_scaled(scale) if self.colorspace in FAST_JPEG_COLORSPACES else None
         if pixels is None:
             image = open_image(self.data, max_pixels)
             return decode_crop(image, box, (size, size), RESAMPLING[resample], flip, draft)
@@ -194,19 +136,12 @@ class JpegCrop:
     def decode_scaled(self, scale: int) -> np.ndarray | None:
         """RGB pixels at 1/`scale` of the full size, or None if the decoder refuses the data.
 
-        libjpeg's scaled size is ceil(side / scale), which is what we ask for; a smaller
-        image whose nearest M/8 factor is not 1/`scale` is decoded in full instead.
+        A small image whose nearest M/8 factor is not 1/`scale` is decoded in full instead
+        (a refused one is tried again in full too, and refused again: bad data only).
         """
-        simplejpeg, _ = load_backends()
-        want = (math.ceil(self.height / scale), math.ceil(self.width / scale))
-        try:
-            pixels = simplejpeg.decode_jpeg(
-                self.data, colorspace="RGB", min_height=want[0], min_width=want[1]
-            )
-        except ValueError:
-            return None
-        if pixels.shape[:2] != want:
-            return self.decode_scaled(1)
+        pixels = decode_jpeg_scaled(self.data, self.width, self.height, scale)
+        if pixels is None and scale > 1:
+            return decode_jpeg_scaled(self.data, self.width, self.height, 1)
         return pixels
 
 
@@ -221,7 +156,7 @@ def resize_box(pixels: np.ndarray, box: Box, size: int, resample: str, flip: boo
     Returns:
         A writable, C-contiguous uint8 array of shape (size, size, 3).
     """
-    _, cv2 = load_backends()
+    _, cv2 = load_fast_backends()
     left, top, right, bottom = box
     shrink = max((right - left) / size, (bottom - top) / size)
     if shrink <= AREA_SHRINK and not _integral(box):

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from PIL import Image
 
 from pipeline.decode import RESAMPLING, Box, decode_crop
-from shards.imagedata import open_image
+from shards.imagedata import check_max_pixels, open_image
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back
 
@@ -206,12 +205,7 @@ def _check_common(size: int, resample: str, max_pixels: int) -> None:
         raise ValueError(f"size {size} must be at least 1")
     if resample not in RESAMPLING:
         raise ValueError(f"resample {resample!r} is not one of {', '.join(RESAMPLING)}")
-    limit = Image.MAX_IMAGE_PIXELS
-    if max_pixels < 1 or (limit is not None and max_pixels > limit):
-        raise ValueError(
-            f"max_pixels {max_pixels} must be in 1..{limit} (Pillow's MAX_IMAGE_PIXELS); "
-            "raise the cap only together with the per-worker memory limit"
-        )
+    check_max_pixels(max_pixels)
 
 
 def _decode(

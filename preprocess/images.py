@@ -8,9 +8,10 @@ Error classification. Bad data is expected and raises `SampleError(reason, detai
     unidentified        not an image of an allowed format (text, HTML, random bytes, a header
                         so broken that Pillow cannot identify it).
     format_not_allowed  magic bytes of a format we never decode (EPS/PS, PDF, PSD, FITS,
-                        JPEG 2000, HEIF/AVIF, ...). Found by our own signature table: a disallowed
-                        format is never handed to any Pillow plugin, so no Ghostscript, no PSD or
-                        FITS parser ever runs.
+                        JPEG 2000, HEIF, CUR, ...; AVIF where Pillow lacks libavif). Found by
+                        `shards.imagedata.sniff_format`'s signature table: a disallowed format is
+                        never handed to any Pillow plugin, so no Ghostscript, no PSD or FITS
+                        parser ever runs. Accepted: `shards.imagedata.INPUT_FORMATS`.
     truncated           the data ends early (`LOAD_TRUNCATED_IMAGES` stays False, so no grey
                         partial image is ever produced).
     too_many_pixels     the header declares more than `max_pixels` (checked before decoding),
@@ -27,16 +28,13 @@ open and decode calls are classified this way: the same exceptions raised by our
 conversion, resize or encode code, and TypeError, KeyboardInterrupt or an environment OSError
 (ENOSPC, EACCES) from reading the input, always propagate.
 
-Pixel policy:
-    Alpha (RGBA, LA, PA, RGBa, P or L or RGB with a tRNS colour) is composited onto
-    `background`, white by default, as img2dataset does.
-    16-bit greys (I;16*) keep their high byte (`>> 8`), never clipped at 255. 32-bit `I` and
-    float `F` are scaled by range: values already in 0..255 are kept, `I` within 0..65535 is
-    treated as 16-bit (`>> 8`), `F` within 0..1 is multiplied by 255, anything else is min-max
-    stretched to 0..255 (NaN -> 0). CMYK uses Pillow's conversion, which also undoes the Adobe
-    inversion of CMYK JPEGs. ICC profiles are dropped, not applied: colour management costs
-    time on the hot path and widens the attack surface; most inputs are sRGB already.
-    Output carries no metadata at all (no EXIF, ICC, XMP, comments).
+Pixel policy: `shards.imagedata`'s, the same the loader applies (formats sniffed by magic
+bytes, the header pixel cap, truncation, EXIF orientation, `to_rgb`). Alpha of every kind is
+composited onto `background`, white by default, as img2dataset does and the loader does.
+Only the first frame is read (GIF, TIFF pages, MPO's first picture); an ICO gives its largest
+frame. ICC profiles are dropped, not applied: colour management costs time on the hot path
+and widens the attack surface; most inputs are sRGB already. Output carries no metadata at
+all (no EXIF, ICC, XMP, comments).
 
 Geometry policy (sizes are after EXIF orientation):
     shorter      shorter side to `image_size`, aspect kept; never upscaled.
@@ -78,8 +76,9 @@ slightly (see docs/BENCHMARKS.md for speed and PSNR/SSIM against LANCZOS). The b
 of the output-shaping config, so a build cannot be resumed with the other one. Importing
 OpenCV sets its thread pool to one thread: each worker process runs one image at a time.
 
-Inside the call the decompression-bomb warning is an error and Pillow's UserWarnings about
-tolerated data (corrupt EXIF, ...) are silenced, with `warnings.catch_warnings`, which
+Inside the call the decompression-bomb warning is an error (`shards.imagedata.open_image`) and
+Pillow's UserWarnings about tolerated data (corrupt EXIF, ...) are silenced, with
+`warnings.catch_warnings`, which
 changes process-wide filter state: call `process_image` from one thread per process, as Ray
 tasks do.
 """
@@ -88,30 +87,38 @@ from __future__ import annotations
 
 import errno
 import functools
-import importlib.util
 import math
 import os
 import stat
-import struct
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from io import BytesIO
 from types import ModuleType
 
 import numpy as np
-from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile
 
-from shards.imagedata import DECODER_ERRORS, riff_truncated
+from shards.imagedata import (
+    FAST_HINT,
+    FAST_JPEG_COLORSPACES,
+    INPUT_FORMATS,
+    TRANSPOSE,
+    check_max_pixels,
+    decode_jpeg_scaled,
+    fast_backend_available,
+    load_fast_backends,
+    load_image,
+    open_image,
+    orient_array,
+    read_jpeg_header,
+    read_orientation,
+    refuse_foreign_format,
+    to_rgb,
+)
 from shards.sample import SampleError
-
-# The only formats we ever let Pillow parse. Keep it short: each plugin is attack surface.
-ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
 BACKENDS = ("pillow", "fast")
-FAST_PACKAGES = ("simplejpeg", "cv2")  # import names of the `fast` extra's packages
 RESAMPLING = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -129,58 +136,6 @@ _MAX_OUTPUT_SIDE = {"jpeg": 65_535, "webp": 16_383, "png": 2**31 - 1}
 _WEBP_METHOD = 4
 _PNG_COMPRESS_LEVEL = 3
 _REDUCING_GAP = 2.0
-
-
-# Same mapping as ImageOps.exif_transpose. We apply it ourselves because exif_transpose also
-# rewrites the EXIF block, which can raise on the malformed EXIF we must tolerate.
-_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-_ALPHA_MODES = frozenset(("RGBA", "LA", "PA", "RGBa"))
-
-# Signatures of formats Pillow (or a misnamed file) might carry that we refuse to decode.
-# Checked with plain byte comparisons only, so identifying them runs no parser at all.
-_DISALLOWED_PREFIXES = (
-    (b"%!PS", "EPS/PostScript"),
-    (b"\xc5\xd0\xd3\xc6", "EPS"),
-    (b"%PDF", "PDF"),
-    (b"8BPS", "PSD"),
-    (b"SIMPLE  =", "FITS"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"),
-    (b"\xff\x4f\xff\x51", "JPEG 2000"),
-    (b"\x00\x00\x01\x00", "ICO"),
-    (b"\x00\x00\x02\x00", "CUR"),
-    (b"icns", "ICNS"),
-    (b"DDS ", "DDS"),
-    (b"qoif", "QOI"),
-    (b"\x01\xda", "SGI"),
-    (b"\x59\xa6\x6a\x95", "Sun raster"),
-    (b"/* XPM */", "XPM"),
-    (b"#define", "XBM"),
-    (b"BLP1", "BLP"),
-    (b"BLP2", "BLP"),
-    (b"FTEX", "FTEX"),
-    (b"BUFR", "BUFR"),
-    (b"GRIB", "GRIB"),
-    (b"\x89HDF\r\n\x1a\n", "HDF5"),
-    (b"\x00\x00\x00\x00\x00\x00\x00\x04", "McIdas"),
-)
-_HEIF_BRANDS = frozenset((b"avif", b"avis", b"heic", b"heix", b"hevc", b"mif1", b"msf1"))
-_ALLOWED_PREFIXES = (
-    (b"\xff\xd8\xff", "JPEG"),
-    (b"\x89PNG\r\n\x1a\n", "PNG"),
-    (b"GIF87a", "GIF"),
-    (b"GIF89a", "GIF"),
-    (b"BM", "BMP"),
-    (b"II*\x00", "TIFF"),
-    (b"MM\x00*", "TIFF"),
-)
 
 
 @dataclass(frozen=True)
@@ -225,12 +180,7 @@ class ImageConfig:
             raise ValueError("image_size, min_side and max_file_bytes must be positive")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality {self.quality} is outside 1..100")
-        limit = Image.MAX_IMAGE_PIXELS
-        if not 0 < self.max_pixels <= (limit or 0):
-            raise ValueError(
-                f"max_pixels {self.max_pixels} must be in 1..{limit} (Pillow's MAX_IMAGE_PIXELS); "
-                "raise the cap only together with the per-worker memory limit"
-            )
+        check_max_pixels(self.max_pixels)
         if self.max_aspect < 1:
             raise ValueError(f"max_aspect {self.max_aspect} must be at least 1")
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
@@ -369,13 +319,12 @@ def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:
     if len(data) > config.max_file_bytes:
         raise SampleError("too_large_file", f"{len(data)} bytes > {config.max_file_bytes}")
     with warnings.catch_warnings():
-        # Pillow only warns between MAX_IMAGE_PIXELS and twice that; a warning is a skip here.
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
         # Pillow's per-file complaints ("Corrupt EXIF data", ...) describe data we tolerate by
         # design; across 500k inputs they would only flood the worker logs.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
-        with _open(data) as source:
-            _check_header(source.size, config)
+        refuse_foreign_format(data, INPUT_FORMATS)
+        with open_image(data, config.max_pixels, INPUT_FORMATS) as source:
+            _check_min_side(source.size, config)
             if config.backend == "fast":
                 result = _process_fast(source, data, config)
                 if result is not None:
@@ -386,14 +335,14 @@ def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:
 def _process_pillow(
     source: ImageFile.ImageFile, data: bytes, config: ImageConfig
 ) -> ProcessedImage:
-    """The Pillow path for an opened source whose header passed `_check_header`."""
+    """The Pillow path for an opened source whose header passed `open_image` and `_check_min_side`."""
     orig_format, orig_mode = source.format or "", source.mode
     width, height = source.size
     _draft(source, config)
-    _load(source, data)
+    load_image(source, data)  # the first frame only: nothing here seeks
     orientation = read_orientation(source)
     orig_size = (height, width) if orientation >= 5 else (width, height)
-    image = source.transpose(_TRANSPOSE[orientation]) if orientation > 1 else source
+    image = source.transpose(TRANSPOSE[orientation]) if orientation > 1 else source
     image = to_rgb(image, config.background)
     image = _resize(image, orig_size, config)
     return ProcessedImage(
@@ -444,52 +393,6 @@ def draft_request(width: int, height: int, config: ImageConfig) -> tuple[int, in
     if factor > 0.5:  # DCT scaling divides by 2, 4 or 8: nothing to gain
         return None
     return math.ceil(width * factor), math.ceil(height * factor)
-
-
-def read_orientation(image: Image.Image) -> int:
-    """EXIF orientation 1-8 of a loaded image; 1 when absent, out of range or unreadable."""
-    try:
-        value = image.getexif().get(ExifTags.Base.Orientation, 1)
-    except (*DECODER_ERRORS, struct.error, KeyError, IndexError):
-        return 1  # malformed EXIF means "no rotation", never a skipped image
-    return value if isinstance(value, int) and value in _TRANSPOSE else 1
-
-
-def to_rgb(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
-    """Convert any Pillow mode to RGB, compositing transparency onto `background`.
-
-    Returns `image` itself when it is RGB already, avoiding a copy on the common path.
-    """
-    mode = image.mode
-    if mode.startswith("I") or mode == "F":
-        return _grey_to_l(image).convert("RGB")
-    if mode in _ALPHA_MODES or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGB", rgba.size, background)
-        canvas.paste(rgba, None, rgba)  # the RGBA image is its own mask: one blend pass
-        return canvas
-    if mode == "RGB":
-        return image
-    return image.convert("RGB")
-
-
-def _grey_to_l(image: Image.Image) -> Image.Image:
-    """Scale a 16-bit, 32-bit integer or float grey image to 8 bits (see module docstring)."""
-    array = np.asarray(image)
-    if image.mode.startswith("I;16"):
-        return Image.fromarray((array >> 8).astype(np.uint8))
-    finite = array[np.isfinite(array)] if image.mode == "F" else array
-    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
-    if low >= 0 and high <= 255:
-        scaled = array * 255.0 if image.mode == "F" and high <= 1 else array
-    elif image.mode == "I" and low >= 0 and high <= 65535:
-        scaled = array >> 8
-    else:
-        span = high - low if high > low else 1.0
-        scaled = (array.astype(np.float32) - np.float32(low)) * np.float32(255.0 / span)
-    if image.mode == "F" or scaled.dtype.kind == "f":
-        scaled = np.nan_to_num(np.rint(scaled), nan=0.0, posinf=255.0, neginf=0.0)
-    return Image.fromarray(np.clip(scaled, 0, 255).astype(np.uint8))
 
 
 def _resize(image: Image.Image, orig_size: tuple[int, int], config: ImageConfig) -> Image.Image:
@@ -548,12 +451,9 @@ def _centered_box(
     return left, top, left + crop_width, top + crop_height
 
 
-def _check_header(size: tuple[int, int], config: ImageConfig) -> None:
+def _check_min_side(size: tuple[int, int], config: ImageConfig) -> None:
+    """The build's own size rule; the pixel cap was checked by `open_image`."""
     width, height = size
-    if width * height > config.max_pixels:
-        raise SampleError(
-            "too_many_pixels", f"{width}x{height} = {width * height} pixels > {config.max_pixels}"
-        )
     if min(width, height) < config.min_side:
         raise SampleError("too_small", f"{width}x{height} has a side below {config.min_side}")
 
@@ -567,79 +467,7 @@ def _draft(source: ImageFile.ImageFile, config: ImageConfig) -> None:
         source.draft("RGB", request)  # "RGB" never changes an L or CMYK JPEG's mode
 
 
-@contextmanager
-def _decoder_errors(data: bytes) -> Iterator[None]:
-    """Turn the exceptions Pillow raises on bad data into `SampleError`s."""
-    try:
-        yield
-    except UnidentifiedImageError as error:
-        raise SampleError("unidentified", _describe_unidentified(data)) from error
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise SampleError("too_many_pixels", str(error)) from error
-    except DECODER_ERRORS as error:
-        if isinstance(error, EOFError) or "truncated" in str(error).lower() or riff_truncated(data):
-            raise SampleError("truncated", f"{type(error).__name__}: {error}") from error
-        raise SampleError("decode_error", f"{type(error).__name__}: {error}") from error
-
-
-def _open(data: bytes) -> ImageFile.ImageFile:
-    """Open `data` with the allowlisted plugins only; refuse known other formats unparsed."""
-    name = sniff_disallowed(data)
-    if name is not None:
-        raise SampleError(
-            "format_not_allowed", f"{name} data; allowed: {', '.join(ALLOWED_FORMATS)}"
-        )
-    with _decoder_errors(data):
-        return Image.open(BytesIO(data), formats=ALLOWED_FORMATS)
-
-
-def _load(source: ImageFile.ImageFile, data: bytes) -> None:
-    # Only the first frame is decoded: nothing here seeks, and Pillow opens at frame 0.
-    with _decoder_errors(data):
-        source.load()
-
-
-def sniff_disallowed(data: bytes) -> str | None:
-    """Name of a format we refuse to decode if `data` carries its signature, else None."""
-    for prefix, name in _DISALLOWED_PREFIXES:
-        if data.startswith(prefix):
-            return name
-    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
-        return "HEIF/AVIF"
-    if len(data) > 2 and data[0:1] == b"P" and data[1:2] in b"1234567fF" and data[2:3].isspace():
-        return "PNM"
-    return None
-
-
-def _describe_unidentified(data: bytes) -> str:
-    for prefix, name in _ALLOWED_PREFIXES:
-        if data.startswith(prefix):
-            return f"{name} signature but an unreadable header (corrupt or truncated)"
-    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-        return "WEBP signature but an unreadable header (corrupt or truncated)"
-    return f"not an image in an allowed format ({', '.join(ALLOWED_FORMATS)})"
-
-
 # --- The `fast` backend (see "Backends" in the module docstring) -----------------------------
-
-# Orientation -> (transpose first?, OpenCV flip code after: 1 mirrors left-right, 0 top-bottom,
-# -1 both, None no flip): the array version of `_TRANSPOSE`. OpenCV's transpose and flip are
-# ~10x faster than copying a transposed numpy view.
-_ORIENT_ARRAY = {
-    2: (False, 1),
-    3: (False, -1),
-    4: (False, 0),
-    5: (True, None),
-    6: (True, 1),
-    7: (True, -1),
-    8: (True, 0),
-}
-_FAST_MODES = ("RGB", "L")  # Pillow's modes of YCbCr/RGB and grey JPEGs; CMYK/YCCK go to Pillow
-
-
-def fast_backend_available() -> bool:
-    """True when the packages of the `fast` extra can be imported."""
-    return all(importlib.util.find_spec(name) is not None for name in FAST_PACKAGES)
 
 
 def _check_fast_backend(resample: str) -> None:
@@ -649,50 +477,30 @@ def _check_fast_backend(resample: str) -> None:
             "use resample='bilinear' (--resample bilinear) or backend='pillow'"
         )
     if not fast_backend_available():
-        raise ValueError(
-            "backend 'fast' needs simplejpeg and opencv-python-headless: "
-            "pip install 'shardpipe[fast]', or use backend='pillow'"
-        )
-
-
-@functools.cache
-def _fast_modules() -> tuple[ModuleType, ModuleType]:
-    """Import simplejpeg and OpenCV on first use (only the `fast` backend pays for them)."""
-    import cv2
-    import simplejpeg
-
-    # One image at a time per worker process; OpenCV's own threads would oversubscribe the CPUs
-    # that Ray already hands out one per task.
-    cv2.setNumThreads(1)
-    return simplejpeg, cv2
+        raise ValueError(f"backend 'fast': {FAST_HINT}, or use backend='pillow'")
 
 
 def _process_fast(
     source: ImageFile.ImageFile, data: bytes, config: ImageConfig
 ) -> ProcessedImage | None:
     """The `fast` path for a plain JPEG; None hands the input to `_process_pillow`."""
-    if source.format != "JPEG" or source.mode not in _FAST_MODES:
+    if source.format != "JPEG":
         return None
-    simplejpeg, cv2 = _fast_modules()
+    header = read_jpeg_header(data)
+    # libjpeg-turbo must see the size whose pixel count `open_image` capped, in a colour space
+    # it converts as Pillow does (CMYK and YCCK stay with Pillow).
+    if header is None or header[:2] != source.size or header[2] not in FAST_JPEG_COLORSPACES:
+        return None
+    simplejpeg, cv2 = load_fast_backends()
     width, height = source.size
-    scale = _dct_scale(width, height, config)
-    expected = (-(-height // scale), -(-width // scale))  # libjpeg rounds scaled sizes up
-    try:
-        # libjpeg-turbo must see the size whose pixel count `_check_header` capped.
-        if tuple(simplejpeg.decode_jpeg_header(data)[:2]) != (height, width):
-            return None
-        # strict=True raises on truncation and on every libjpeg warning; Pillow's path then
-        # decides, so skip reasons and tolerated quirks match the `pillow` backend.
-        pixels = simplejpeg.decode_jpeg(
-            data, "RGB", min_height=expected[0], min_width=expected[1], strict=True
-        )
-    except ValueError:
-        return None
-    if pixels.shape[:2] != expected:
+    # Strict: a truncated file or any libjpeg warning gives None, and Pillow's path decides,
+    # so skip reasons and tolerated quirks match the `pillow` backend.
+    pixels = decode_jpeg_scaled(data, width, height, _dct_scale(width, height, config))
+    if pixels is None:
         return None
     orientation = read_orientation(source)
     orig_size = (height, width) if orientation >= 5 else (width, height)
-    pixels = _resize_array(cv2, _orient_array(cv2, pixels, orientation), orig_size, config)
+    pixels = _resize_array(cv2, orient_array(cv2, pixels, orientation), orig_size, config)
     out_height, out_width = pixels.shape[:2]
     _check_output_size(out_width, out_height, config)
     if config.encode == "jpeg":
@@ -719,16 +527,6 @@ def _dct_scale(width: int, height: int, config: ImageConfig) -> int:
         return 1
     ratio = min(width // request[0], height // request[1])
     return next(scale for scale in (8, 4, 2, 1) if ratio >= scale)
-
-
-def _orient_array(cv2: ModuleType, pixels: np.ndarray, orientation: int) -> np.ndarray:
-    """Turn (height, width, 3) stored pixels upright for EXIF `orientation` (1-8)."""
-    if orientation not in _ORIENT_ARRAY:
-        return pixels
-    transpose, flip = _ORIENT_ARRAY[orientation]
-    if transpose:
-        pixels = cv2.transpose(pixels)
-    return pixels if flip is None else cv2.flip(pixels, flip)
 
 
 def _resize_array(

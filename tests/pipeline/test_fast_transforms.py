@@ -13,9 +13,9 @@ from PIL import Image
 pytest.importorskip("simplejpeg")
 pytest.importorskip("cv2")
 
-from pipeline import fast_transforms  # noqa: E402
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop  # noqa: E402
 from pipeline.transforms import CenterCrop, RandomResizedCrop  # noqa: E402
+from shards import imagedata  # noqa: E402
 from shards.sample import SampleError  # noqa: E402
 from tests.oddimages import (  # noqa: E402
     BANDS,
@@ -201,7 +201,9 @@ def test_truncated_jpeg_is_truncated(fraction):
         (b"", "unidentified"),
         (b"not an image at all", "unidentified"),
         (b"\xff\xd8\xff" + b"garbage" * 20, "unidentified"),
-        (photo_jpeg(64, 64)[:40], "decode_error"),  # a cut header: Pillow's "Truncated File Read"
+        # A cut header: Pillow's "Truncated File Read", truncation as in build-shards (before
+        # the one decode policy the loader called it `decode_error`).
+        (photo_jpeg(64, 64)[:40], "truncated"),
     ],
 )
 def test_garbage_gives_the_decode_reasons(data, reason):
@@ -251,7 +253,7 @@ def test_grey_jpeg_becomes_rgb():
 
 def test_missing_packages_name_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)
-    monkeypatch.setattr(fast_transforms._Backends, "pid", None)
+    monkeypatch.setattr(imagedata._FastModules, "pid", None)  # as in a fresh process
     with pytest.raises(ImportError, match=r"shardpipe\[fast\]"):
         FastRandomResizedCrop()
 
