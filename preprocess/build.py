@@ -107,6 +107,8 @@ def build_shard(
     num_classes: int,
     row_group_size: int,
     confine_root: str | None = None,
+    class_names: tuple[str, ...] | None = None,
+    description: str | None = None,
 ) -> ShardResult:
     """Build one shard, or reuse it if an earlier run completed it and it checks out.
 
@@ -117,6 +119,8 @@ def build_shard(
     Args:
         output: the output directory or object-store URL (see `open_output_store`).
         confine_root: the resolved input root under `--confine-to-input`, else None.
+        class_names, description: the dataset's classes and description, written into
+            the metadata of files that carry it (Parquet) for other tools to read.
 
     Data errors of single inputs are skipped and reported, and so are inputs that
     cannot be read (missing, permission denied, an I/O error); errors of the machine
@@ -139,7 +143,15 @@ def build_shard(
         # its marker is not part of the build: a rerun rewrites it.
         staged = {fmt: stack.enter_context(store.staged(names[fmt])) for fmt in formats}
         skipped, class_counts = write_formats(
-            task, staged, image, field, num_classes, row_group_size, confine_root
+            task,
+            staged,
+            image,
+            field,
+            num_classes,
+            row_group_size,
+            confine_root,
+            class_names=class_names,
+            description=description,
         )
         # Hashed before the commit: an upload is then never read back to hash it.
         files = {
@@ -208,15 +220,21 @@ def write_formats(
     num_classes: int,
     row_group_size: int,
     confine_root: str | None = None,
+    *,
+    class_names: tuple[str, ...] | None = None,
+    description: str | None = None,
 ) -> tuple[list[Skip], list[int]]:
     """Write the task's samples to one file per format; returns skips and class counts."""
     skipped: list[Skip] = []
     class_counts = [0] * num_classes
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+    dataset = {"class_names": class_names, "description": description, "split": task.split}
     with contextlib.ExitStack() as stack:
         writers = []
         for fmt, path in paths.items():
             fileobj: BinaryIO = stack.enter_context(open(path, "wb"))
-            writers.append(get_format(fmt).open_writer(fileobj, field, row_group_size))
+            writers.append(get_format(fmt).open_writer(fileobj, field, row_group_size, **dataset))
         try:
             for planned in task.samples:
                 try:

@@ -20,7 +20,7 @@ signature and one contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
@@ -52,7 +52,9 @@ class ShardFormat:
             streams must be opened seekable.
         min_sample_bytes: the fewest bytes one sample can take in a file of this
             format; a manifest claiming more samples than `bytes // this` lies.
-        open_writer: `(fileobj, image_field, row_group_size) -> ShardWriter`.
+        open_writer: `(fileobj, image_field, row_group_size, *, class_names=None,
+            description=None, split=None) -> ShardWriter`; the keywords describe the
+            dataset for formats whose files carry metadata (Parquet), others ignore them.
         iter_samples: the reader; see the module docstring for its contract.
         count_samples: `(stream, url, limits) -> int`, headers or footer only.
         sample_bytes: `(sample) -> int`, the bytes one sample adds to a file of this
@@ -65,19 +67,43 @@ class ShardFormat:
     suffix: str
     random_access: bool
     min_sample_bytes: int
-    open_writer: Callable[[BinaryIO, str, int], ShardWriter]
+    open_writer: Callable[..., ShardWriter]
     iter_samples: Callable[..., Iterator[Sample]]
     count_samples: Callable[[Any, str, ReadLimits], int]
     sample_bytes: Callable[[Sample], int]
     file_overhead_bytes: int = 0
 
 
-def _tar_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
+def _tar_writer(
+    fileobj: BinaryIO,
+    image_field: str,
+    row_group_size: int,
+    *,
+    class_names: Sequence[str] | None = None,
+    description: str | None = None,
+    split: str | None = None,
+) -> ShardWriter:
+    # Tar members carry no dataset metadata: the manifest beside the shards does.
     return tar.TarShardWriter(fileobj)
 
 
-def _parquet_writer(fileobj: BinaryIO, image_field: str, row_group_size: int) -> ShardWriter:
-    return parquet.ParquetShardWriter(fileobj, image_field, row_group_size)
+def _parquet_writer(
+    fileobj: BinaryIO,
+    image_field: str,
+    row_group_size: int,
+    *,
+    class_names: Sequence[str] | None = None,
+    description: str | None = None,
+    split: str | None = None,
+) -> ShardWriter:
+    return parquet.ParquetShardWriter(
+        fileobj,
+        image_field,
+        row_group_size,
+        class_names=class_names,
+        description=description,
+        split=split,
+    )
 
 
 def _tar_sample_bytes(sample: Sample) -> int:

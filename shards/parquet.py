@@ -1,9 +1,13 @@
 """Parquet shards holding the same samples, keys and bytes as the tar shards.
 
-Columns: `__key__`, the image bytes (column named by its field, e.g. `jpg`),
-`cls` (int64), `json` (the exact metadata document of the tar member) and
-flattened metadata columns for querying with pyarrow, duckdb or polars. Row
-groups are small so a reader streams one group at a time.
+Columns: `__key__`, the image (column named by its field, e.g. `jpg`, stored as
+Hugging Face's `Image` struct `{bytes, path}` with `path` always null), `cls`
+(int64), `json` (the exact metadata document of the tar member) and flattened
+metadata columns for querying with pyarrow, duckdb or polars. The file metadata
+holds our own `shardpipe` document and HF's `huggingface` features, so HF datasets
+reads `Image` and `ClassLabel` columns with no cast. Row groups are small so a
+reader streams one group at a time. The reader also takes Parquet written by
+others: a plain binary image column, and no `__key__` column.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,17 +44,68 @@ METADATA_COLUMNS: dict[str, pa.DataType] = {
 }
 
 
+# Hugging Face `datasets` takes a column as `Image` with no cast only when its Arrow
+# type is exactly this struct, nullable (a plain binary column loads as bytes).
+IMAGE_STRUCT = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+# Our own key in each file's metadata; version 2 stores images as `IMAGE_STRUCT`
+# (version 1, plain binary, is still read).
+METADATA_KEY = b"shardpipe"
+HF_METADATA_KEY = b"huggingface"
+FORMAT_VERSION = 2
+# Columns that hold an integer label: ours, then the one HF datasets writes.
+LABEL_COLUMNS = ("cls", "label")
+_HF_VALUE_TYPES = {pa.string(): "string", pa.int32(): "int32", pa.int64(): "int64"}
+
+
 def shard_schema(image_field: str) -> pa.Schema:
-    """The Parquet schema of a shard whose images are stored in `image_field`."""
+    """The Parquet schema of a shard whose images are stored in `image_field`, no metadata."""
     if image_field not in IMAGE_FIELDS:
         raise ValueError(f"image field must be one of {IMAGE_FIELDS}, got {image_field!r}")
     base = [
         pa.field("__key__", pa.string(), nullable=False),
-        pa.field(image_field, pa.binary(), nullable=False),
-        pa.field("cls", pa.int64(), nullable=False),
+        # Nullable as HF's features are: a non-nullable field makes HF ignore them.
+        pa.field(image_field, IMAGE_STRUCT),
+        pa.field("cls", pa.int64()),
         pa.field("json", pa.string(), nullable=False),
     ]
     return pa.schema(base + [pa.field(n, t) for n, t in METADATA_COLUMNS.items()])
+
+
+def shard_metadata(
+    schema: pa.Schema,
+    image_field: str,
+    class_names: Sequence[str] | None = None,
+    description: str | None = None,
+    split: str | None = None,
+) -> dict[bytes, bytes]:
+    """The file metadata of a shard: our `shardpipe` document and HF's `huggingface` one.
+
+    Both are JSON with sorted keys, so equal arguments give equal bytes. Without
+    `class_names` the label column is declared a plain int64.
+    """
+    names = None if class_names is None else [str(name) for name in class_names]
+    ours = {
+        "format_version": FORMAT_VERSION,
+        "key_field": "__key__",
+        "image_field": image_field,
+        "label_field": "cls",
+        "class_names": names,
+        "description": description,
+        "split": split,
+    }
+    features = {}
+    for field in schema:
+        if field.name == image_field:
+            features[field.name] = {"_type": "Image"}
+        elif field.name == "cls" and names is not None:
+            features[field.name] = {"_type": "ClassLabel", "names": names}
+        else:
+            features[field.name] = {"_type": "Value", "dtype": _HF_VALUE_TYPES[field.type]}
+    hf = {"info": {"description": description or "", "features": features}}
+    return {
+        METADATA_KEY: json.dumps(ours, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+        HF_METADATA_KEY: json.dumps(hf, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+    }
 
 
 class ParquetShardWriter:
@@ -59,16 +115,32 @@ class ParquetShardWriter:
         fileobj: a binary file opened for writing.
         image_field: the image column, same name as the tar member suffix.
         row_group_size: rows per row group; each group is a streaming unit for readers.
+        class_names: the dataset's classes (a label indexes them), for the metadata.
+        description: the dataset's description, for the metadata.
+        split: the split this shard belongs to, for the metadata.
     """
 
-    def __init__(self, fileobj: BinaryIO, image_field: str, row_group_size: int = ROW_GROUP_SIZE):
+    def __init__(
+        self,
+        fileobj: BinaryIO,
+        image_field: str,
+        row_group_size: int = ROW_GROUP_SIZE,
+        *,
+        class_names: Sequence[str] | None = None,
+        description: str | None = None,
+        split: str | None = None,
+    ):
         self.image_field = image_field
-        self.schema = shard_schema(image_field)
+        schema = shard_schema(image_field)
+        metadata = shard_metadata(schema, image_field, class_names, description, split)
+        self.schema = schema.with_metadata(metadata)
         self.row_group_size = row_group_size
         # Images are already compressed: storing them uncompressed saves CPU on
         # both ends; statistics on image bytes would only bloat the footer.
-        compression = {name: "zstd" for name in self.schema.names}
-        compression[image_field] = "none"
+        # Keys are column paths: the image struct's leaves are `jpg.bytes`, `jpg.path`.
+        compression = {name: "zstd" for name in self.schema.names if name != image_field}
+        compression[f"{image_field}.bytes"] = "none"
+        compression[f"{image_field}.path"] = "zstd"
         self._writer = pq.ParquetWriter(
             fileobj,
             self.schema,
@@ -90,9 +162,12 @@ class ParquetShardWriter:
         if not self._rows:
             return
         metas = [json.loads(row["json"]) for row in self._rows]
+        images = pa.array([row[self.image_field] for row in self._rows], pa.binary())
         columns = {
             "__key__": [row["__key__"] for row in self._rows],
-            self.image_field: [row[self.image_field] for row in self._rows],
+            self.image_field: pa.StructArray.from_arrays(
+                [images, pa.nulls(len(images), pa.string())], fields=list(IMAGE_STRUCT)
+            ),
             "cls": [int(row["cls"]) for row in self._rows],
             "json": [row["json"].decode("utf-8") for row in self._rows],
         }
@@ -245,25 +320,48 @@ class ParquetLayout:
     """What a reader takes from a shard whose schema passed `check_schema`.
 
     Attributes:
-        image_field: the image column (`jpg`, `webp` or `png`).
-        columns: the columns to read, `__key__` first.
+        image_field: the image column (one of `IMAGE_FIELDS`).
+        columns: the columns to read, also the names they are yielded under;
+            `__key__` first when the shard has one.
+        image_struct: the image column is HF's `{bytes, path}` struct: only its
+            `bytes` leaf is read, never `path`.
     """
 
     image_field: str
     columns: tuple[str, ...]
+    image_struct: bool = False
+
+    @property
+    def has_key(self) -> bool:
+        return self.columns[:1] == ("__key__",)
+
+    @property
+    def read_paths(self) -> list[str]:
+        """The column paths handed to pyarrow: the struct's `bytes` leaf alone."""
+        return [
+            f"{name}.bytes" if self.image_struct and name == self.image_field else name
+            for name in self.columns
+        ]
 
 
 def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> ParquetLayout:
     """Check a shard's schema against the contract before any row is read.
 
-    The contract: `__key__` a string, exactly one image column (one of `IMAGE_FIELDS`)
-    holding binary, `cls` an integer when `fields` asks for it, `json`/`txt` strings
-    when present and asked for. Columns outside the contract are ignored.
+    The contract: `__key__` a string when present (a shard without one, as HF
+    datasets writes, gets keys made from its file name and row index), exactly
+    one image column (one of `IMAGE_FIELDS`) holding binary or HF's Image struct
+    (a binary `bytes` field; its `path` is never read), the label columns
+    (`cls`, HF's `label`) that `fields` asks for integers, at least one of them
+    present when any is asked for, `json`/`txt` strings when present and asked
+    for. Columns outside the contract are ignored.
 
     Raises:
         ShardError: `schema`, naming the missing or mistyped column.
     """
-    _expect(schema, url, "__key__", "string", (pa.types.is_string, pa.types.is_large_string))
+    columns = []
+    if schema.get_all_field_indices("__key__"):
+        _expect(schema, url, "__key__", "string", (pa.types.is_string, pa.types.is_large_string))
+        columns.append("__key__")
     images = [name for name in IMAGE_FIELDS if schema.get_all_field_indices(name)]
     if len(images) != 1:
         found = f"columns {images}" if images else "none"
@@ -273,16 +371,53 @@ def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> Parquet
             f"needs exactly one image column of {IMAGE_FIELDS}, found {found}; {_REBUILD}",
         )
     image_field = images[0]
-    _expect(schema, url, image_field, "binary", (pa.types.is_binary, pa.types.is_large_binary))
-    columns = ["__key__"] + ([image_field] if image_field in fields else [])
-    if "cls" in fields:
-        _expect(schema, url, "cls", "an integer", (pa.types.is_integer,))
-        columns.append("cls")
+    image_struct = _check_image_column(schema, url, image_field)
+    if image_field in fields:
+        columns.append(image_field)
+    columns += _label_columns(schema, url, fields)
     for name in TEXT_FIELDS:
         if name in fields and schema.get_all_field_indices(name):
             _expect(schema, url, name, "string", (pa.types.is_string, pa.types.is_large_string))
             columns.append(name)
-    return ParquetLayout(image_field, tuple(columns))
+    return ParquetLayout(image_field, tuple(columns), image_struct)
+
+
+_BINARY = (pa.types.is_binary, pa.types.is_large_binary)
+_IMAGE_TYPES = "binary or a struct with a binary 'bytes' field (HF's Image)"
+
+
+def _check_image_column(schema: pa.Schema, url: str, name: str) -> bool:
+    """Whether the image column is a struct (checked: its `bytes` is binary); else binary."""
+    _expect(schema, url, name, _IMAGE_TYPES, (*_BINARY, pa.types.is_struct))
+    kind = schema.field(name).type
+    if not pa.types.is_struct(kind):
+        return False
+    indices = kind.get_all_field_indices("bytes")
+    if len(indices) == 1 and any(check(kind.field(indices[0]).type) for check in _BINARY):
+        return True
+    raise ShardError(
+        "schema",
+        url,
+        f"image column {name!r} is {kind}, not {_IMAGE_TYPES}; write the image bytes into "
+        "a 'bytes' field, or rebuild the shard with `preprocess build-shards`",
+    )
+
+
+def _label_columns(schema: pa.Schema, url: str, fields: frozenset[str]) -> list[str]:
+    """The label columns to read: those asked for that the shard has, each an integer."""
+    asked = [name for name in LABEL_COLUMNS if name in fields]
+    present = [name for name in asked if schema.get_all_field_indices(name)]
+    if asked and not present:
+        wanted = " or ".join(repr(name) for name in asked)
+        raise ShardError(
+            "schema",
+            url,
+            f"has no label column {wanted} (the shard contract needs an integer label); "
+            f"{_REBUILD}, or leave the label out of the fields read",
+        )
+    for name in present:
+        _expect(schema, url, name, "an integer", (pa.types.is_integer,))
+    return present
 
 
 def _expect(schema: pa.Schema, url: str, name: str, wanted: str, checks: tuple) -> None:
@@ -341,7 +476,8 @@ def _row_group_too_large(
         f"row group {group} takes at least {size} bytes uncompressed ({rows} rows), over the "
         f"cap of {limits.row_group_bytes} (ReadLimits.row_group_bytes): a reader holds a whole "
         f"row group in memory; rebuild with `preprocess build-shards --row-group-size "
-        f"{suggested}`",
+        f"{suggested}` (a file another tool wrote: rewrite it with row groups of at most "
+        f"{suggested} rows)",
     )
 
 
@@ -446,9 +582,10 @@ def _iter_group(
     batch_rows = max(1, min(count, BATCH_BYTES * count // max(1, size)))
     stream.budget(limits.row_group_bytes, partial(_row_group_too_large, url, group, count, limits))
     batches = parquet.iter_batches(
-        batch_size=batch_rows, row_groups=[group], columns=list(layout.columns)
+        batch_size=batch_rows, row_groups=[group], columns=layout.read_paths
     )
     safe_url = redact_url(url)
+    key_prefix = None if layout.has_key else synthetic_key_prefix(safe_url)
     offset = 0  # row, within the group, of the next batch's first row
     while offset < hi:
         with _arrow_errors(stream, url, "bad_data"):
@@ -456,15 +593,16 @@ def _iter_group(
             if batch is None:
                 raise pa.ArrowInvalid(f"row group {group} ended after {offset} of {count} rows")
             a, b = max(lo - offset, 0), min(hi - offset, batch.num_rows)
-            values = _batch_values(batch.slice(a, b - a), layout, limits) if a < b else {}
+            values = _batch_values(batch.slice(a, b - a), layout, limits) if a < b else None
             rows, batch = batch.num_rows, None
         if batch_rows < count:
             # pyarrow's default pool (mimalloc) keeps a freed batch resident for a
             # while and takes fresh pages for the next one; returning them now keeps
             # a big row group's cost at about its own size.
             pa.default_memory_pool().release_unused()
-        if values:
-            yield from _row_samples(values, first_row + offset + a, layout, safe_url, limits)
+        if values is not None:
+            where = _Where(first_row + offset + a, safe_url, key_prefix)
+            yield from _row_samples(values, b - a, where, layout, limits)
         offset += rows
 
 
@@ -476,9 +614,13 @@ class _Oversized:
 
 
 def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, limits: ReadLimits) -> dict:
-    return {
-        name: _column_values(batch.column(name), limits.member_bytes) for name in layout.columns
-    }
+    values = {}
+    for name in layout.columns:
+        array = batch.column(name)
+        if layout.image_struct and name == layout.image_field:
+            array = pc.struct_field(array, "bytes")  # null where the struct itself is null
+        values[name] = _column_values(array, limits.member_bytes)
+    return values
 
 
 def _column_values(array: pa.Array, limit: int) -> list:
@@ -500,49 +642,96 @@ def _column_values(array: pa.Array, limit: int) -> list:
     ]
 
 
+def synthetic_key_prefix(url: str) -> str:
+    """The start of the keys made for a shard without `__key__`: its file name's stem.
+
+    Keys are `{stem}-{row:09d}`, valid for `check_key` (other characters become `_`),
+    the same wherever the file is moved, and distinct across the files of a dataset.
+    """
+    name = urlsplit(url).path.rsplit("/", 1)[-1] if "://" in url else os.path.basename(url)
+    stem = name[: -len(".parquet")] if name.lower().endswith(".parquet") else name
+    return re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:100] or "row"
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a batch's rows are: the first one's row index, the shard, the key prefix."""
+
+    first_index: int
+    url: str
+    key_prefix: str | None  # None: the shard has a `__key__` column
+
+
 def _row_samples(
-    values: dict, first_index: int, layout: ParquetLayout, url: str, limits: ReadLimits
+    values: dict, rows: int, where: _Where, layout: ParquetLayout, limits: ReadLimits
 ) -> Iterator[Sample]:
     names = layout.columns
-    for offset, row in enumerate(zip(*(values[name] for name in names), strict=True)):
-        yield _sample(dict(zip(names, row, strict=True)), first_index + offset, url, limits)
+    cells = zip(*(values[name] for name in names), strict=True) if names else [()] * rows
+    for offset, row in enumerate(cells):
+        index = where.first_index + offset
+        key = None if where.key_prefix is None else f"{where.key_prefix}-{index:09d}"
+        yield _sample(dict(zip(names, row, strict=True)), index, where.url, limits, key, layout)
 
 
-def _sample(cells: dict, index: int, url: str, limits: ReadLimits) -> Sample:
-    raw_key = cells.pop("__key__")
+def _sample(
+    cells: dict, index: int, url: str, limits: ReadLimits, key: str | None, layout: ParquetLayout
+) -> Sample:
+    """One row's sample; `key` is the synthetic key, None when the row has a `__key__` cell."""
     error = None
-    if isinstance(raw_key, bytes):
-        try:
-            key = raw_key.decode("utf-8")
-        except UnicodeDecodeError:
-            key = raw_key.decode("utf-8", "backslashreplace")
-            error = SampleError("bad_name", f"row {index} of {url}: key {key} is not UTF-8")
-        if _CONTROL_CHARS.search(key):  # a newline or escape in a key would forge log lines
-            key = key.encode("unicode_escape").decode("ascii")
-            error = error or SampleError(
-                "bad_name", f"row {index} of {url}: key {key} holds control characters"
-            )
-    else:
-        key = f"<row {index}>"
-        error = _cell_error("__key__", raw_key, index, url, limits)
+    if key is None:
+        key, error = _row_key(cells.pop("__key__"), index, url, limits)
     sample = {"__key__": key, "__url__": url}
     for name, value in cells.items():
         if isinstance(value, (bytes, int)):
-            sample[name] = str(value).encode("ascii") if name == "cls" else value
+            sample[name] = str(value).encode("ascii") if name in LABEL_COLUMNS else value
         elif value is not None or name not in TEXT_FIELDS:  # a null json is no json
-            error = error or _cell_error(name, value, index, url, limits, key)
+            error = error or _cell_error(name, value, index, url, limits, key, layout)
     if error is not None:
         sample["__error__"] = error
     return sample
 
 
+def _row_key(
+    raw_key: object, index: int, url: str, limits: ReadLimits
+) -> tuple[str, SampleError | None]:
+    """A `__key__` cell as a printable key, and the error that makes its row a skip."""
+    if not isinstance(raw_key, bytes):
+        return f"<row {index}>", _cell_error("__key__", raw_key, index, url, limits)
+    error = None
+    try:
+        key = raw_key.decode("utf-8")
+    except UnicodeDecodeError:
+        key = raw_key.decode("utf-8", "backslashreplace")
+        error = SampleError("bad_name", f"row {index} of {url}: key {key} is not UTF-8")
+    if _CONTROL_CHARS.search(key):  # a newline or escape in a key would forge log lines
+        key = key.encode("unicode_escape").decode("ascii")
+        error = error or SampleError(
+            "bad_name", f"row {index} of {url}: key {key} holds control characters"
+        )
+    return key, error
+
+
 def _cell_error(
-    name: str, value: object, index: int, url: str, limits: ReadLimits, key: str | None = None
+    name: str,
+    value: object,
+    index: int,
+    url: str,
+    limits: ReadLimits,
+    key: str | None = None,
+    layout: ParquetLayout | None = None,
 ) -> SampleError:
     where = f"column {name!r} of row {index}" + (f" ({key})" if key else "") + f" in {url}"
     if isinstance(value, _Oversized):
         return SampleError(
             "member_too_large", f"{where} is {value.size} bytes (cap {limits.member_bytes})"
+        )
+    if layout is not None and layout.image_struct and name == layout.image_field:
+        return SampleError(
+            "null_cell",
+            f"{where} holds no image bytes (an HF Image may hold only a path, which is never "
+            "opened); write the file with the bytes embedded: in HF datasets, "
+            "`ds.with_format('arrow').map(datasets.table.embed_table_storage, batched=True)` "
+            "before `to_parquet`",
         )
     return SampleError("null_cell", f"{where} is null")
 
