@@ -1,7 +1,8 @@
 """`pipeline` command line: inspect-shuffle.
 
-`main()` reads as a table of contents; each subcommand turns its flags into a
-`LoaderConfig` and calls one library function.
+`main()` reads as a table of contents; each subcommand is one entry of
+`COMMANDS`: its options dataclass (the flags are generated from it, see
+`shards.flags`) and the function that turns them into a `LoaderConfig` and runs it.
 """
 
 from __future__ import annotations
@@ -10,87 +11,122 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shards.flags import (
+    Command,
+    build_command_parser,
+    exit_quietly_on_closed_pipe,
+    option,
+    parse_command,
+)
+from shards.manifest import SHARD_FORMATS
+
+DESCRIPTION = """\
+Look at what the streaming loader will deliver before training on it."""
+
+EPILOG = "`pipeline COMMAND --help` lists every option."
+
+
+@dataclass(frozen=True)
+class InspectShuffleOptions:
+    """Options of `inspect-shuffle`; the loader's own defaults where they are loader options."""
+
+    source: str = option(
+        text="manifest.json, dataset directory, or shard URLs/pattern",
+        group="data",
+        positional=True,
+    )
+    split: str = option("train", "split of the manifest to read", "data")
+    format: str | None = option(
+        None, "shard format to read labels from; default: tar when built", "data", SHARD_FORMATS
+    )
+    batch_size: int = option(256, "samples per batch per rank, as the loader is run", "loader")
+    shuffle_buffer: int = option(2000, "samples held by each worker's shuffle buffer", "loader")
+    shuffle_initial: int = option(500, "samples buffered before the first one is emitted", "loader")
+    workers: int | None = option(
+        None, "DataLoader workers per rank; default: the loader's (min(8, CPUs))", "loader"
+    )
+    world_size: int = option(1, "ranks; every rank's stream is measured", "loader")
+    epochs: int = option(1, "epochs to replay (each has its own shard order)", "loader")
+    seed: int = option(0, "the loader's seed (shard order and buffers: seed + epoch)", "loader")
+    trials: int = option(16, "ideal shuffles simulated per epoch", "report")
+    tolerance: float = option(0.10, "relative excess over ideal still called ideal", "report")
+    search: bool = option(
+        True, "search for a shuffle buffer that mixes as well as an ideal shuffle", "report"
+    )
+    json: bool = option(False, "print a JSON summary instead of the table", "report")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shuffle_buffer", "shuffle_initial", "world_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.trials < 1:
+            raise ValueError("--trials must be at least 1")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError("--workers must be 0 or more")
+        if self.tolerance < 0:
+            raise ValueError("--tolerance must be 0 or more")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    command, options, args = parse_command(build_parser(), argv)
     try:
-        return args.handler(args)
+        return command.run(options, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return exit_quietly_on_closed_pipe()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    add_inspect_shuffle(commands)
-    return parser
+    return build_command_parser("pipeline", DESCRIPTION, EPILOG, COMMANDS)
 
 
-def add_inspect_shuffle(commands) -> None:
-    p = commands.add_parser(
-        "inspect-shuffle",
-        help="measure how well the loader's stream mixes classes vs an ideal shuffle",
-        description=(
-            "Replays the loader's exact delivery order for these settings, reading only "
-            "labels (no image is decoded), and compares class mixing with ideal shuffles."
-        ),
-    )
-    p.add_argument("source", help="manifest.json, dataset directory, or shard URLs/pattern")
-    p.add_argument("--split", default="train")
-    p.add_argument("--format", choices=("tar", "parquet"), default=None)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--shuffle-buffer", type=int, default=2000)
-    p.add_argument("--shuffle-initial", type=int, default=500)
-    p.add_argument(
-        "--workers", type=int, default=None, help="DataLoader workers per rank (loader default)"
-    )
-    p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trials", type=int, default=16, help="ideal shuffles simulated per epoch")
-    p.add_argument(
-        "--tolerance", type=float, default=0.10, help="relative excess still called ideal"
-    )
-    p.add_argument(
-        "--no-search", action="store_true", help="do not search for a buffer size that mixes"
-    )
-    p.add_argument("--json", action="store_true", help="print a JSON summary instead")
-    p.set_defaults(handler=run_inspect_shuffle)
-
-
-def run_inspect_shuffle(args) -> int:
+def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace) -> int:
     from pipeline.loader import LoaderConfig
     from pipeline.shuffle_quality import LabelReadError, format_report, inspect_shuffle
 
-    options = dict(
-        source=args.source,
-        split=args.split,
-        format=args.format,
-        batch_size=args.batch_size,
-        shuffle_buffer=args.shuffle_buffer,
-        shuffle_initial=args.shuffle_initial,
-        world_size=args.world_size,
+    loader = dict(
+        source=options.source,
+        split=options.split,
+        format=options.format,
+        batch_size=options.batch_size,
+        shuffle_buffer=options.shuffle_buffer,
+        shuffle_initial=options.shuffle_initial,
+        world_size=options.world_size,
         rank=0,
-        seed=args.seed,
+        seed=options.seed,
     )
-    if args.workers is not None:
-        options["num_workers"] = args.workers
+    if options.workers is not None:
+        loader["num_workers"] = options.workers
     try:
         report = inspect_shuffle(
-            LoaderConfig(**options),
-            epochs=args.epochs,
-            trials=args.trials,
-            tolerance=args.tolerance,
-            search_buffer=not args.no_search,
+            LoaderConfig(**loader),
+            epochs=options.epochs,
+            trials=options.trials,
+            tolerance=options.tolerance,
+            search_buffer=options.search,
         )
     except (LabelReadError, ValueError, KeyError, OSError) as error:
-        print(f"inspect-shuffle: error: {error}", file=sys.stderr)
+        print(f"pipeline inspect-shuffle: error: {error}", file=sys.stderr)
         return 1
-    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    print(json.dumps(report.to_dict(), indent=2) if options.json else format_report(report))
     return 0
+
+
+# The subcommands in the order `--help` lists them; a new one is a dataclass, a run
+# function and a line here.
+COMMANDS = (
+    Command(
+        "inspect-shuffle",
+        "measure how well the loader's stream mixes classes, against an ideal shuffle "
+        "(reads labels only, decodes no image)",
+        InspectShuffleOptions,
+        run_inspect_shuffle,
+    ),
+)
 
 
 if __name__ == "__main__":

@@ -10,18 +10,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from preprocess.config import BuildConfig
 from shards.flags import (
-    CommandParser,
-    add_command,
-    add_config_flags,
-    add_version_flag,
+    Command,
+    build_command_parser,
     config_from_args,
+    exit_quietly_on_closed_pipe,
     option,
+    parse_command,
 )
 
 DESCRIPTION = """\
@@ -89,43 +88,20 @@ class InfoOptions:
     )
 
 
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: its options dataclass, the function that runs it, its extra switches."""
-
-    name: str
-    summary: str
-    options: type
-    run: Callable[[Any, argparse.Namespace], int]
-    switches: tuple[tuple[str, str], ...] = ()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        options = config_from_args(args.command.options, args)
-    except ValueError as error:
-        args.parser.error(str(error))  # a bad value: a usage error, exit 2
+    command, options, args = parse_command(build_parser(), argv)
     setup_logging()
     try:
-        return args.command.run(options, args)
+        return command.run(options, args)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return exit_quietly_on_closed_pipe()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="preprocess", description=DESCRIPTION, epilog=EPILOG)
-    add_version_flag(parser)
-    commands = parser.add_subparsers(required=True, title="commands", dest="COMMAND")
-    for command in COMMANDS:
-        sub = add_command(commands, command.name, command.summary)
-        add_config_flags(sub, command.options)
-        for flag, text in command.switches:
-            sub.add_argument(flag, action="store_true", help=text)
-        sub.set_defaults(command=command, parser=sub)
-    return parser
+    return build_command_parser("preprocess", DESCRIPTION, EPILOG, COMMANDS)
 
 
 class StderrHandler(logging.StreamHandler):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import os
+import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields
@@ -271,11 +273,56 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
-def add_command(
-    commands: Any, name: str, summary: str, description: str | None = None
-) -> argparse.ArgumentParser:
-    """A subcommand of `commands` (from `add_subparsers`): `summary` in the list, both in its help.
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One subcommand: its options dataclass (flags made by `add_config_flags`) and its runner.
 
-    Subparsers take the class of their parent, so a `CommandParser`'s are one-line too.
+    Attributes:
+        run: `run(options, args) -> exit code`; `args` is read only for `switches`.
+        switches: extra `(flag, help)` on/off flags that are not options of the config.
     """
-    return commands.add_parser(name, help=summary, description=description or summary)
+
+    name: str
+    summary: str
+    options: type
+    run: Callable[[Any, argparse.Namespace], int]
+    switches: tuple[tuple[str, str], ...] = ()
+
+
+def build_command_parser(
+    prog: str, description: str, epilog: str, commands: Sequence[Command]
+) -> CommandParser:
+    """A `PROG COMMAND [flags]` parser with `--version`, one subparser per command."""
+    parser = CommandParser(prog=prog, description=description, epilog=epilog)
+    add_version_flag(parser)
+    # dest: what a missing command is called in the one-line error.
+    subparsers = parser.add_subparsers(required=True, title="commands", dest="COMMAND")
+    for command in commands:
+        sub = subparsers.add_parser(command.name, help=command.summary, description=command.summary)
+        add_config_flags(sub, command.options)
+        for flag, text in command.switches:
+            sub.add_argument(flag, action="store_true", help=text)
+        sub.set_defaults(command=command, parser=sub)
+    return parser
+
+
+def exit_quietly_on_closed_pipe() -> int:
+    """For `except BrokenPipeError`: `CMD | head` closed our stdout; exit as a pipe's writer does.
+
+    stdout is pointed at /dev/null so the interpreter's final flush does not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
+
+
+def parse_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[Command, Any, argparse.Namespace]:
+    """`(command, options, args)`; a value the options refuse is a usage error (exit 2)."""
+    args = parser.parse_args(argv)
+    try:
+        options = config_from_args(args.command.options, args)
+    except ValueError as error:
+        args.parser.error(str(error))
+    return args.command, options, args
