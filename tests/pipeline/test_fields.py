@@ -460,3 +460,19 @@ def test_bad_field_specs_are_refused(options):
 def test_bad_fields_fail_before_any_shard_is_opened(tmp_path):
     with pytest.raises(ValueError, match="unknown field 'caption'"):
         loader_for(str(tmp_path / "missing-{000000..000003}.tar"), fields=("image", "caption"))
+
+
+def test_parquet_written_by_hf_datasets_reads_image_and_label(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    images = [{"bytes": encoded_image(i, "PNG"), "path": None} for i in range(12)]
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])}
+    )
+    table = {"image": images, "label": [i % 3 for i in range(12)]}
+    path = tmp_path / "train-000000.parquet"
+    datasets.Dataset.from_dict(table, features=features).to_parquet(str(path))
+    loader = loader_for(str(path), train=False, batch_size=4)
+    labels = [int(v) for images, labels, _ in loader for v in labels]
+    assert labels == [i % 3 for i in range(12)]
+    label_free = loader_for(str(path), train=False, batch_size=4, fields=("image",))
+    assert sum(len(keys) for _, keys in label_free) == 12

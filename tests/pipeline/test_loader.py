@@ -203,3 +203,12 @@ def test_stats_report_first_batch_throughput_and_waits(shard_dir):
     stats = loader.stats.summary()
     assert stats["first_batch_s"] > 0 and stats["images_per_s"] > 0
     assert stats["batches"] == len(loader) and stats["skipped"] == {}
+
+
+def test_fields_choose_what_batches_carry_and_in_which_order(shard_dir):
+    default = next(iter(loader_for(shard_dir)))
+    labels, images, keys = next(iter(loader_for(shard_dir, fields=("label", "image"))))
+    assert torch.equal(images, default[0]) and torch.equal(labels, default[1])
+    assert keys == default[2]
+    metas, only_keys = next(iter(loader_for(shard_dir, fields=("json",))))
+    assert only_keys == keys and all(min(m["width"], m["height"]) == 64 for m in metas)
