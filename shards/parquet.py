@@ -147,7 +147,12 @@ class ParquetShardWriter:
             compression=compression,
             write_statistics=["__key__", "cls", "split", "width", "height"],
             use_dictionary=["split"],
+            # pyarrow's copy of the Arrow schema (ARROW:schema) would repeat the metadata
+            # (every class name) in each footer; our types need no Arrow hints, and
+            # readers take the key-value metadata as the schema's.
+            store_schema=False,
         )
+        self._writer.add_key_value_metadata(metadata)
         self._rows: list[Sample] = []
         self.count = 0
 
