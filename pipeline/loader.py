@@ -197,6 +197,8 @@ class ShardLoader:
         if rule not in EPOCH_RULES:
             raise ValueError(f"epoch_rule must be one of {EPOCH_RULES}")
         fields = resolve_fields(config.fields)
+        if config.class_balance and not any(spec.kind == "label" for spec in fields):
+            raise ValueError("class_balance weighs samples by class: fields must hold 'label'")
         settings = StreamSettings(
             seed=config.seed,
             rank=self.rank,

@@ -476,3 +476,11 @@ def test_parquet_written_by_hf_datasets_reads_image_and_label(tmp_path):
     assert labels == [i % 3 for i in range(12)]
     label_free = loader_for(str(path), train=False, batch_size=4, fields=("image",))
     assert sum(len(keys) for _, keys in label_free) == 12
+
+
+def test_class_balance_needs_a_label_field(shard_dir):
+    with pytest.raises(ValueError, match="fields must hold 'label'"):
+        loader_for(shard_dir, class_balance=True, fields=("image", "json"))
+    balanced = loader_for(shard_dir, class_balance=True, fields=("label", "json"), batch_size=16)
+    labels, metas, keys = next(iter(balanced))
+    assert len(metas) == len(keys) == 16 and labels.dtype == torch.int64
