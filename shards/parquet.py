@@ -508,7 +508,8 @@ def iter_parquet_samples(
         url: the shard's URL, for `__url__` and errors (redacted in both).
         start: first row to yield.
         stop: row to stop before; defaults to `declared`, else the shard's end.
-        fields: fields to yield (`jpg`/`webp`/`png`, `cls`, `json`, `txt`).
+        fields: fields to yield (an image column of `IMAGE_FIELDS`, `cls`/`label`,
+            `json`, `txt`); each is yielded under its column's name.
         limits: caps on one cell (`member_bytes`) and one row group (`row_group_bytes`).
         declared: the sample count the manifest promises for this shard.
 
@@ -520,9 +521,10 @@ def iter_parquet_samples(
             are out). Exceptions of the stream itself (network, disk) propagate as
             they are.
 
-    A null key, image or cls cell, a key that is not UTF-8 and a cell over
-    `limits.member_bytes` make their row a sample with `__error__` set to a
-    `SampleError` (`null_cell`, `bad_name`, `member_too_large`).
+    A null key, image or label cell (an HF image struct without bytes too), a key
+    that is not UTF-8 and a cell over `limits.member_bytes` make their row a sample
+    with `__error__` set to a `SampleError` (`null_cell`, `bad_name`,
+    `member_too_large`). A shard without `__key__` gets `{file stem}-{row:09d}` keys.
     """
     _check_window(start, stop, declared)
     with _open_source(source) as stream:
