@@ -14,6 +14,13 @@ ImageFolder does; a directory link to one of its own ancestors is a loop, left o
 and named. With `confine` a directory link resolving outside the root is left out
 (`outside_input`); file links are checked when the shard task opens them, which
 also catches a link that appears after listing (`preprocess.images.read_source`).
+
+A tree file is an input when its suffix names a format of the decode policy
+(`IMAGE_SUFFIXES`, from `shards.imagedata.INPUT_FORMATS`); every other file is
+counted by its suffix in `Listing.left_out_suffixes` (`.txt: 3, .tga: 2`), and
+`NOT_DECODED` says why the image types among them are not read. A list file's
+rows are inputs whatever their suffix: the content decides (`unidentified`,
+`format_not_allowed`).
 """
 
 from __future__ import annotations
@@ -29,9 +36,53 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shards.imagedata import INPUT_FORMATS
+
+# File suffixes of each format the decode policy accepts (Pillow's format names). MPO is
+# read by the JPEG plugin (camera JPEGs; the first picture), PPM covers PBM, PGM and PPM.
+_FORMAT_SUFFIXES = {
+    "JPEG": (".jpg", ".jpeg", ".jpe", ".jfif", ".mpo"),
+    "PNG": (".png",),
+    "WEBP": (".webp",),
+    "GIF": (".gif",),
+    "BMP": (".bmp", ".dib"),
+    "TIFF": (".tif", ".tiff"),
+    "PPM": (".ppm", ".pgm", ".pbm", ".pnm"),
+    "ICO": (".ico",),
+    "AVIF": (".avif",),
+}
 IMAGE_SUFFIXES = frozenset(
-    (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".jfif")
+    suffix for name in INPUT_FORMATS for suffix in _FORMAT_SUFFIXES.get(name, ())
 )
+# Image types a tree may hold that are not read, and why: named in the build summary beside
+# their counts, so a user knows whether to convert them.
+NOT_DECODED = {
+    ".tga": "TGA has no magic bytes, so any file could parse as one; convert to PNG",
+    ".heic": "HEIF needs a plugin Pillow does not bundle; convert to JPEG",
+    ".heif": "HEIF needs a plugin Pillow does not bundle; convert to JPEG",
+    ".cur": "a mouse cursor, not a picture",
+    ".icns": "a macOS icon bundle; export a PNG",
+    ".psd": "a layered Photoshop document; export a PNG or JPEG",
+    ".eps": "PostScript needs Ghostscript, a subprocess we never start; convert to PNG",
+    ".ps": "PostScript needs Ghostscript, a subprocess we never start; convert to PNG",
+    ".pdf": "a document; render its pages to PNG first",
+    ".svg": "vector graphics need a renderer; rasterize to PNG first",
+    ".jp2": "JPEG 2000 is not on the decoder allowlist; convert to JPEG or PNG",
+    ".j2k": "JPEG 2000 is not on the decoder allowlist; convert to JPEG or PNG",
+    ".pfm": "floating-point PFM has no agreed display range; convert to 8- or 16-bit PNG",
+    ".dng": "camera raw needs demosaicing; develop it to JPEG first",
+    ".cr2": "camera raw needs demosaicing; develop it to JPEG first",
+    ".nef": "camera raw needs demosaicing; develop it to JPEG first",
+    ".arw": "camera raw needs demosaicing; develop it to JPEG first",
+    ".pcx": "PCX is not on the decoder allowlist; convert to PNG",
+    ".dds": "DDS textures are not on the decoder allowlist; convert to PNG",
+    ".qoi": "QOI is not on the decoder allowlist; convert to PNG",
+    ".exr": "HDR images have no agreed 8-bit rendering; tone-map to PNG or JPEG",
+    ".hdr": "HDR images have no agreed 8-bit rendering; tone-map to PNG or JPEG",
+}
+if ".avif" not in IMAGE_SUFFIXES:
+    NOT_DECODED[".avif"] = "this Pillow was built without AVIF support; convert to JPEG"
+NO_SUFFIX = "(none)"  # the `left_out_suffixes` key of files without a suffix
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
 # Tree entries that are not inputs and are only counted, not named one by one:
 # they are the ordinary furniture of a dataset directory.
@@ -84,6 +135,8 @@ class Listing:
         links_followed: file and directory symlinks listed through.
         left_out: entries named one by one (see `LeftOut`), sorted by path.
         ignored: counts of entries that are only counted (`COUNTED_ONLY` reasons).
+        left_out_suffixes: the `other_suffix` files by lower-cased suffix (`.txt`,
+            `.tga`; `NO_SUFFIX` for none): what the summary and manifest show.
     """
 
     items: list[SourceItem]
@@ -91,6 +144,7 @@ class Listing:
     links_followed: int = 0
     left_out: list[LeftOut] = field(default_factory=list)
     ignored: Counter = field(default_factory=Counter)
+    left_out_suffixes: Counter = field(default_factory=Counter)
 
     @property
     def refused(self) -> list[LeftOut]:
@@ -102,6 +156,35 @@ class Listing:
         counts = Counter(self.ignored)
         counts.update(entry.reason for entry in self.left_out if not entry.is_input)
         return dict(sorted(counts.items()))
+
+    def suffix_counts(self) -> dict[str, int]:
+        """`left_out_suffixes`, most frequent first (ties by suffix): `{".txt": 3, ".tga": 2}`."""
+        return dict(sorted(self.left_out_suffixes.items(), key=_by_count_then_name))
+
+    def describe_suffixes(self, limit: int = 10) -> str:
+        """One line for the summary: `.txt: 3, .tga: 2 (TGA has no magic bytes, ...)`.
+
+        Suffixes in `NOT_DECODED` carry their reason; past `limit` suffixes the rest are
+        summed. Empty when nothing was left out for its suffix.
+        """
+        counts = list(self.suffix_counts().items())
+        parts = []
+        for suffix, count in counts[:limit]:
+            why = NOT_DECODED.get(suffix)
+            parts.append(f"{suffix}: {count}" + (f" ({why})" if why else ""))
+        if len(counts) > limit:
+            rest = sum(count for _, count in counts[limit:])
+            parts.append(f"{len(counts) - limit} more suffixes: {rest}")
+        return ", ".join(parts)
+
+
+def _by_count_then_name(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]
+
+
+def file_suffix(name: str) -> str:
+    """The lower-cased suffix that decides whether a tree file is an input (`NO_SUFFIX`: none)."""
+    return os.path.splitext(name)[1].lower() or NO_SUFFIX
 
 
 def list_sources(input_path: str) -> list[SourceItem]:
@@ -132,13 +215,19 @@ def stream_sources(input_path: str, confine: bool = False) -> tuple[Listing, Ite
     """
     if is_remote(input_path):
         listing = Listing([])
-        return listing, _account(input_path, listing, iter_remote(input_path))
+        return listing, _account(input_path, listing, iter_remote(input_path, listing))
     path = Path(input_path)
     if not path.exists():
         raise FileNotFoundError(f"input {input_path} does not exist; check --input")
     if path.is_dir():
         scan = _TreeScan(os.path.realpath(path), confine)
-        listing = Listing([], scan.root, left_out=scan.left_out, ignored=scan.ignored)
+        listing = Listing(
+            [],
+            scan.root,
+            left_out=scan.left_out,
+            ignored=scan.ignored,
+            left_out_suffixes=scan.suffixes,
+        )
         return listing, _account(input_path, listing, scan.iter_tree(), scan)
     if path.suffix.lower() in MANIFEST_SUFFIXES:
         listing = Listing([], str(path.resolve().parent))
@@ -248,6 +337,7 @@ class _TreeScan:
         self.confine = confine
         self.left_out: list[LeftOut] = []
         self.ignored: Counter = Counter()
+        self.suffixes: Counter = Counter()
         self.links = 0
         self.pending: list[tuple[str, str, str, tuple[str, ...]]] = []
 
@@ -326,8 +416,10 @@ class _TreeScan:
             else:
                 self._push(entry, rel, chain, label)
             return None
-        if os.path.splitext(name)[1].lower() not in IMAGE_SUFFIXES:
+        suffix = file_suffix(name)
+        if suffix not in IMAGE_SUFFIXES:
             self.ignored["other_suffix"] += 1
+            self.suffixes[suffix] += 1
             return None
         child_rel = f"{rel}/{name}"
         if not _is_utf8(name):
@@ -500,13 +592,15 @@ def is_remote(input_path: str) -> bool:
     return "://" in input_path and not input_path.startswith("file://")
 
 
-def iter_remote(url: str) -> Iterator[SourceItem]:
+def iter_remote(url: str, listing: Listing | None = None) -> Iterator[SourceItem]:
     """An ImageFolder tree or a list file in an object store, listed through fsspec.
 
     Paths in a remote list file are relative to it and may not leave its prefix;
     credentials and endpoints come from the store's standard environment. A tree
-    is walked prefix by prefix (`fs.walk`), hidden prefixes not entered.
+    is walked prefix by prefix (`fs.walk`), hidden prefixes not entered; the files
+    that are not inputs are counted in `listing`, as for a local tree.
     """
+    listing = listing if listing is not None else Listing([])
     import fsspec
 
     scheme = url.split("://", 1)[0].lower()
@@ -523,10 +617,25 @@ def iter_remote(url: str) -> Iterator[SourceItem]:
             full = f"{directory.rstrip('/')}/{name}"
             rel = full[len(root) :].lstrip("/")
             parts = rel.split("/")
-            if len(parts) < 2 or any(_is_hidden(p) for p in parts):
-                continue
-            if os.path.splitext(parts[-1])[1].lower() in IMAGE_SUFFIXES:
-                yield SourceItem(f"{scheme}://{full}", rel, parts[0])
+            item = _remote_item(scheme, full, rel, parts, listing)
+            if item is not None:
+                yield item
+
+
+def _remote_item(
+    scheme: str, full: str, rel: str, parts: list[str], listing: Listing
+) -> SourceItem | None:
+    """The input a remote tree file is, or None after counting it as the local walk does."""
+    if any(_is_hidden(part) for part in parts):
+        listing.ignored["hidden"] += 1
+    elif len(parts) < 2:
+        listing.ignored["no_class"] += 1
+    elif file_suffix(parts[-1]) not in IMAGE_SUFFIXES:
+        listing.ignored["other_suffix"] += 1
+        listing.left_out_suffixes[file_suffix(parts[-1])] += 1
+    else:
+        return SourceItem(f"{scheme}://{full}", rel, parts[0])
+    return None
 
 
 def _iter_remote_list_file(fs, scheme: str, listing: str) -> Iterator[SourceItem]:

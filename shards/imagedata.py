@@ -11,8 +11,8 @@ Policy, in one place:
                 any of `INPUT_FORMATS`. Only those Pillow plugins ever see the bytes; a known
                 foreign signature (EPS, PDF, PSD, ...) is named by `sniff_format` without
                 running any parser.
-    pixel cap   `check_pixels` on the header, before any pixel is decoded (also on an ICO's
-                chosen frame, whose own header may disagree with the icon directory).
+    pixel cap   `check_pixels` on the header, before any pixel is decoded (also on each of
+                an ICO's frame headers, which may disagree with the icon directory).
                 Pillow's `DecompressionBombWarning` is an error while opening.
     truncation  `classify_decoder_error`: EOFError, "truncated" in the message (any case),
                 or a RIFF (WebP) header that declares more bytes than there are.
@@ -112,6 +112,7 @@ _SIGNATURES = (
     (b"\x89HDF\r\n\x1a\n", "HDF5"),
     (b"\x00\x00\x00\x00\x00\x00\x00\x04", "McIdas"),
 )
+_ICO_MAGIC = b"\x00\x00\x01\x00"
 _AVIF_BRANDS = frozenset((b"avif", b"avis"))
 _HEIF_BRANDS = frozenset((b"heic", b"heix", b"hevc", b"mif1", b"msf1"))
 _PNM_KINDS = b"123456fF"  # P1-P6 (PBM, PGM, PPM), Pf/PF (PFM); Pillow reads no P7 (PAM)
@@ -284,16 +285,14 @@ def open_image(
     Raises:
         SampleError: `unidentified`, `too_many_pixels`, `truncated` or `decode_error`.
     """
+    if "ICO" in formats and data.startswith(_ICO_MAGIC):
+        check_icon_frames(data, max_pixels)  # Pillow decodes an icon while opening it
     with warnings.catch_warnings():
         # Pillow only warns between MAX_IMAGE_PIXELS and twice that; here a warning is a skip.
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             image = Image.open(BytesIO(data), formats=formats)
             check_pixels(*image.size, max_pixels)
-            if image.format == "ICO":
-                # The frame Pillow will decode carries its own header, which a hostile icon
-                # makes larger than the directory says: cap that one too, still undecoded.
-                check_pixels(*image.ico.getimage(image.size).size, max_pixels)
         except UnidentifiedImageError as error:
             detail = describe_unidentified(data, formats)
             raise SampleError("unidentified", f"{type(error).__name__}: {detail}") from error
@@ -302,6 +301,31 @@ def open_image(
         except DECODER_ERRORS as error:
             raise classify_decoder_error(error, data) from error
     return image
+
+
+def check_icon_frames(data: bytes, max_pixels: int) -> None:
+    """The pixel cap on every frame header of an ICO, read by hand before Pillow sees it.
+
+    Each frame (PNG or BMP) carries its own header, which a hostile icon makes far larger
+    than its directory entry says; Pillow decodes the chosen frame while opening, so the cap
+    must come first. Entries pointing outside the data are left for Pillow to refuse.
+
+    Raises:
+        SampleError: `too_many_pixels`.
+    """
+    count = int.from_bytes(data[4:6], "little")
+    for index in range(min(count, (len(data) - 6) // 16)):
+        offset = int.from_bytes(data[6 + 16 * index + 12 : 6 + 16 * index + 16], "little")
+        frame = data[offset : offset + 24]
+        if frame.startswith(b"\x89PNG\r\n\x1a\n") and len(frame) == 24:
+            width, height = struct.unpack(">II", frame[16:24])
+        elif len(frame) >= 12:  # a DIB: width, then the height of image and mask together
+            core = frame[:4] == b"\x0c\x00\x00\x00"  # the old 12-byte header, 16-bit sides
+            width, height = struct.unpack("<hh" if core else "<ii", frame[4 : 8 if core else 12])
+            width, height = abs(width), abs(height) // 2
+        else:
+            continue
+        check_pixels(width, height, max_pixels)
 
 
 def load_image(image: ImageFile.ImageFile, data: bytes = b"") -> None:

@@ -12,7 +12,7 @@ from io import BytesIO
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, features
 
 # Upright test card for EXIF orientation: four solid quadrants, each 32x16, aligned to JPEG's
 # 16 px blocks in both orientations so colours survive compression.
@@ -270,6 +270,65 @@ def multipage_tiff() -> bytes:
     return encode(pages[0], "TIFF", save_all=True, append_images=pages[1:])
 
 
+def pgm16_bytes() -> bytes:
+    """16-bit binary PGM (P5, maxval 65535), written by hand: the `I;16` band values."""
+    row = np.repeat(np.array(BANDS["I;16"], dtype=">u2"), 16)
+    pixels = np.tile(row, (BAND_SIZE[1], 1)).tobytes()
+    return f"P5\n{BAND_SIZE[0]} {BAND_SIZE[1]}\n65535\n".encode() + pixels
+
+
+def mpo_bytes() -> bytes:
+    """A two-picture MPO (a stereo camera's JPEG): a red picture, then a blue one."""
+    pictures = [Image.new("RGB", BAND_SIZE, colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    return encode(pictures[0], "MPO", save_all=True, append_images=pictures[1:])
+
+
+def icon_bytes() -> bytes:
+    """An ICO of 16, 32 and 48 px frames of a red-left, blue-right RGBA square."""
+    image = Image.new("RGBA", (48, 48), (0, 0, 255, 255))
+    image.paste((255, 0, 0, 255), (0, 0, 24, 48))
+    return encode(image, "ICO", sizes=[(16, 16), (32, 32), (48, 48)])
+
+
+def icon_with_bomb_frame(width: int = 9_000, height: int = 9_000) -> bytes:
+    """An ICO whose directory says 16x16 but whose PNG frame's own header says `width` x `height`."""
+    frame = png_bomb(width, height)
+    directory = struct.pack("<HHH", 0, 1, 1)
+    entry = struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32, len(frame), 6 + 16)
+    return directory + entry + frame
+
+
+def avif_bytes() -> bytes:
+    """An AVIF of the `RGBA` bands' colours made opaque (where this Pillow can write AVIF)."""
+    return encode(banded("RGB", ((255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255))), "AVIF")
+
+
+AVIF_SUPPORTED = features.check("avif")
+
+
+def foreign_format_bytes() -> dict[str, tuple[str, bytes, str | None]]:
+    """Widely used image types beyond JPEG/PNG/WEBP: name -> (file name, bytes, reason).
+
+    PBM/PGM/PPM, MPO and ICO are read (reason None); AVIF where this Pillow has libavif,
+    else `format_not_allowed`; an icon whose frame hides a huge header is `too_many_pixels`.
+    """
+    items = {
+        "pbm": ("mode_1.pbm", encode(banded("1", BANDS["1"]), "PPM"), None),
+        "pgm": ("mode_l.pgm", encode(banded("L", BANDS["L"]), "PPM"), None),
+        "pgm16": ("mode_i16.pgm", pgm16_bytes(), None),
+        "ppm": ("mode_p.ppm", encode(banded("RGB", BANDS["P"]), "PPM"), None),
+        "mpo": ("camera.mpo", mpo_bytes(), None),
+        "ico": ("icon.ico", icon_bytes(), None),
+        "ico_bomb_frame": ("icon_bomb_frame.ico", icon_with_bomb_frame(), "too_many_pixels"),
+    }
+    if AVIF_SUPPORTED:
+        items["avif"] = ("photo.avif", avif_bytes(), None)
+    else:  # a real AVIF cannot be made here; its signature alone is refused unparsed
+        brand = b"\x00\x00\x00\x1cftypavif" + bytes(20)
+        items["avif"] = ("photo.avif", brand, "format_not_allowed")
+    return items
+
+
 def _solid_png(width: int, height: int) -> bytes:
     return encode(Image.new("RGB", (width, height), (10, 200, 30)), "PNG")
 
@@ -332,6 +391,7 @@ def odd_image_bytes() -> dict[str, tuple[str, bytes, str | None]]:
             oriented_jpeg(orientation),
             None,
         )
+    items.update(foreign_format_bytes())
     return items
 
 

@@ -92,6 +92,12 @@ def test_make_odd_images_writes_readable_files(tmp_path):
             ".webp",
             ".gif",
             ".tif",
+            ".pbm",
+            ".pgm",
+            ".ppm",
+            ".mpo",
+            ".ico",
+            ".avif",
         }
         try:
             process_image(read_source(str(path), 2**20), ImageConfig())
@@ -363,6 +369,63 @@ def test_mpo_uses_the_first_picture():
     result = process_image(data, PNG_OUT)
     assert result.orig_format == "MPO"
     assert_close(decode(result.data).getpixel((32, 16)), (255, 0, 0), 4)
+
+
+# --- widely used formats beyond JPEG, PNG and WEBP --------------------------------------
+
+FOREIGN_GOLDEN = {  # odd image -> expected RGB of the four bands, tolerance
+    "pbm": ([BLACK, WHITE, BLACK, WHITE], 0),
+    "pgm": ([(0,) * 3, (77,) * 3, (200,) * 3, (255,) * 3], 0),
+    "pgm16": ([(0,) * 3, (1,) * 3, (128,) * 3, (255,) * 3], 0),  # 16-bit keeps its high byte
+    "ppm": ([(255, 0, 0), (0, 255, 0), (0, 0, 255), BLACK], 0),
+    "avif": ([(255, 0, 0), (0, 255, 0), (0, 0, 255), WHITE], 12),  # lossy
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOREIGN_GOLDEN))
+def test_pnm_and_avif_inputs_decode_with_golden_pixels(odd, name):
+    if name == "avif" and not oddimages.AVIF_SUPPORTED:
+        assert reason_of(odd[name][1]) == "format_not_allowed"
+        return
+    expected, tolerance = FOREIGN_GOLDEN[name]
+    result = process_image(odd[name][1], PNG_OUT)
+    assert result.orig_format == sniff_format(odd[name][1]) == ("AVIF" if name == "avif" else "PPM")
+    for got, want in zip(band_pixels(result), expected, strict=True):
+        assert_close(got, want, tolerance)
+
+
+def test_icon_gives_its_largest_frame_composited():
+    result = process_image(oddimages.icon_bytes(), PNG_OUT)
+    out = decode(result.data)
+    assert result.orig_format == "ICO" and out.size == (48, 48)
+    assert out.getpixel((4, 24)) == (255, 0, 0) and out.getpixel((44, 24)) == (0, 0, 255)
+
+
+def test_icon_frame_header_is_capped_before_decoding(monkeypatch):
+    def no_load(self):
+        raise AssertionError("decoded an icon frame past the pixel cap")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_load)
+    error = reason_error(oddimages.icon_with_bomb_frame())
+    assert error.reason == "too_many_pixels" and "9000x9000" in error.detail
+
+
+def test_mpo_file_reads_the_first_picture(odd):
+    result = process_image(odd["mpo"][1], PNG_OUT)
+    assert result.orig_format == "MPO"
+    assert_close(band_pixels(result)[3], (255, 0, 0), 4)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        oddimages.encode(Image.new("RGB", (16, 16)), "TGA"),  # no magic bytes: no plugin tries
+        b"\x00\x00\x00\x1cftypheic" + bytes(20),
+    ],
+    ids=["tga", "heif"],
+)
+def test_formats_outside_the_policy_are_refused(data):
+    assert reason_of(data) in ("unidentified", "format_not_allowed")
 
 
 # --- geometry --------------------------------------------------------------------------

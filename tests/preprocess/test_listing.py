@@ -1,0 +1,101 @@
+"""Listing accounts for every file: inputs by the decode policy's suffixes, the rest by suffix."""
+
+from __future__ import annotations
+
+import fsspec
+import pytest
+
+from preprocess.images import ImageConfig, process_image, read_source
+from preprocess.sources import (
+    IMAGE_SUFFIXES,
+    NOT_DECODED,
+    Listing,
+    scan_sources,
+    stream_sources,
+)
+from shards.imagedata import INPUT_FORMATS
+from shards.sample import SampleError
+from tests import oddimages
+
+
+@pytest.fixture
+def mixed_tree(tmp_path):
+    """One class of every widely used image type, plus files that are not inputs."""
+    root = tmp_path / "tree"
+    cls = root / "things"
+    cls.mkdir(parents=True)
+    foreign = oddimages.foreign_format_bytes()
+    for filename, data, _ in foreign.values():
+        (cls / filename).write_bytes(data)
+    (cls / "photo.JPG").write_bytes(oddimages.photo_jpeg(64, 48))
+    for name in ("a.txt", "b.txt", "c.TXT"):
+        (cls / name).write_text("notes")
+    for name in ("x.tga", "y.tga"):
+        (cls / name).write_bytes(oddimages.encode(oddimages.noise_image(16, 16), "TGA"))
+    (cls / "README").write_text("no suffix")
+    (cls / ".hidden.jpg").write_bytes(b"hidden")
+    return root, foreign
+
+
+def test_every_file_is_an_input_or_counted_by_suffix(mixed_tree):
+    root, foreign = mixed_tree
+    listing = scan_sources(str(root))
+    names = sorted(item.rel.split("/")[-1] for item in listing.items)
+    assert names == sorted([filename for filename, _, _ in foreign.values()] + ["photo.JPG"])
+    assert listing.suffix_counts() == {".tga": 2, ".txt": 3, "(none)": 1}
+    assert listing.left_out_counts() == {"hidden": 1, "other_suffix": 6}
+    line = listing.describe_suffixes()
+    assert line.startswith(".txt: 3, .tga: 2 (TGA has no magic bytes")
+    assert line.endswith("(none): 1")
+
+
+def test_accepted_types_go_through_the_decode_policy(mixed_tree):
+    root, foreign = mixed_tree
+    for item in scan_sources(str(root)).items:
+        name = item.rel.split("/")[-1]
+        expected = next((r for f, _, r in foreign.values() if f == name), None)
+        try:
+            process_image(read_source(item.path, 2**20), ImageConfig())
+            outcome = None
+        except SampleError as error:
+            outcome = error.reason
+        assert outcome == expected, name
+
+
+def test_suffixes_follow_the_input_formats():
+    for suffix in (".ppm", ".pgm", ".pbm", ".pnm", ".mpo", ".ico", ".jpg", ".tif"):
+        assert suffix in IMAGE_SUFFIXES
+    assert (".avif" in IMAGE_SUFFIXES) == ("AVIF" in INPUT_FORMATS)
+    assert (".avif" in NOT_DECODED) != ("AVIF" in INPUT_FORMATS)
+    assert not set(NOT_DECODED) & IMAGE_SUFFIXES  # a suffix is read or named, never both
+
+
+def test_describe_suffixes_sums_the_long_tail():
+    listing = Listing([])
+    listing.left_out_suffixes.update({f".x{i:02d}": 1 for i in range(12)})
+    listing.left_out_suffixes[".txt"] = 5
+    line = listing.describe_suffixes(limit=3)
+    assert line == ".txt: 5, .x00: 1, .x01: 1, 10 more suffixes: 10"
+    assert Listing([]).describe_suffixes() == ""
+
+
+def test_remote_tree_is_counted_like_a_local_one():
+    fs = fsspec.filesystem("memory")
+    base = "/h4-listing-tree"
+    for path, data in {
+        "cats/a.jpg": oddimages.photo_jpeg(32, 32),
+        "cats/b.pgm": oddimages.encode(oddimages.banded("L", oddimages.BANDS["L"]), "PPM"),
+        "cats/notes.txt": b"x",
+        "cats/pic.tga": b"x",
+        "cats/.DS_Store": b"x",
+        "stray.jpg": b"x",
+    }.items():
+        fs.pipe(f"{base}/{path}", data)
+    try:
+        listing, items = stream_sources(f"memory://{base}")
+        rels = sorted(item.rel for item in items)
+    finally:
+        fs.rm(base, recursive=True)
+    assert rels == ["cats/a.jpg", "cats/b.pgm"]
+    assert listing.suffix_counts() == {".tga": 1, ".txt": 1}
+    assert listing.left_out_counts() == {"hidden": 1, "no_class": 1, "other_suffix": 2}
