@@ -1,7 +1,8 @@
 """`CudaPrefetcher`: the last stage of the loader, from pinned uint8 batches to normalized device tensors.
 
-Wraps any iterable of `(images uint8 [B,3,H,W], labels [B][, keys])`; on CUDA it copies the
-next batch on a side stream while the current one trains, and normalizes it on the GPU.
+Wraps any iterable of `(images uint8 [B,3,H,W], labels [B][, keys])`, or of any other tuple of
+fields the loader delivers; on CUDA it copies the next batch on a side stream while the
+current one trains, and normalizes the images on the GPU.
 """
 
 from __future__ import annotations
@@ -23,46 +24,47 @@ _NOTHING = object()
 class CudaPrefetcher:
     """Iterate `loader`, yielding its batches on `device`, converted to `dtype` and normalized.
 
-    Each image becomes `(x / 255 - mean) / std`, computed as `(x - 255 mean) / (255 std)` with
-    the constants made once on the device; the arithmetic runs in float32 and is cast to
-    `dtype` last, so bf16/fp16 output is the correctly rounded float32 value. Labels move to
-    the device unchanged; keys (a third element, when the loader yields one) pass through.
+        Each image becomes `(x / 255 - mean) / std`, computed as `(x - 255 mean) / (255 std)` with
+        the constants made once on the device; the arithmetic runs in float32 and is cast to
+        `dtype` last, so bf16/fp16 output is the correctly rounded float32 value. Labels move to
+        the device unchanged, and so does every other tensor of the batch (multi-hot targets,
+    weights, token ids); entries that are not tensors (keys, captions, JSON) pass through.
 
-    On CUDA, every step of the hand-over is there for a reason (timm #2781/#2784 lists what
-    goes wrong without them):
+        On CUDA, every step of the hand-over is there for a reason (timm #2781/#2784 lists what
+        goes wrong without them):
 
-    - The side stream is created once, in `__init__`. The caching allocator pools memory per
-      stream; a new stream per epoch strands the old stream's blocks in its pool.
-    - Before each copy the side stream waits on the consumer's stream, so the copy is ordered
-      after work the consumer already queued (including making `mean`/`std` and anything it
-      released) and never overwrites storage that queued kernels still read.
-    - The copy is `non_blocking` from pinned memory, so it overlaps the consumer's compute;
-      from pageable memory it cannot overlap, which is why an unpinned loader is warned about.
-    - The consumer's stream waits on the side stream before the batch is handed over, so its
-      kernels never read a half-copied or half-normalized batch.
-    - `record_stream(consumer)` on the handed-over tensors: they were allocated on the side
-      stream, and without it the allocator could give their memory to the next prefetch as
-      soon as Python drops them, while the consumer's kernels still read them.
-    - One batch is prefetched ahead: batch k+1 is copied while batch k is used.
-    - An empty loader yields nothing (no error, no hang).
+        - The side stream is created once, in `__init__`. The caching allocator pools memory per
+          stream; a new stream per epoch strands the old stream's blocks in its pool.
+        - Before each copy the side stream waits on the consumer's stream, so the copy is ordered
+          after work the consumer already queued (including making `mean`/`std` and anything it
+          released) and never overwrites storage that queued kernels still read.
+        - The copy is `non_blocking` from pinned memory, so it overlaps the consumer's compute;
+          from pageable memory it cannot overlap, which is why an unpinned loader is warned about.
+        - The consumer's stream waits on the side stream before the batch is handed over, so its
+          kernels never read a half-copied or half-normalized batch.
+        - `record_stream(consumer)` on the handed-over tensors: they were allocated on the side
+          stream, and without it the allocator could give their memory to the next prefetch as
+          soon as Python drops them, while the consumer's kernels still read them.
+        - One batch is prefetched ahead: batch k+1 is copied while batch k is used.
+        - An empty loader yields nothing (no error, no hang).
 
-    Because the prefetcher is one batch ahead of its consumer on CUDA, `state_dict()` rewinds
-    the loader's state by the one batch it holds unseen, and a prefetcher abandoned mid-epoch
-    gives that batch back to the loader, so a resumed run neither skips nor repeats a batch.
+        Because the prefetcher is one batch ahead of its consumer on CUDA, `state_dict()` rewinds
+        the loader's state by the one batch it holds unseen, and a prefetcher abandoned mid-epoch
+        gives that batch back to the loader, so a resumed run neither skips nor repeats a batch.
 
-    On the CPU (a CPU `device`, or CUDA unavailable) the API is the same, with no streams and
-    no look-ahead.
+        On the CPU (a CPU `device`, or CUDA unavailable) the API is the same, with no streams and
+        no look-ahead.
 
-    Args:
-        loader: yields `(images, labels)` or `(images, labels, keys)`; `images` uint8
-            `[B, 3, H, W]` in either memory format.
-        device: where batches go, e.g. `"cuda"`, `"cuda:1"` or `"cpu"`.
-        dtype: floating dtype of the output images.
-        mean: per-channel mean of images scaled to [0, 1].
-        std: per-channel standard deviation of images scaled to [0, 1].
-        channels_last: output images in `torch.channels_last` memory format; otherwise in
-            the contiguous NCHW format, whatever the layout the loader delivers (its default
-            channels-last batches are transposed on the device, where it is cheap).
+        Args:
+            loader: yields `(images, labels)` or `(images, labels, keys)`; `images` uint8
+                `[B, 3, H, W]` in either memory format.
+            device: where batches go, e.g. `"cuda"`, `"cuda:1"` or `"cpu"`.
+            dtype: floating dtype of the output images.
+            mean: per-channel mean of images scaled to [0, 1].
+            std: per-channel standard deviation of images scaled to [0, 1].
+            channels_last: output images in `torch.channels_last` memory format; otherwise in
+                the contiguous NCHW format, whatever the layout the loader delivers (its default
+                channels-last batches are transposed on the device, where it is cheap).
     """
 
     def __init__(
@@ -128,29 +130,37 @@ class CudaPrefetcher:
 
     def launch(self, batch: Sequence) -> tuple:
         """Queue the copy and normalization of `batch` on the side stream (host returns at once)."""
-        images, labels, *rest = batch
-        self.check_pinned(images)
+        self.check_pinned(batch[0])
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-            images = self.normalize(images)
-        return (images, labels, *rest)
+            return self.move(batch, non_blocking=True)
 
     def hand_over(self, batch: tuple) -> tuple:
         """Make the consumer's stream wait for `batch` and keep its memory until it is used."""
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_stream(self.stream)
-        images, labels, *rest = batch
-        images.record_stream(consumer)
-        labels.record_stream(consumer)
+        for item in batch:
+            if isinstance(item, torch.Tensor):
+                item.record_stream(consumer)
         return batch
 
     def convert(self, batch: Sequence) -> tuple:
         """The synchronous path: move and normalize `batch` on the current stream."""
-        images, labels, *rest = batch
-        images = self.normalize(images.to(self.device))
-        return (images, labels.to(self.device), *rest)
+        return self.move(batch, non_blocking=False)
+
+    def move(self, batch: Sequence, non_blocking: bool) -> tuple:
+        """Every tensor of `batch` on the device, the images (a 4-D first entry) normalized.
+
+        Entries that are not tensors (keys, captions, JSON documents) pass through.
+        """
+        moved = []
+        for position, item in enumerate(batch):
+            if isinstance(item, torch.Tensor):
+                item = item.to(self.device, non_blocking=non_blocking)
+                if position == 0 and item.dim() == 4:
+                    item = self.normalize(item)
+            moved.append(item)
+        return tuple(moved)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """`(images / 255 - mean) / std` in float32, then cast to `dtype`."""
@@ -159,8 +169,8 @@ class CudaPrefetcher:
         out.sub_(self.mean).div_(self.std)
         return out if self.dtype == torch.float32 else out.to(self.dtype)
 
-    def check_pinned(self, images: torch.Tensor) -> None:
-        if images.is_pinned() or self._warned_unpinned:
+    def check_pinned(self, images) -> None:
+        if not isinstance(images, torch.Tensor) or images.is_pinned() or self._warned_unpinned:
             return
         self._warned_unpinned = True
         warnings.warn(

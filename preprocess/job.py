@@ -277,6 +277,7 @@ def run_tasks(
         "image": config.image,
         "formats": tuple(config.formats),
         "num_classes": len(plan.classes),
+        "class_names": tuple(plan.classes),
         "row_group_size": config.row_group_size,
         "confine_root": confine_root,
     }

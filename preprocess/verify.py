@@ -19,10 +19,10 @@ from shards.formats import get_format
 from shards.imagedata import check_image
 from shards.io import file_sha256
 from shards.manifest import Manifest, ShardInfo, read_manifest
-from shards.sample import IMAGE_FIELDS, SampleError, decode_label, image_field_of
+from shards.sample import DEFAULT_FIELDS, SampleError, decode_label, image_field_of, read_fields
 
 # What the loader reads of each sample; verify reads the same.
-LOADER_FIELDS = frozenset((*IMAGE_FIELDS, "cls"))
+LOADER_FIELDS = read_fields(DEFAULT_FIELDS)
 MAX_EXAMPLES = 5
 
 

@@ -186,10 +186,10 @@ def write_parquet(path: Path, table: pa.Table) -> None:
     "table",
     [
         pa.table({"__key__": ["a"], "jpg": [b"x"]}),
-        pa.table({"jpg": [b"x"], "cls": [1]}),
+        pa.table({"__key__": [1], "jpg": [b"x"], "cls": [1]}),
         pa.table({"__key__": ["a"], "jpg": ["text"], "cls": [1]}),
     ],
-    ids=["no-cls", "no-key", "image-as-string"],
+    ids=["no-cls", "key-not-string", "image-as-string"],
 )
 def test_parquet_shards_off_contract_are_a_shard_error_not_a_crash(tmp_path, shard_dir, table):
     good = sorted(shard_dir.glob("train-*.parquet"))[:2]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tarfile
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -142,7 +143,9 @@ def test_parquet_row_groups_and_typed_metadata_columns():
     table = pq.read_table(io.BytesIO(data))
     assert table.column("width").to_pylist() == [10] * 10
     assert table.column("cls").to_pylist()[:4] == [0, 1, 2, 0]
-    assert table.schema.field("jpg").type == "binary"
+    assert table.schema.field("jpg").type == pa.struct(
+        [("bytes", pa.binary()), ("path", pa.string())]
+    )
 
 
 def test_invalid_keys_are_refused():

@@ -72,7 +72,9 @@ def column_range(data, group, name):
     """(start, end) of one column chunk's bytes in the file, from the footer of a good file."""
     meta = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(group)
     chunk = next(
-        meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == name
+        meta.column(i)
+        for i in range(meta.num_columns)
+        if meta.column(i).path_in_schema in (name, f"{name}.bytes")
     )
     start = chunk.data_page_offset
     if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
@@ -206,8 +208,9 @@ def test_missing_cls_is_a_schema_error_naming_it_unless_cls_is_not_asked_for():
     assert keys(read(data, fields=frozenset({"jpg"}))) == ["a", "b"]
 
 
-def test_missing_key_is_a_schema_error_naming_it():
-    _, error = read_until_error(write_table({"jpg": [b"1"], "cls": [1]}))
+def test_a_key_that_is_not_text_is_a_schema_error_naming_it():
+    # A missing __key__ is read (keys are made from the row); a wrong one is refused.
+    _, error = read_until_error(write_table({"__key__": [1], "jpg": [b"1"], "cls": [1]}))
     assert error.reason == "schema" and "'__key__'" in str(error)
 
 
