@@ -4,9 +4,10 @@ Every dataset here is one real 1,000-sample tar shard, hard-linked under as many
 names as the sample count needs (10^9 samples: 10^6 links, no extra disk), described by a
 manifest written with the real writer. Each size is measured in a fresh child process:
 
-* manifest: time and peak RSS growth to load it (`resolve_source`);
+* manifest: time and peak RSS growth to load it (`resolve_source`), in one child;
 * loader: time to the first batch and peak RSS of the main process and of each of the
-  2 DataLoader workers (sampled from /proc while the first batches arrive);
+  2 DataLoader workers (sampled from /proc while the first batches arrive), in another
+  child that holds nothing but the loader;
 * planning: time for one worker's epoch plan (`plan_worker`) and the main process's
   `batches_remaining()`.
 
@@ -22,7 +23,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,21 +95,55 @@ def make_dataset(base: Path, directory: Path, shards: int) -> None:
     write_manifest(directory, manifest)
 
 
-CHILD = r"""
-import json, os, resource, sys, threading, time
+# Peak RSS of this interpreter: VmHWM restarts at exec, unlike ru_maxrss, which a child
+# inherits from the parent that built a million-shard manifest just before.
+PEAK = r"""
+def peak_bytes():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:")) * 1024
+"""
+
+# The manifest alone: load time and peak growth, then one worker's plan and the main
+# process's batches_remaining().
+MANIFEST_CHILD = (
+    PEAK
+    + r"""
+import json, os, sys, time
 sys.path.insert(0, {root!r})
-from benchmarks.common import TreeMemorySampler
-baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 import torch  # noqa: F401  (imports are not the manifest's cost)
 from pipeline.loader import LoaderConfig, build_loader
-from pipeline.sources import resolve_source
 from pipeline.plan import EpochLayout
 from pipeline.resume import plan_worker
-after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from pipeline.sources import resolve_source
+after_imports = peak_bytes()
 started = time.perf_counter()
 source = resolve_source({directory!r}, "train")
 manifest_s = time.perf_counter() - started
-manifest_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - after_imports
+manifest_rss = peak_bytes() - after_imports
+loader = build_loader(LoaderConfig(source={directory!r}, batch_size=256, image_size=64,
+                                   num_workers=2, seed=0))
+part = loader.partition()
+started = time.perf_counter()
+plan = plan_worker(EpochLayout.build(source.counts, 0, 0), [], part, 0, 1)
+plan_s = time.perf_counter() - started
+started = time.perf_counter()
+loader.batches_remaining()
+remaining_s = time.perf_counter() - started
+print(json.dumps(dict(samples=int(source.total_samples), shards=len(source.shards),
+    manifest_s=manifest_s, manifest_rss=manifest_rss, plan_s=plan_s,
+    plan_pieces=len(plan.pieces), batches_remaining_s=remaining_s)))
+os._exit(0)
+"""
+)
+
+# The loader alone, in its own interpreter, so nothing else holds a shard table: time to
+# the first batch and the peak RSS of the main process and of each worker.
+LOADER_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, {root!r})
+from benchmarks.common import TreeMemorySampler
+import torch  # noqa: F401
+from pipeline.loader import LoaderConfig, build_loader
 with TreeMemorySampler(os.getpid(), interval=0.05) as sampler:
     started = time.perf_counter()
     loader = build_loader(LoaderConfig(source={directory!r}, batch_size=256, image_size=64,
@@ -122,29 +156,28 @@ with TreeMemorySampler(os.getpid(), interval=0.05) as sampler:
         next(iterator)
     sampler.sample()
 peak = sampler.peak
-part = loader.partition()
-started = time.perf_counter()
-plan = plan_worker(EpochLayout.build(source.counts, 0, 0), [], part, 0, 1)
-plan_s = time.perf_counter() - started
-started = time.perf_counter()
-loader.batches_remaining()
-remaining_s = time.perf_counter() - started
-print(json.dumps(dict(samples=int(source.total_samples), shards=len(source.shards),
-    manifest_s=manifest_s, manifest_rss=manifest_rss, first_batch_s=first_batch_s,
-    main_rss=peak.root_rss, worker_rss=peak.largest_child_rss, baseline_rss=after_imports,
-    plan_s=plan_s, plan_pieces=len(plan.pieces), batches_remaining_s=remaining_s)))
+print(json.dumps(dict(first_batch_s=first_batch_s, main_rss=peak.root_rss,
+    worker_rss=peak.largest_child_rss)))
 os._exit(0)
 """
 
 
-def measure(directory: Path) -> dict:
-    code = CHILD.format(root=str(ROOT), directory=str(directory))
+def run_child(code: str, directory: Path) -> dict:
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=1800
+        [sys.executable, "-c", code.format(root=str(ROOT), directory=str(directory))],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
     )
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def measure(directory: Path) -> dict:
+    """The manifest and planning figures, then the loader's, each in a fresh interpreter."""
+    return {**run_child(MANIFEST_CHILD, directory), **run_child(LOADER_CHILD, directory)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,20 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exponents", type=int, nargs="+", default=[6, 7, 8, 9])
     parser.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure every size this many times, interleaved"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         base = make_base_shard(work)
-        rows = []
         for exponent in args.exponents:
-            directory = work / f"e{exponent}"
-            started = time.perf_counter()
-            make_dataset(base, directory, 10**exponent // SHARD_SAMPLES)
-            made_s = time.perf_counter() - started
-            row = measure(directory)
-            row["setup_s"] = made_s
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            make_dataset(base, work / f"e{exponent}", 10**exponent // SHARD_SAMPLES)
+        rows = []
+        for round_index in range(args.rounds):
+            for exponent in args.exponents:
+                row = {"round": round_index, **measure(work / f"e{exponent}")}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

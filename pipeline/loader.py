@@ -161,6 +161,7 @@ def build_loader(config: LoaderConfig) -> ShardLoader:
         config.format,
         retry=config.retry,
         storage_options=config.storage_options,
+        checksums=config.verify_checksums,
     )
     return ShardLoader(config, source)
 

@@ -87,8 +87,11 @@ class ShardSpecs(Sequence[ShardSpec]):
         fmt: the format's registry name, the same for every shard.
         samples: int64 samples per shard (read-only).
         sizes: int64 byte counts, -1 where unknown; None when none is known.
-        digests: uint8 [n, 32] sha256 digests; None when none is known.
+        digests: uint8 [n, 32] sha256 digests; None when none is known or they
+            were left unread (see `resolve_source`'s `checksums`).
         checked: which rows of `digests` are real; None when all are.
+        table_sha256: the sha256 of the manifest's side table these shards came
+            from, which covers their digests; None for inline lists and URLs.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class ShardSpecs(Sequence[ShardSpec]):
         sizes: np.ndarray | None = None,
         digests: np.ndarray | None = None,
         checked: np.ndarray | None = None,
+        table_sha256: str | None = None,
     ) -> None:
         self.fmt = fmt
         self.samples = _read_only(np.asarray(samples, np.int64))
@@ -111,6 +115,7 @@ class ShardSpecs(Sequence[ShardSpec]):
         self.sizes = None if sizes is None else _read_only(np.asarray(sizes, np.int64))
         self.digests = None if digests is None else _read_only(np.asarray(digests, np.uint8))
         self.checked = None if checked is None else _read_only(np.asarray(checked, bool))
+        self.table_sha256 = table_sha256
 
     @classmethod
     def from_specs(cls, specs: Sequence[ShardSpec]) -> ShardSpecs:
@@ -271,8 +276,14 @@ def resolve_source(
     *,
     retry: RetryPolicy = DEFAULT_RETRY,
     storage_options: Mapping[str, Any] | None = None,
+    checksums: bool = False,
 ) -> ResolvedSource:
     """Shard specs for `split` from a manifest (path, dir or URL) or from shard URLs.
+
+    `checksums` reads every shard's sha256 from a manifest's side table (for
+    `verify_checksums`); without it they stay unread, 32 bytes a shard that every
+    process holding the source (and every forked worker) would otherwise carry.
+    Inline shard lists and the manifest beside shard URLs always give them.
 
     Raises:
         ManifestError: the manifest is malformed (the message names it and the field).
@@ -282,7 +293,9 @@ def resolve_source(
         url = os.fspath(source)
         if url_scheme(url) in ("", "file") and os.path.isdir(url):
             url = os.path.join(url, MANIFEST_NAME)
-        manifest = read_manifest_url(url, retry, storage_options, split=split, fmt=fmt)
+        manifest = read_manifest_url(
+            url, retry, storage_options, split=split, fmt=fmt, checksums=checksums
+        )
         return from_manifest(manifest, url, split, fmt)
     urls = expand_urls(source)
     formats = {format_of_url(u).name for u in urls}
@@ -326,13 +339,14 @@ def read_manifest_url(
     *,
     split: str | None = None,
     fmt: str | None = None,
+    checksums: bool = True,
 ) -> Manifest:
     """Fetch and validate a manifest and the side tables the loader needs.
 
     With `split`, only that split's side table is read; with `fmt`, only that
-    format's columns (without, the loader's default: tar, else the first format).
-    Per-shard class counts are never read. Any malformed content is one
-    `ManifestError`.
+    format's columns (without, the loader's default: tar, else the first format);
+    without `checksums`, not the side tables' sha256 column. Per-shard class
+    counts are never read. Any malformed content is one `ManifestError`.
     """
     with open_stream(url, retry, storage_options=storage_options) as stream:
         data = stream.read(MAX_MANIFEST_BYTES + 1)
@@ -347,6 +361,7 @@ def read_manifest_url(
         splits=None if split is None else (split,),
         formats=(fmt or "tar",),
         shard_class_counts=False,
+        shard_digests=checksums,
     )
 
 
@@ -388,6 +403,7 @@ def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> 
         names=files.names,
         sizes=files.sizes,
         digests=files.digests,
+        table_sha256=table.table_sha256,
     )
     return ResolvedSource(specs, manifest.classes, manifest.splits[split].class_counts, url)
 

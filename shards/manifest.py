@@ -260,11 +260,12 @@ class FileColumns:
     """
 
     sizes: np.ndarray  # int64 [shards]
-    digests: np.ndarray  # uint8 [shards, 32]
+    digests: np.ndarray | None  # uint8 [shards, 32]; None when left unread
     names: tuple[str, ...] | None = None
 
-    def sha256(self, index: int) -> str:
-        return self.digests[index].tobytes().hex()
+    def sha256(self, index: int) -> str | None:
+        """The shard file's sha256 as hex; None when the digests were left unread."""
+        return None if self.digests is None else self.digests[index].tobytes().hex()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FileColumns):
@@ -272,7 +273,8 @@ class FileColumns:
         return (
             self.names == other.names
             and np.array_equal(self.sizes, other.sizes)
-            and np.array_equal(self.digests, other.digests)
+            and (self.digests is None) == (other.digests is None)
+            and (self.digests is None or np.array_equal(self.digests, other.digests))
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -303,6 +305,8 @@ class ShardTable(Sequence[ShardInfo]):
         formats: every format the shards exist in, in file order.
         class_counts: the per-shard class counts, None when not read.
         num_classes: the dataset's class count (the width of a dense count list).
+        table_sha256: the sha256 of the side table the columns were read from (it
+            covers every shard's recorded digest), None for an inline shard list.
     """
 
     def __init__(
@@ -314,6 +318,7 @@ class ShardTable(Sequence[ShardInfo]):
         files: dict[str, FileColumns] | None = None,
         class_counts: ClassCounts | None = None,
         num_classes: int = 0,
+        table_sha256: str | None = None,
     ) -> None:
         self.split = split
         self.rows = rows
@@ -322,6 +327,7 @@ class ShardTable(Sequence[ShardInfo]):
         self.files = files or {}
         self.class_counts = class_counts
         self.num_classes = num_classes
+        self.table_sha256 = table_sha256
         self._name_index: dict[str, dict[str, int]] = {}  # built on first `index_of`
 
     @classmethod
@@ -716,6 +722,7 @@ class Manifest:
         splits: Collection[str] | None = None,
         formats: Collection[str] | None = None,
         shard_class_counts: bool = True,
+        shard_digests: bool = True,
     ) -> Manifest:
         """Parse and validate a manifest; `source` names it in errors (redacted).
 
@@ -730,6 +737,12 @@ class Manifest:
                 of them was built), and skip the per-shard class counts (which the
                 loader never needs). The manifest is then not `complete`. Inline
                 shard lists are always read whole.
+            shard_digests: False leaves the side tables' per-shard sha256 column
+                unread (32 bytes a shard: 32 MB at 10^6 shards, in every process
+                that loads the table), for a reader that does not hash the shards;
+                `FileColumns.digests` is then None and `ShardTable.table_sha256`,
+                the side table's own checksum, stands for them. Inline digests are
+                always read.
 
         Raises:
             ManifestError: for any input that is not a valid manifest: bytes that are
@@ -742,6 +755,7 @@ class Manifest:
             None if splits is None else frozenset(splits),
             None if formats is None else tuple(formats),
             shard_class_counts,
+            shard_digests,
         )
         with _gc_paused():
             return _ManifestReader(source, read_table, selection).read(_parse(text, source))
@@ -977,6 +991,7 @@ class _Selection:
     splits: frozenset[str] | None
     formats: tuple[str, ...] | None
     class_counts: bool
+    digests: bool = True
 
 
 @dataclass(frozen=True)
@@ -1457,7 +1472,9 @@ class _TableDecoder:
         elif self.reader.selection.class_counts:
             class_counts = ClassCounts.from_rows([[]] * rows, num_classes)
         formats = list(self.reader.formats)
-        return ShardTable(self.split, rows, formats, samples, files, class_counts, num_classes)
+        return ShardTable(
+            self.split, rows, formats, samples, files, class_counts, num_classes, self.ref.sha256
+        )
 
     def columns_to_read(self, schema: pa.Schema) -> list[str]:
         """Check the schema (known columns, their types, nothing missing); the ones to read."""
@@ -1486,7 +1503,8 @@ class _TableDecoder:
                 self.fail(".table", f"has no column {name}")
         wanted = ["samples"]
         for fmt in self.reader.wanted:
-            wanted += [f"{fmt}_bytes", f"{fmt}_sha256"]
+            wanted += [f"{fmt}_bytes"]
+            wanted += [f"{fmt}_sha256"] if self.reader.selection.digests else []
             wanted += [f"{fmt}_name"] if f"{fmt}_name" in schema.names else []
         if self.reader.selection.class_counts and "class_ids" in schema.names:
             wanted += ["class_ids", "class_counts"]
@@ -1514,7 +1532,12 @@ class _TableDecoder:
             names = self.explicit_names(arrow.column(f"{fmt}_name").to_pylist(), fmt, suffix)
         else:
             self.reader.check_derived(self.where, self.split, fmt, len(samples))
-        return FileColumns(sizes, _digests(arrow.column(f"{fmt}_sha256")), names)
+        digests = None
+        if f"{fmt}_sha256" in arrow.column_names:
+            digests = _digests(arrow.column(f"{fmt}_sha256"))
+        else:
+            self.reader.complete = False  # a manifest without digests is never written back
+        return FileColumns(sizes, digests, names)
 
     def explicit_names(self, names: list[str], fmt: str, suffix: str) -> tuple[str, ...] | None:
         """Names stored in the table: each checked as an inline name is."""

@@ -10,6 +10,7 @@ resume is checked against.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -91,12 +92,22 @@ def data_identity(
 ) -> dict[str, Any]:
     """What a resume must match: the train data (by shard names, counts and checksums), etc.
 
+    Checksums are the shards' own, or for a manifest with a side table the table's,
+    which records theirs (the loader leaves the per-shard digests unread).
+
     Shard names rather than full URLs, so a dataset moved to another directory
     or bucket is still the same data.
     """
     digest = hashlib.sha256()
     shards = source.shards  # columns: no ShardSpec per shard for a million shards
-    rows = zip(shards.iter_file_names(), shards.samples.tolist(), shards.iter_sha256(), strict=True)
+    if shards.table_sha256 is not None:
+        # The manifest's side table covers every shard's digest: its checksum stands
+        # for them, whether or not this loader read them (verify_checksums).
+        digest.update(f"table {shards.table_sha256}\n".encode())
+        checksums = itertools.repeat(None, len(shards))
+    else:
+        checksums = shards.iter_sha256()
+    rows = zip(shards.iter_file_names(), shards.samples.tolist(), checksums, strict=True)
     for name, samples, sha256 in rows:
         digest.update(f"{name}|{samples}|{sha256 or ''}\n".encode())
     return {

@@ -22,7 +22,7 @@ from pipeline.dataset import LoaderDataError
 from pipeline.loader import LoaderConfig, build_loader
 from pipeline.opener import RetryPolicy
 from pipeline.sources import is_manifest_source, manifest_base
-from shards.manifest import ManifestError
+from shards.manifest import ManifestError, read_manifest, write_manifest
 from shards.tar import BLOCK, header_checksum, member_header
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
@@ -141,6 +141,20 @@ def test_a_tampered_shard_is_read_as_good_unless_checksums_are_verified(shards):
     lost = train_shard(planned, 2)["samples"]
     assert loader.stats.skipped == {"checksum": lost}
     assert len(keys) == sum(reference.values())
+
+
+def test_checksums_in_a_side_table_are_read_when_verifying_and_catch_a_tampered_shard(shards):
+    # The loader leaves a side table's sha256 column unread unless it verifies.
+    write_manifest(shards, read_manifest(shards), inline_max_shards=0)
+    assert "table" in json.loads((shards / "manifest.json").read_text())["splits"]["train"]
+    target = shards / "train-000001.tar"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0x01
+    target.write_bytes(bytes(data))
+    loader, _ = full_epoch(shards)
+    assert not loader.stats.bad_shards and loader.source.shards.digests is None
+    loader, _ = full_epoch(shards, verify_checksums=True)
+    assert loader.stats.bad_shards == {"checksum": 1}
 
 
 def test_verify_checksums_passes_good_shards_over_http(shard_dir):

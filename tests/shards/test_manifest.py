@@ -777,12 +777,21 @@ def test_a_table_with_explicit_names_round_trips(side_copy):
 
 def test_the_loader_reads_a_side_table_locally_and_over_http(built, side_built):
     inline = resolve_source(str(built), "train", "parquet")
-    local = resolve_source(str(side_built), "train", "parquet")
+    local = resolve_source(str(side_built), "train", "parquet", checksums=True)
     assert isinstance(local.shards, ShardSpecs) and local.counts.dtype == np.int64
     assert not local.counts.flags.writeable
     assert [(s.samples, s.sha256, s.bytes) for s in local.shards] == [
         (s.samples, s.sha256, s.bytes) for s in inline.shards
     ]
+    # Without checksums the side table's sha256 column stays unread; its own digest remains.
+    lean = resolve_source(str(side_built), "train", "parquet")
+    assert lean.shards.digests is None and {s.sha256 for s in lean.shards} == {None}
+    assert [(s.samples, s.bytes) for s in lean.shards] == [
+        (s.samples, s.bytes) for s in inline.shards
+    ]
+    recorded = json.loads((side_built / "manifest.json").read_text())["splits"]["train"]["table"]
+    assert lean.shards.table_sha256 == local.shards.table_sha256 == recorded["sha256"]
+    assert inline.shards.table_sha256 is None
     with LocalHTTPServer(side_built) as base:
         secret = base.replace("http://", f"http://reader:{SECRET}@")
         remote = resolve_source(f"{secret}/manifest.json?X-Amz-Signature=s1gn4ture", "val")
@@ -827,16 +836,19 @@ def test_shard_specs_index_slice_and_pickle_compactly(side_built):
 def test_the_trainers_data_identity_is_the_one_of_every_spec(built, side_built):
     torch_run = pytest.importorskip("trainers.run")
     config = SimpleNamespace(batch_size=8, accum_steps=1, seed=1, model="m")
-    for directory in (built, side_built):
-        source = resolve_source(str(directory), "train")
-        digest = hashlib.sha256()
-        for spec in source.shards:  # the formula before the columns
-            name = os.path.basename(spec.display)
-            digest.update(f"{name}|{spec.samples}|{spec.sha256 or ''}\n".encode())
-        identity = torch_run.data_identity(source, config, 1, 3)
-        assert identity["train_data"].endswith(digest.hexdigest()[:16])
-    same = [
-        torch_run.data_identity(resolve_source(str(d), "train"), config, 1, 3)
-        for d in (built, side_built)
-    ]
-    assert same[0]["train_data"] == same[1]["train_data"]
+    source = resolve_source(str(built), "train")  # inline: every shard's own sha256
+    digest = hashlib.sha256()
+    for spec in source.shards:  # the formula before the columns
+        name = os.path.basename(spec.display)
+        digest.update(f"{name}|{spec.samples}|{spec.sha256 or ''}\n".encode())
+    identity = torch_run.data_identity(source, config, 1, 3)
+    assert identity["train_data"].endswith(digest.hexdigest()[:16])
+    # A side table: its checksum stands for the shards' digests, read or not.
+    lean = resolve_source(str(side_built), "train")
+    digest = hashlib.sha256(f"table {lean.shards.table_sha256}\n".encode())
+    for spec in lean.shards:
+        digest.update(f"{os.path.basename(spec.display)}|{spec.samples}|\n".encode())
+    identity = torch_run.data_identity(lean, config, 1, 3)
+    assert identity["train_data"].endswith(digest.hexdigest()[:16])
+    checked = resolve_source(str(side_built), "train", checksums=True)
+    assert torch_run.data_identity(checked, config, 1, 3) == identity

@@ -172,12 +172,13 @@ def test_a_200k_shard_manifest_loads_under_a_memory_cap_with_the_right_counts(bi
     assert result["shards"] == 200_000 and result["samples"] == expected
     name, samples, sha256, size = result["middle"][:4]
     assert name == f"train-{middle:06d}.tar" and samples == int(table.samples[middle])
-    assert sha256 == table.files["tar"].sha256(middle)
     assert size == int(table.files["tar"].sizes[middle])
     if mode == "loader":
+        assert sha256 is None  # the loader leaves the digests unread unless it verifies
         assert result["counts_dtype"] == "int64" and result["counts_sum"] == expected
-        assert result["pickled"] < 60 * 200_000  # arrays (8 + 8 + 32 bytes a shard), not objects
+        assert result["pickled"] < 20 * 200_000  # arrays (8 + 8 bytes a shard), not objects
     else:
+        assert sha256 == table.files["tar"].sha256(middle)
         assert result["written"] == manifest.written
         assert result["middle"][4] == table.class_counts.row(middle, CLASSES)
     assert result["rss_mib"] < RSS_CAP_MIB, result
