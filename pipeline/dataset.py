@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.checksum import open_shard
+from pipeline.fast_transforms import pillow_fallbacks
 from pipeline.opener import RetryPolicy
 from pipeline.plan import (
     EpochLayout,
@@ -38,6 +39,7 @@ from pipeline.plan import (
 )
 from pipeline.resume import Segment, plan_worker, roles_consumed
 from pipeline.sources import ShardSpec
+from pipeline.transforms import SampleRandom
 from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
 from shards.sample import (
     DEFAULT_FIELDS,
@@ -83,6 +85,7 @@ class WorkerStats:
     bad_shard_examples: list = field(default_factory=list)  # the first few, named
     refilled: int = 0
     decode_s: float = 0.0
+    pillow_fallbacks: int = 0  # samples the fast crops handed to Pillow (non-JPEG, CMYK, ...)
     budget: int = 10  # skips allowed before the worker stops
 
     def snapshot(self) -> dict:
@@ -94,6 +97,7 @@ class WorkerStats:
             "bad_shard_examples": list(self.bad_shard_examples),
             "refilled": self.refilled,
             "decode_s": self.decode_s,
+            "pillow_fallbacks": self.pillow_fallbacks,
         }
 
 
@@ -191,6 +195,7 @@ class ShardStream(IterableDataset):
         self.settings = settings
         self.read_fields = read_fields(settings.fields)
         self.transform = transform
+        self.direct = direct_image_field(settings, transform)
         self.shared = shared
 
     def partition(self, num_workers: int) -> Partition:
@@ -319,41 +324,83 @@ class ShardStream(IterableDataset):
         self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats
     ) -> Iterator[tuple]:
         reserve: deque = deque(maxlen=RESERVE_SIZE)
+        fallbacks = pillow_fallbacks()  # this process's count before this epoch's decodes
         for size in sizes:
-            rows, keys = [], []
-            while len(rows) < size:
-                sample, repeat = next(shuffled, None), 0
-                if sample is None:
-                    sample, repeat = self.refill(reserve, stats)
-                try:
-                    row = self.decode(sample, epoch, stats, repeat)
-                except SampleError as error:
-                    self.log_skip(sample, error, stats)
-                    where = f"{sample.get('__url__')} key {sample.get('__key__')}"
-                    count_skips(stats, error.reason, 1, where)
-                    continue
-                reserve.append(sample)
-                rows.append(row)
-                keys.append(sample["__key__"])
+            target = self.image_target(size)
+            try:
+                rows, keys = self.fill_batch(shuffled, size, epoch, stats, reserve, target)
+            except BaseException:
+                if target is not None:
+                    target.abandon()  # a worker's slot is free again, not leaked
+                raise
             stats.samples += size
-            yield self.collate(rows, keys, stats)
+            stats.pillow_fallbacks = pillow_fallbacks() - fallbacks
+            yield self.collate(rows, keys, stats, target)
 
-    def decode(self, sample: Sample, epoch: int, stats: WorkerStats, repeat: int = 0) -> tuple:
-        """One value per field: the transformed image, the label, text, JSON, ..."""
+    def fill_batch(
+        self, shuffled, size: int, epoch: int, stats: WorkerStats, reserve: deque, target
+    ) -> tuple[list[tuple], list[str]]:
+        """Decode `size` good samples (skipping bad ones, refilling when the stream ends)."""
+        rows: list[tuple] = []
+        keys: list[str] = []
+        while len(rows) < size:
+            sample, repeat = next(shuffled, None), 0
+            if sample is None:
+                sample, repeat = self.refill(reserve, stats)
+            out = None if target is None else target.arrays[len(rows)]
+            try:
+                row = self.decode(sample, epoch, stats, repeat, out)
+            except SampleError as error:
+                self.log_skip(sample, error, stats)
+                where = f"{sample.get('__url__')} key {sample.get('__key__')}"
+                count_skips(stats, error.reason, 1, where)
+                continue
+            reserve.append(sample)
+            rows.append(row)
+            keys.append(sample["__key__"])
+        return rows, keys
+
+    def image_target(self, size: int) -> ImageTarget | None:
+        """The batch buffer the transform writes into, when it can (see `direct_image_field`)."""
+        if self.direct is None:
+            return None
+        side = self.transform.size
+        return ImageTarget.allocate((size, side, side, 3), True, self.ring)
+
+    def decode(
+        self,
+        sample: Sample,
+        epoch: int,
+        stats: WorkerStats,
+        repeat: int = 0,
+        out: np.ndarray | None = None,
+    ) -> tuple:
+        """One value per field: the transformed image, the label, text, JSON, ...
+
+        Args:
+            out: where the image transform writes its pixels (a slot of the batch), when
+                the stream writes images in place (`direct_image_field`).
+        """
         if "__error__" in sample:
             raise sample["__error__"]
         started = time.perf_counter()
         key, seed = sample["__key__"], self.settings.seed
         parsed: dict = {}  # JSON members parsed once for all fields reading them
         row = []
-        for spec in self.settings.fields:
+        for index, spec in enumerate(self.settings.fields):
             value = field_value(sample, spec, parsed)
             # Augmentation randomness comes from the sample key and epoch, so it does
             # not depend on which worker or rank happens to decode the sample.
             if spec.kind == "image":
-                value = self.transform(value, random.Random(f"aug:{seed}:{epoch}:{key}:{repeat}"))
+                rng = SampleRandom(f"aug:{seed}:{epoch}:{key}:{repeat}")
+                if out is not None and index == self.direct:
+                    value = self.transform(value, rng, out=out)
+                    if value is not out:  # a transform that could not use the slot
+                        out[...] = value
+                else:
+                    value = self.transform(value, rng)
             elif spec.transform is not None:
-                rng = random.Random(f"{spec.name}:{seed}:{epoch}:{key}:{repeat}")
+                rng = SampleRandom(f"{spec.name}:{seed}:{epoch}:{key}:{repeat}")
                 value = spec.transform(value, rng)
             row.append(value)
         stats.decode_s += time.perf_counter() - started
@@ -380,10 +427,19 @@ class ShardStream(IterableDataset):
                 skipped,
             )
 
-    def collate(self, rows: list[tuple], keys: list[str], stats: WorkerStats) -> tuple:
+    def collate(
+        self,
+        rows: list[tuple],
+        keys: list[str],
+        stats: WorkerStats,
+        target: ImageTarget | None = None,
+    ) -> tuple:
         values = []
-        for spec, column in zip(self.settings.fields, zip(*rows, strict=True), strict=True):
-            if spec.kind == "image":
+        columns = zip(*rows, strict=True)
+        for index, (spec, column) in enumerate(zip(self.settings.fields, columns, strict=True)):
+            if target is not None and index == self.direct:
+                values.append(target.finish())  # the images were written in place
+            elif spec.kind == "image":
                 values.append(stack_images(list(column), self.settings.channels_last, self.ring))
             elif spec.transform is not None:
                 values.append(stack_outputs(spec, list(column), keys))
@@ -416,6 +472,59 @@ def stack_outputs(spec: Field, outputs: list, keys: list[str]) -> torch.Tensor |
     return torch.stack(tensors)
 
 
+def direct_image_field(settings: StreamSettings, transform: Callable) -> int | None:
+    """Index of the image field whose transform writes straight into the batch, or None.
+
+    The loader's crops (`writes_into`, a fixed `size`) resize into their slot of a
+    channels-last batch: no per-sample output array (fresh pages for each 150 KB image)
+    and no copy into the batch. Other transforms, NCHW batches and samples with several
+    image fields are stacked as before.
+    """
+    images = [i for i, spec in enumerate(settings.fields) if spec.kind == "image"]
+    direct = getattr(transform, "writes_into", False) and isinstance(
+        getattr(transform, "size", None), int
+    )
+    return images[0] if direct and settings.channels_last and len(images) == 1 else None
+
+
+class ImageTarget:
+    """A channels-last uint8 batch being filled in place: a ring slot or fresh shared memory."""
+
+    def __init__(
+        self, batch: torch.Tensor | SlotBatch, arrays: np.ndarray, channels_last: bool, ring
+    ) -> None:
+        self.batch, self.arrays, self.ring = batch, arrays, ring
+        self.channels_last = channels_last
+
+    @classmethod
+    def allocate(
+        cls, nhwc: tuple[int, int, int, int], channels_last: bool, ring: BatchRing | None
+    ) -> ImageTarget:
+        """A batch of `nhwc` images (`[B, 3, H, W]`-shaped, NHWC strides when `channels_last`)."""
+        count, height, width, channels = nhwc
+        shape = nhwc if channels_last else (count, channels, height, width)
+        info = get_worker_info()
+        slot = ring.acquire(info.id if info else 0, shape) if ring is not None else None
+        if slot is not None:
+            return cls(slot, slot.writable(), channels_last, ring)
+        batch = torch.empty(shape, dtype=torch.uint8)
+        if info is not None:
+            batch.share_memory_()  # the DataLoader then sends it without copying it again
+        return cls(batch, batch.numpy(), channels_last, None)
+
+    def finish(self) -> torch.Tensor | SlotBatch:
+        """What the batch carries: the slot (the consumer makes it a tensor) or the tensor."""
+        if isinstance(self.batch, SlotBatch):
+            self.batch.channels_last = self.channels_last
+            return self.batch
+        return self.batch.permute(0, 3, 1, 2) if self.channels_last else self.batch
+
+    def abandon(self) -> None:
+        """Give an unfinished batch's slot back (an error stopped the batch)."""
+        if isinstance(self.batch, SlotBatch) and self.ring is not None:
+            self.ring.release(self.batch.slot)
+
+
 def stack_images(
     images: list[np.ndarray], channels_last: bool, ring: BatchRing | None = None
 ) -> torch.Tensor | SlotBatch:
@@ -432,25 +541,13 @@ def stack_images(
         `SlotBatch` that the consumer turns into that tensor.
     """
     height, width, channels = images[0].shape
-    nhwc = (len(images), height, width, channels)
-    shape = nhwc if channels_last else (len(images), channels, height, width)
-    info = get_worker_info()
-    slot = ring.acquire(info.id if info else 0, shape) if ring is not None else None
-    if slot is not None:
-        slots = slot.writable()
-    else:
-        batch = torch.empty(shape, dtype=torch.uint8)
-        if info is not None:
-            batch.share_memory_()
-        slots = batch.numpy()
+    target = ImageTarget.allocate((len(images), height, width, channels), channels_last, ring)
+    slots = target.arrays
     # numpy assignment: a plain memcpy (or one transposing loop) per image, no
     # per-call dispatch or thread-pool overhead as with torch's copy_.
     for index, image in enumerate(images):
         slots[index] = image if channels_last else image.transpose(2, 0, 1)
-    if slot is not None:
-        slot.channels_last = channels_last
-        return slot
-    return batch.permute(0, 3, 1, 2) if channels_last else batch
+    return target.finish()
 
 
 def count_skips(stats: WorkerStats, reason: str, count: int, where: str) -> None:

@@ -1,9 +1,11 @@
-"""Faster drop-in crops for the loader's workers: simplejpeg decodes, OpenCV resizes.
+"""The loader's default crops: simplejpeg decodes, OpenCV resizes, straight into the batch.
 
 Same arguments, crop boxes, flips and `SampleError` reasons as `pipeline.transforms`; about
-2x the images/s per core on 256-px shards. Needs `pip install "shardpipe[fast]"`. The decode
-policy (backend loading, JPEG header, pixel cap, strict decoding) is `shards.imagedata`'s;
-this module keeps the crop geometry in OpenCV.
+2.5x the images/s per core on 256-px shards. The decode policy (backend loading, JPEG header,
+pixel cap, strict decoding) is `shards.imagedata`'s; this module keeps the crop geometry in
+OpenCV. Whatever the fast decoder does not take (non-JPEG, CMYK/YCCK, a JPEG libjpeg-turbo
+warns about) goes to the Pillow transform with the same box, per sample, counted in
+`pillow_fallbacks()` (the loader reports it as `LoaderStats.pillow_fallbacks`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ WARP_FILTERS = {"nearest": 0, "bilinear": 1, "bicubic": 2, "lanczos": 4}
 _INTEGRAL_EPS = 1e-6
 
 
+class _Counts:
+    """Per-process count of samples the fast crops handed to Pillow (forks copy it: the
+    loader takes differences, never the absolute value)."""
+
+    pillow_fallbacks = 0
+
+
+def pillow_fallbacks() -> int:
+    """Samples this process's fast crops decoded with Pillow so far (see the module docstring)."""
+    return _Counts.pillow_fallbacks
+
+
 class _FastCrop:
     """The validation, Pillow fallback and decode of both fast crops.
 
@@ -48,6 +62,9 @@ class _FastCrop:
     """
 
     pillow_class: ClassVar[type[RandomResizedCrop | CenterCrop]]
+    # The loader may pass `out=`, a (size, size, 3) slot of the batch: the crop is resized
+    # straight into it (no per-sample output array, no copy into the batch).
+    writes_into: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc] - the spec checks the arguments
@@ -59,20 +76,37 @@ class _FastCrop:
         names = [field.name for field in fields(self)]  # type: ignore[arg-type]
         return self.pillow_class(**{name: getattr(self, name) for name in names})
 
-    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+    def __call__(
+        self, image_bytes: bytes, rng: random.Random, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Decode this transform's crop of `image_bytes` at `size` x `size`, flipped if drawn.
+
+        Args:
+            out: a C-contiguous uint8 (size, size, 3) array to write the crop into.
+
+        Returns:
+            `out` when given, else a new writable array.
 
         Raises:
             SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
         """
         header = read_jpeg_header(image_bytes)
         if header is None:
-            return self.pillow(image_bytes, rng)
+            return _counted(self.pillow(image_bytes, rng, out), out)
         width, height, colorspace = header
         check_pixels(width, height, self.max_pixels)
         box, flip = self.choose_crop(width, height, rng)  # the Pillow transform's draws
         crop = JpegCrop(image_bytes, width, height, colorspace)
-        return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels)
+        return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels, out)
+
+
+def _counted(pixels: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """A Pillow fallback's pixels, counted, and in `out` when given."""
+    _Counts.pillow_fallbacks += 1
+    if out is None or pixels is out:
+        return pixels
+    out[...] = pixels
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,21 +151,32 @@ class JpegCrop:
     colorspace: str
 
     def decode(
-        self, box: Box, size: int, resample: str, flip: bool, draft: bool, max_pixels: int
+        self,
+        box: Box,
+        size: int,
+        resample: str,
+        flip: bool,
+        draft: bool,
+        max_pixels: int,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Decode `box` (source pixels) resized to `size` x `size`, maybe mirrored.
 
         A colour space libjpeg-turbo should not convert, or any decoder complaint (simplejpeg
         is strict: a warning is an error), hands the same box to Pillow, which either
-        decodes the image or raises the reason `pipeline.decode` gives it.
+        decodes the image (a counted fallback) or raises the reason `pipeline.decode` gives.
         """
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
         pixels = self.decode_scaled(scale) if self.colorspace in FAST_JPEG_COLORSPACES else None
         if pixels is None:
             image = open_image(self.data, max_pixels)
-            return decode_crop(image, box, (size, size), RESAMPLING[resample], flip, draft)
+            writable = out is None
+            fallback = decode_crop(
+                image, box, (size, size), RESAMPLING[resample], flip, draft, writable
+            )
+            return _counted(fallback, out)
         scaled = (box[0] / scale, box[1] / scale, box[2] / scale, box[3] / scale)
-        return resize_box(pixels, scaled, size, resample, flip)
+        return resize_box(pixels, scaled, size, resample, flip, out)
 
     def decode_scaled(self, scale: int) -> np.ndarray | None:
         """RGB pixels at 1/`scale` of the full size, or None if the decoder refuses the data.
@@ -145,7 +190,14 @@ class JpegCrop:
         return pixels
 
 
-def resize_box(pixels: np.ndarray, box: Box, size: int, resample: str, flip: bool) -> np.ndarray:
+def resize_box(
+    pixels: np.ndarray,
+    box: Box,
+    size: int,
+    resample: str,
+    flip: bool,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Resize `box` of `pixels` to `size` x `size` with Pillow's sample positions.
 
     A whole-pixel box, or one shrunk by more than `AREA_SHRINK`, is sliced and resized
@@ -153,14 +205,18 @@ def resize_box(pixels: np.ndarray, box: Box, size: int, resample: str, flip: boo
     fractional box that is enlarged goes through an affine warp that samples where Pillow
     does, with the flip folded into the matrix.
 
+    Args:
+        out: a C-contiguous uint8 (size, size, 3) array to write into (a batch slot):
+            OpenCV resizes into it and mirrors it in place, allocating nothing.
+
     Returns:
-        A writable, C-contiguous uint8 array of shape (size, size, 3).
+        `out`, or a new writable, C-contiguous uint8 array of shape (size, size, 3).
     """
     _, cv2 = load_fast_backends()
     left, top, right, bottom = box
     shrink = max((right - left) / size, (bottom - top) / size)
     if shrink <= AREA_SHRINK and not _integral(box):
-        return _warp(cv2, pixels, box, size, WARP_FILTERS[resample], flip)
+        return _warp(cv2, pixels, box, size, WARP_FILTERS[resample], flip, out)
     left, top = round(left), round(top)
     right, bottom = max(round(right), left + 1), max(round(bottom), top + 1)
     if resample == "nearest":
@@ -169,13 +225,21 @@ def resize_box(pixels: np.ndarray, box: Box, size: int, resample: str, flip: boo
         interpolation = cv2.INTER_AREA
     else:
         interpolation = WARP_FILTERS[resample]
-    out = cv2.resize(pixels[top:bottom, left:right], (size, size), interpolation=interpolation)
-    # cv2.flip writes a new array: the result never shares memory with `pixels`.
-    return cv2.flip(out, 1) if flip else out
+    region = pixels[top:bottom, left:right]
+    out = cv2.resize(region, (size, size), dst=out, interpolation=interpolation)
+    # The mirror runs in place (OpenCV swaps pixel pairs): no second array, and the result
+    # never shares memory with `pixels` (resize always writes its own output).
+    return cv2.flip(out, 1, dst=out) if flip else out
 
 
 def _warp(
-    cv2: ModuleType, pixels: np.ndarray, box: Box, size: int, interpolation: int, flip: bool
+    cv2: ModuleType,
+    pixels: np.ndarray,
+    box: Box,
+    size: int,
+    interpolation: int,
+    flip: bool,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Affine resample: output pixel centre x + 0.5 maps to source left + (x + 0.5) * sx."""
     left, top, right, bottom = box
@@ -188,6 +252,7 @@ def _warp(
         pixels,
         matrix,
         (size, size),
+        dst=out,
         flags=interpolation | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_REPLICATE,
     )

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from pipeline.batchring import BatchRing, materialize
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
+from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.opener import RetryPolicy
 from pipeline.plan import EPOCH_RULES, Partition, batches_for, rank_slice
 from pipeline.resume import Segment, remaining_runs
@@ -26,11 +27,13 @@ from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import ReadLimits
+from shards.imagedata import FAST_HINT, fast_backend_available
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
+BACKENDS = ("auto", "fast", "pillow")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,13 @@ class LoaderConfig:
             default) when `num_workers > 0`.
         transform: replaces the built-in crop; called as `transform(bytes, rng)`
             and returns uint8 HxWx3.
+        backend: the built-in crops' decoder. `auto` (default): `fast` when simplejpeg
+            and OpenCV import, else `pillow`. `fast`: libjpeg-turbo decodes (DCT-scaled
+            when the crop allows) and OpenCV resizes straight into the batch; samples it
+            does not take (non-JPEG, CMYK, JPEGs libjpeg-turbo warns about) go to Pillow
+            one by one, counted in `stats.pillow_fallbacks`. `pillow`: Pillow only.
+            Same crop boxes and flips either way; pixels differ slightly
+            (docs/LOADER.md, "Image decoding").
         max_skip_fraction: bad samples a worker may skip before it stops.
         timeout: seconds to wait for one batch from a worker before raising
             (a stuck, not dead, worker; dead ones raise at once). 0 waits forever.
@@ -120,6 +130,7 @@ class LoaderConfig:
     with_keys: bool = False
     reuse_buffers: bool = True
     transform: Callable | None = None
+    backend: str = "auto"
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
@@ -258,11 +269,16 @@ class ShardLoader:
         c = self.config
         if c.transform is not None:
             return c.transform
+        fast = resolve_backend(c.backend) == "fast"
         if c.is_train:
-            return RandomResizedCrop(
-                size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip, writable=False
-            )
-        return CenterCrop(size=c.image_size, crop_fraction=c.crop_fraction, writable=False)
+            crop = FastRandomResizedCrop if fast else RandomResizedCrop
+            options = dict(size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip)
+        else:
+            crop = FastCenterCrop if fast else CenterCrop
+            options = dict(size=c.image_size, crop_fraction=c.crop_fraction)
+        # The Pillow crops copy into the batch slot themselves: their own array may be a
+        # read-only view of Pillow's bytes (one copy fewer).
+        return crop(**options) if fast else crop(**options, writable=False)
 
     def make_ring(self) -> BatchRing:
         """Slots for a batch of `image_size` crops: one being built, `prefetch_factor`
@@ -349,6 +365,7 @@ class ShardLoader:
             self.consumed += 1
             yield (*values, keys) if self.config.with_keys else values
         self.stats.end_epoch()
+        log_fallbacks(self.stats)
         # The epoch is complete: a new iteration (or a state saved now) starts the next one.
         self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0
 
@@ -387,6 +404,38 @@ class ShardLoader:
             self.segments, self.consumed = segments[:-1], segments[-1].consumed
         else:
             self.segments, self.consumed = [s for s in segments if s.consumed], 0
+
+
+def resolve_backend(backend: str) -> str:
+    """`fast` or `pillow` for a `LoaderConfig.backend` choice.
+
+    Raises:
+        ValueError: not one of `BACKENDS`.
+        ImportError: `fast` was asked for and simplejpeg or OpenCV is missing.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "pillow":
+        return backend
+    if fast_backend_available():
+        return "fast"
+    if backend == "fast":
+        raise ImportError(f"LoaderConfig(backend='fast'): {FAST_HINT}, or use backend='pillow'")
+    log.warning("decoding with Pillow, about half as fast: %s", FAST_HINT)
+    return "pillow"
+
+
+def log_fallbacks(stats: LoaderStats) -> None:
+    """Say how many samples of the epoch the fast crops handed to Pillow, if any."""
+    if stats.pillow_fallbacks:
+        log.info(
+            "%d of %d samples (%.1f%%) were decoded by Pillow, not the fast backend "
+            "(non-JPEG, CMYK or JPEGs libjpeg-turbo refuses); rebuilding the shards with "
+            "build-shards makes them plain JPEGs",
+            stats.pillow_fallbacks,
+            stats.samples,
+            100 * stats.pillow_fallbacks / max(1, stats.samples),
+        )
 
 
 def class_weights(source: ResolvedSource) -> tuple[float, ...]:

@@ -73,6 +73,11 @@ class LoaderStats:
     def refilled(self) -> int:
         return sum(w["refilled"] for w in self.workers.values())
 
+    @property
+    def pillow_fallbacks(self) -> int:
+        """Samples the fast crops handed to Pillow this epoch (non-JPEG, CMYK, rare JPEGs)."""
+        return sum(w.get("pillow_fallbacks", 0) for w in self.workers.values())
+
     def summary(self) -> dict:
         return {
             "first_batch_s": self.first_batch_s,
@@ -84,4 +89,5 @@ class LoaderStats:
             "bad_shards": dict(self.bad_shards),
             "bad_shard_examples": self.bad_shard_examples,
             "refilled": self.refilled,
+            "pillow_fallbacks": self.pillow_fallbacks,
         }

@@ -2,15 +2,19 @@
 
 Called once per sample inside DataLoader workers, after the shuffle buffer and before
 batching. Randomness comes only from the `random.Random` passed in, seeded per sample by
-the loader, so a crop is reproducible. Normalisation happens later, on the GPU.
+the loader (`SampleRandom`), so a crop is reproducible. Normalisation happens later, on the
+GPU. The loader's default crops are `pipeline.fast_transforms`'; these Pillow ones are
+their fallback and the `backend="pillow"` choice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import struct
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -18,6 +22,8 @@ from pipeline.decode import RESAMPLING, Box, decode_crop
 from shards.imagedata import check_max_pixels, open_image
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back
+_WORDS = struct.Struct("<8Q")  # one 64-byte BLAKE2b digest as eight 64-bit words
+_TO_UNIT = 1.0 / (1 << 53)
 
 
 class Transform(Protocol):
@@ -30,6 +36,57 @@ class Transform(Protocol):
     def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
         """Return a C-contiguous uint8 array of shape (height, width, 3) (may be read-only)."""
         ...
+
+
+class SampleRandom(random.Random):
+    """A `random.Random` for one sample, seeded from a string by BLAKE2b, drawing from the hash.
+
+    Why: seeding Mersenne Twister costs ~5 us (from a string) to ~6 us (from an int), more
+    than the handful of draws a crop makes. This hashes the seed string once (64 bytes of
+    BLAKE2b: eight 64-bit words) and serves `random()` and `getrandbits()` from those words,
+    hashing again with a counter when a sample needs more. Every other method (`uniform`,
+    `randint`, `choice`, `shuffle`, `gauss`, ...) is `random.Random`'s own, built on those
+    two, so user transforms keep the whole API. Deterministic across processes and
+    platforms: the same string gives the same draws.
+    """
+
+    def seed(self, a: object = None, version: int = 2) -> None:  # noqa: ARG002 - Random's API
+        """Seed from `a` (str, bytes or int), as `random.Random(a)` would be seeded."""
+        if isinstance(a, str):
+            a = a.encode()
+        elif not isinstance(a, bytes):
+            a = repr(a).encode()
+        self._key = a
+        self._block = 0
+        self._words = list(_WORDS.unpack(hashlib.blake2b(a).digest()))
+
+    def _next_word(self) -> int:
+        words = self._words
+        if not words:
+            self._block += 1
+            digest = hashlib.blake2b(self._key, salt=self._block.to_bytes(16, "little")).digest()
+            words.extend(_WORDS.unpack(digest))
+        return words.pop()
+
+    def random(self) -> float:
+        """A float in [0, 1) from the top 53 bits of the next word."""
+        return (self._next_word() >> 11) * _TO_UNIT
+
+    def getrandbits(self, k: int) -> int:
+        """`k` random bits (whole words, then the top bits of one more)."""
+        if k <= 64:
+            return self._next_word() >> (64 - k) if k else 0
+        value, bits = 0, 0
+        while bits < k:
+            value, bits = (value << 64) | self._next_word(), bits + 64
+        return value >> (bits - k)
+
+    def getstate(self) -> tuple:
+        return (self._key, self._block, tuple(self._words))
+
+    def setstate(self, state: tuple) -> None:
+        self._key, self._block, words = state
+        self._words = list(words)
 
 
 @dataclass(frozen=True)
@@ -80,14 +137,20 @@ class RandomResizedCrop(RandomCropSpec):
     """
 
     writable: bool = True
+    writes_into: ClassVar[bool] = True  # accepts `out=`, a batch slot (see `__call__`)
 
-    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+    def __call__(
+        self, image_bytes: bytes, rng: random.Random, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Decode a random crop of `image_bytes`, resized to `size` x `size`, maybe flipped.
+
+        Args:
+            out: a uint8 (size, size, 3) array to copy the crop into; returned.
 
         Raises:
             SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
         """
-        return _decode(self, image_bytes, rng, self.writable)
+        return _decode(self, image_bytes, rng, self.writable, out)
 
 
 @dataclass(frozen=True)
@@ -131,14 +194,20 @@ class CenterCrop(CenterCropSpec):
     """
 
     writable: bool = True
+    writes_into: ClassVar[bool] = True  # accepts `out=`, a batch slot (see `__call__`)
 
-    def __call__(self, image_bytes: bytes, rng: random.Random) -> np.ndarray:
+    def __call__(
+        self, image_bytes: bytes, rng: random.Random, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Decode the centre crop of `image_bytes` at `size` x `size`.
+
+        Args:
+            out: a uint8 (size, size, 3) array to copy the crop into; returned.
 
         Raises:
             SampleError: the bytes are not a decodable, allowed image within `max_pixels`.
         """
-        return _decode(self, image_bytes, rng, self.writable)
+        return _decode(self, image_bytes, rng, self.writable, out)
 
 
 def sample_crop_box(
@@ -209,9 +278,18 @@ def _check_common(size: int, resample: str, max_pixels: int) -> None:
 
 
 def _decode(
-    spec: RandomCropSpec | CenterCropSpec, image_bytes: bytes, rng: random.Random, writable: bool
+    spec: RandomCropSpec | CenterCropSpec,
+    image_bytes: bytes,
+    rng: random.Random,
+    writable: bool,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     image = open_image(image_bytes, spec.max_pixels)
     box, flip = spec.choose_crop(*image.size, rng)
     size = (spec.size, spec.size)
-    return decode_crop(image, box, size, RESAMPLING[spec.resample], flip, spec.draft, writable)
+    resample = RESAMPLING[spec.resample]
+    pixels = decode_crop(image, box, size, resample, flip, spec.draft, writable and out is None)
+    if out is None:
+        return pixels
+    out[...] = pixels  # Pillow owns its pixel bytes: one copy, as the batch copy was
+    return out
