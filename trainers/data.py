@@ -13,16 +13,17 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.checksum import open_shard
-from pipeline.loader import LoaderConfig, ShardLoader, build_loader
+from pipeline.loader import LoaderConfig, ShardLoader
 from pipeline.opener import DEFAULT_RETRY
-from pipeline.sources import ShardSpec, is_manifest_source
+from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source, resolve_source
 from pipeline.urls import expand_urls, url_scheme
 from shards.manifest import MANIFEST_NAME, ManifestError
 from shards.redact import redact_url
-from trainers.config import TrainConfig
+from shards.sample import Field
+from trainers.config import TrainConfig, parse_label_field
 from trainers.distributed import DistInfo
 
 log = logging.getLogger("trainers")
@@ -43,6 +44,11 @@ class Loaders:
     @property
     def classes(self) -> list[str] | None:
         return self.train.source.classes
+
+    @property
+    def target_classes(self) -> int | None:
+        """The width of multi-hot targets (multi-label); None for single-label."""
+        return target_classes(self.train.config)
 
 
 def loader_config(
@@ -122,22 +128,74 @@ def build_loaders(config: TrainConfig, info: DistInfo) -> Loaders:
     """
     if not config.train_shards:
         raise DataError("--train-shards is required: a manifest.json, its directory, or shard URLs")
-    train = build_split_loader(
-        loader_config(config, info, config.train_split, True, with_keys=True), "--train-shards"
+    settings = loader_config(config, info, config.train_split, True, with_keys=True)
+    train = build_split_loader(settings, "--train-shards", config)
+    return Loaders(train, build_val_loader(config, info, target_classes(train.config)))
+
+
+def batch_fields(config: TrainConfig, num_classes: int | None) -> tuple[str | Field, ...]:
+    """What each batch carries before the keys: the images and the targets.
+
+    Single-label: int64 class ids (`cls`, then `label`, unless --label-field names one).
+    Multi-label: a float32 multi-hot `[B, num_classes]` from the `labels` member (a JSON
+    list of class ids) or the --label-field given.
+    """
+    if config.task == "single-label":
+        if config.label_field is None:
+            return ("image", "label")  # the loader's default, exactly
+        return ("image", Field("label", "label", source=config.label_field))
+    member, key = parse_label_field(config.label_field or "labels")
+    return ("image", Field("labels", "multi_label", member, key, num_classes))
+
+
+def target_classes(settings: LoaderConfig) -> int | None:
+    """The multi-hot width of a loader's targets; None for single-label."""
+    return next((f.num_classes for f in settings.fields if isinstance(f, Field)), None)
+
+
+def multi_label_classes(config: TrainConfig, source: ResolvedSource) -> int:
+    """Multi-label targets need their width before the loader is built: flag, else manifest."""
+    if config.num_classes is not None:
+        return config.num_classes
+    if source.classes:
+        return len(source.classes)
+    raise DataError(
+        f"--train-shards {redact_url(os.fspath(config.train_shards))}: no class list (no "
+        "manifest.json beside the shards names the classes); pass --num-classes N"
     )
-    return Loaders(train, build_val_loader(config, info))
 
 
-def build_val_loader(config: TrainConfig, info: DistInfo) -> ShardLoader | None:
+def open_split(
+    settings: LoaderConfig, config: TrainConfig, num_classes: int | None = None
+) -> ShardLoader:
+    """Resolve the source and build its loader, with the fields `config` trains on.
+
+    Raises what resolving a source raises (see `SOURCE_ERRORS`).
+    """
+    source = resolve_source(
+        settings.source,
+        settings.split,
+        settings.format,
+        retry=settings.retry,
+        storage_options=settings.storage_options,
+    )
+    if config.task == "multi-label" and num_classes is None:
+        num_classes = multi_label_classes(config, source)
+    return ShardLoader(replace(settings, fields=batch_fields(config, num_classes)), source)
+
+
+def build_val_loader(
+    config: TrainConfig, info: DistInfo, num_classes: int | None = None
+) -> ShardLoader | None:
     """From --val-shards, else the train manifest's val split when it has one, else None."""
     settings = loader_config(config, info, config.val_split, False, with_keys=config.debug_trace)
     if config.val_shards is not None:
-        return build_split_loader(settings, "--val-shards")
+        return build_split_loader(settings, "--val-shards", config, num_classes)
     if not is_manifest_source(config.train_shards):
         log.warning("no --val-shards given: training without evaluation")
         return None
     try:
-        return build_loader(settings)
+        return open_split(settings, config, num_classes)
     except KeyError:
         log.warning(
             "the train manifest has no %r split: training without evaluation", config.val_split
@@ -152,10 +210,12 @@ def build_val_loader(config: TrainConfig, info: DistInfo) -> ShardLoader | None:
 SOURCE_ERRORS = (ManifestError, ValueError, KeyError, OSError)
 
 
-def build_split_loader(settings: LoaderConfig, flag: str) -> ShardLoader:
-    """`build_loader`, its data-source errors turned into one-line `DataError`s."""
+def build_split_loader(
+    settings: LoaderConfig, flag: str, config: TrainConfig, num_classes: int | None = None
+) -> ShardLoader:
+    """`open_split`, its data-source errors turned into one-line `DataError`s."""
     try:
-        return build_loader(settings)
+        return open_split(settings, config, num_classes)
     except SOURCE_ERRORS as error:
         raise source_error(flag, settings, error) from error
 

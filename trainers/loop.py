@@ -12,20 +12,33 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import sys
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from trainers.data import locate_keys
-from trainers.distributed import all_reduce, all_reduce_tensor
-from trainers.metrics import Window, bottleneck_verdict, iter_timed, rate_window
+from trainers.distributed import all_reduce, all_reduce_tensor, gather_objects
+from trainers.metrics import (
+    MultiLabelReport,
+    Window,
+    bottleneck_verdict,
+    iter_timed,
+    multi_label_report,
+    rate_window,
+    write_thresholds,
+)
 from trainers.run import Run, save_run_checkpoint
 from trainers.schedule import is_window_end, window_size
 
 log = logging.getLogger("trainers")
+MULTI_LABEL_FIGURES = ("val_map", "val_f1_micro", "val_f1_macro", "val_f1_tuned")
+MAX_THRESHOLDS_SHOWN = 10  # in the log line; thresholds.json holds every class
 
 
 class NonFiniteLossError(RuntimeError):
@@ -106,44 +119,58 @@ def train_epoch(run: Run) -> bool:
     start = batches - loader.batches_remaining()  # > 0 when resumed mid-epoch
     run.model.train()
     run.timer.mark()
-    loss_sum = torch.zeros((), device=run.info.device)
-    window_keys: list[str] = []
     bar = tqdm(
         total=plan.steps_per_epoch,
         initial=start // config.accum_steps,
         desc=f"epoch {state.epoch}",
-        disable=not (config.progress and run.info.is_main),
+        # Off a TTY (a log file, a Slurm job) a bar is only noise in the log.
+        disable=not (config.progress and run.info.is_main and sys.stderr.isatty()),
         leave=False,
     )
     stream = iter_timed(run.train_batches, run.timer)
+    # Log lines written while the bar is drawn go above it instead of through it.
+    redirect = logging_redirect_tqdm(
+        loggers=[logging.getLogger("trainers"), logging.getLogger("pipeline")]
+    )
     try:
-        for index, (images, labels, keys) in enumerate(stream, start):
-            window = window_size(index, batches, config.accum_steps)
-            last = is_window_end(index, batches, config.accum_steps)
-            loss_sum += forward_backward(run, images, labels, window, sync=last)
-            window_keys.extend(keys)
-            trace_batch(run, index, keys)
-            if not last:
-                continue
-            loss, finite, locally = step_loss(run, loss_sum, window)
-            if not finite:
-                raise non_finite_error(run, window_keys, locally)
-            optimizer_step(run)
-            state.step += 1
-            state.window_loss += loss
-            state.window_steps += 1
-            run.timer.end_step(window * config.batch_size)
-            loss_sum.zero_()
-            window_keys = []
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{run.scheduler.lr:.3g}")
-            after_step(run, epoch_end=index + 1 == batches)
-            if config.max_steps is not None and state.step >= config.max_steps:
+        with redirect:
+            if train_batches(run, stream, bar, start, batches):
                 return True
     finally:
         stream.close()
         bar.close()
     state.epoch += 1
+    return False
+
+
+def train_batches(run: Run, stream, bar: tqdm, start: int, batches: int) -> bool:
+    """The batch loop of `train_epoch`: micro-steps, then one optimizer step per window."""
+    config, state = run.config, run.state
+    loss_sum = torch.zeros((), device=run.info.device)
+    window_keys: list[str] = []
+    for index, (images, labels, keys) in enumerate(stream, start):
+        window = window_size(index, batches, config.accum_steps)
+        last = is_window_end(index, batches, config.accum_steps)
+        loss_sum += forward_backward(run, images, labels, window, sync=last)
+        window_keys.extend(keys)
+        trace_batch(run, index, keys)
+        if not last:
+            continue
+        loss, finite, locally = step_loss(run, loss_sum, window)
+        if not finite:
+            raise non_finite_error(run, window_keys, locally)
+        optimizer_step(run)
+        state.step += 1
+        state.window_loss += loss
+        state.window_steps += 1
+        run.timer.end_step(window * config.batch_size)
+        loss_sum.zero_()
+        window_keys = []
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{run.scheduler.lr:.3g}")
+        after_step(run, epoch_end=index + 1 == batches)
+        if config.max_steps is not None and state.step >= config.max_steps:
+            return True
     return False
 
 
@@ -229,8 +256,11 @@ def evaluate(run: Run) -> dict[str, float]:
 
     Runs the bare model, not the DDP wrapper: with the `uneven` rule ranks may
     hold one batch more or less, and DDP's forward would wait for the others.
+    Multi-label: see `evaluate_multi_label`.
     """
     assert run.val_batches is not None
+    if run.config.task == "multi-label":
+        return evaluate_multi_label(run)
     broadcast_buffers(run)
     run.module.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=run.info.device)  # loss, correct, count
@@ -248,6 +278,51 @@ def evaluate(run: Run) -> dict[str, float]:
         "val_loss": loss_sum / max(count, 1),
         "val_accuracy": correct / max(count, 1),
         "val_samples": int(count),
+    }
+
+
+@torch.no_grad()
+def evaluate_multi_label(run: Run) -> dict[str, float]:
+    """BCE loss, mAP, F1 and per-class thresholds over the whole val split.
+
+    AP needs every score of a class at once, so each rank's sigmoid scores (float32
+    `[n, C]`) and targets are gathered; every rank computes the same report. Rank 0
+    writes the per-class thresholds to `RUN_DIR/thresholds.json`.
+    """
+    broadcast_buffers(run)
+    run.module.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=run.info.device)
+    scores, targets = [], []
+    for images, labels, *rest in run.val_batches:
+        with autocast(run):
+            logits = run.module(images).float()
+        loss_sum += F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").double()
+        scores.append(torch.sigmoid(logits).cpu().numpy())
+        targets.append(labels.cpu().numpy() > 0.5)
+        if rest and run.trace.enabled:
+            run.trace.write({"kind": "val", "evals": run.state.evals + 1, "keys": list(rest[0])})
+    run.module.train()
+    classes = run.identity["num_classes"]
+    local = (
+        np.concatenate(scores) if scores else np.zeros((0, classes), np.float32),
+        np.concatenate(targets) if targets else np.zeros((0, classes), bool),
+        float(loss_sum),
+    )
+    gathered = gather_objects(local, run.info)
+    report = multi_label_report(
+        np.concatenate([g[0] for g in gathered]), np.concatenate([g[1] for g in gathered])
+    )
+    run.last_report = report
+    if run.info.is_main:
+        write_thresholds(run.config.run_dir, report, run.loaders.classes, run.state.step)
+    elements = max(report.samples * classes, 1)
+    return {
+        "val_loss": sum(g[2] for g in gathered) / elements,
+        "val_map": report.mean_ap,
+        "val_f1_micro": report.f1_micro,
+        "val_f1_macro": report.f1_macro,
+        "val_f1_tuned": report.f1_tuned,
+        "val_samples": report.samples,
     }
 
 
@@ -283,14 +358,25 @@ def run_evaluation(run: Run) -> None:
         **result,
     }
     run.metrics.write(row)
-    log.info(
-        "eval after step %d: val accuracy %.4f, val loss %.4f over %d samples",
-        state.step,
-        result["val_accuracy"],
-        result["val_loss"],
-        result["val_samples"],
-    )
+    log.info("eval after step %d: %s", state.step, describe_evaluation(result, run.last_report))
     run.timer.mark()
+
+
+def describe_evaluation(result: dict[str, float], report: MultiLabelReport | None) -> str:
+    """The figures of one evaluation in a line (multi-label: with the thresholds chosen)."""
+    if "val_accuracy" in result:
+        return (
+            f"val accuracy {result['val_accuracy']:.4f}, val loss {result['val_loss']:.4f} "
+            f"over {result['val_samples']} samples"
+        )
+    shown = ", ".join(f"{t:.2f}" for t in report.thresholds[:MAX_THRESHOLDS_SHOWN])
+    more = " ..." if len(report.thresholds) > MAX_THRESHOLDS_SHOWN else ""
+    return (
+        f"val mAP {result['val_map']:.4f}, F1 micro {result['val_f1_micro']:.4f} / macro "
+        f"{result['val_f1_macro']:.4f} at 0.5, macro {result['val_f1_tuned']:.4f} at per-class "
+        f"thresholds [{shown}{more}] (thresholds.json), val loss {result['val_loss']:.4f} over "
+        f"{result['val_samples']} samples"
+    )
 
 
 def fit(run: Run) -> dict[str, Any]:
@@ -332,6 +418,7 @@ def final_summary(run: Run) -> dict[str, Any]:
         "val_loss": last_eval.get("val_loss"),
         "val_accuracy": last_eval.get("val_accuracy"),
         "val_samples": last_eval.get("val_samples"),
+        **{name: last_eval.get(name) for name in MULTI_LABEL_FIGURES},
         "verdict": verdict_of(run, reduced),
     }
     if run.info.device.type == "cuda":

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger("trainers")
 
 METRICS_NAME = "metrics.jsonl"
@@ -37,6 +39,10 @@ CSV_COLUMNS = (
     "val_loss",
     "val_accuracy",
     "val_samples",
+    "val_map",
+    "val_f1_micro",
+    "val_f1_macro",
+    "val_f1_tuned",
     "evals",
     "time_s",
     "wall_time",
@@ -57,7 +63,13 @@ TENSORBOARD_TAGS = {
         "first_batch_s": "train/first_batch_s",
         "peak_mem_gb": "train/peak_mem_gb",
     },
-    "eval": {"val_loss": "val/loss", "val_accuracy": "val/accuracy"},
+    "eval": {
+        "val_loss": "val/loss",
+        "val_accuracy": "val/accuracy",
+        "val_map": "val/map",
+        "val_f1_micro": "val/f1_micro",
+        "val_f1_macro": "val/f1_macro",
+    },
 }
 MARKER_POINTS = 40  # plot each point as a marker up to this many rows
 
@@ -256,11 +268,129 @@ def summary_line(end: dict[str, Any], steps_per_epoch: int) -> str:
             f"val accuracy {end['val_accuracy']:.4f} (val loss {end['val_loss']:.4f}, "
             f"{end['val_samples']} samples)"
         )
+    elif end.get("val_map") is not None:
+        parts.append(
+            f"val mAP {end['val_map']:.4f}, F1 micro {end['val_f1_micro']:.4f} / macro "
+            f"{end['val_f1_macro']:.4f} (val loss {end['val_loss']:.4f}, "
+            f"{end['val_samples']} samples)"
+        )
     else:
         parts.append("no validation")
     parts.append(f"{end['images_per_s']:.0f} images/s")
     parts.append(end["verdict"])
     return "summary: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class MultiLabelReport:
+    """Validation figures of a multi-label model, overall and per class.
+
+    Attributes:
+        mean_ap: mean over classes with a positive of the average precision.
+        f1_micro, f1_macro: F1 at the fixed threshold 0.5 (micro: pooled over classes;
+            macro: the mean over classes that have a positive or a prediction).
+        f1_tuned: macro F1 at `thresholds`; optimistic, since they were chosen on the
+            same samples.
+        ap, thresholds, f1, positives: per class; `thresholds[c]` is the score (a
+            sigmoid) at or above which class c is predicted, chosen for the best F1 on
+            this split (0.5 and NaN AP/F1 for a class without a positive).
+    """
+
+    samples: int
+    mean_ap: float
+    f1_micro: float
+    f1_macro: float
+    f1_tuned: float
+    ap: np.ndarray
+    thresholds: np.ndarray
+    f1: np.ndarray
+    positives: np.ndarray
+
+
+def multi_label_report(scores: np.ndarray, targets: np.ndarray) -> MultiLabelReport:
+    """mAP, F1 and per-class thresholds of `scores` `[N, C]` (probabilities) against 0/1 targets.
+
+    One sort per class serves AP and the threshold search. Tied scores count as one
+    cut: a threshold never splits samples of equal score.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    targets = np.asarray(targets, dtype=bool)
+    samples, classes = scores.shape
+    order = np.argsort(-scores, axis=0, kind="stable")
+    ranked = np.take_along_axis(scores, order, axis=0)
+    hits = np.take_along_axis(targets, order, axis=0)
+    true_pos = np.cumsum(hits, axis=0, dtype=np.float64)
+    cut = np.arange(1, samples + 1, dtype=np.float64)[:, None]  # samples predicted positive
+    positives = hits.sum(axis=0)
+    has_pos = positives > 0
+    ap = np.full(classes, np.nan)
+    ap[has_pos] = (true_pos / cut * hits).sum(axis=0)[has_pos] / positives[has_pos]
+    # F1 of predicting the top k: 2 tp / (k + positives); only at the end of a run of ties.
+    f1_at = 2 * true_pos / (cut + positives)
+    last_of_tie = np.ones_like(hits)
+    last_of_tie[:-1] = ranked[:-1] > ranked[1:]
+    best = np.where(last_of_tie, f1_at, -1.0).argmax(axis=0) if samples else np.zeros(classes, int)
+    columns = np.arange(classes)
+    thresholds = np.where(has_pos, ranked[best, columns] if samples else 0.5, 0.5)
+    best_f1 = np.where(has_pos, f1_at[best, columns] if samples else np.nan, np.nan)
+    micro, macro = f1_scores(scores >= 0.5, targets)
+    _, tuned = f1_scores(scores >= thresholds, targets)
+    return MultiLabelReport(
+        samples=samples,
+        mean_ap=float(ap[has_pos].mean()) if has_pos.any() else 0.0,
+        f1_micro=micro,
+        f1_macro=macro,
+        f1_tuned=tuned,
+        ap=ap,
+        thresholds=thresholds,
+        f1=best_f1,
+        positives=positives,
+    )
+
+
+def f1_scores(predicted: np.ndarray, targets: np.ndarray) -> tuple[float, float]:
+    """Micro and macro F1 of boolean predictions `[N, C]`.
+
+    Macro averages the classes that have a positive or a prediction (F1 is undefined
+    for the others); 0.0 when there is none.
+    """
+    true_pos = (predicted & targets).sum(axis=0)
+    wrong = (predicted ^ targets).sum(axis=0)  # false positives + false negatives
+    denominator = 2 * true_pos + wrong
+    micro = 2 * true_pos.sum() / denominator.sum() if denominator.sum() else 0.0
+    defined = denominator > 0
+    macro = (2 * true_pos[defined] / denominator[defined]).mean() if defined.any() else 0.0
+    return float(micro), float(macro)
+
+
+def write_thresholds(
+    run_dir: str | Path, report: MultiLabelReport, classes: list[str] | None, step: int
+) -> Path:
+    """`RUN_DIR/thresholds.json`: per class the threshold chosen on val, its F1, AP, positives."""
+    names = classes if classes and len(classes) == len(report.ap) else None
+    rows = []
+    for index in range(len(report.ap)):
+        rows.append(
+            {
+                "class": names[index] if names else index,
+                "threshold": float(report.thresholds[index]),
+                "f1": None if np.isnan(report.f1[index]) else float(report.f1[index]),
+                "ap": None if np.isnan(report.ap[index]) else float(report.ap[index]),
+                "positives": int(report.positives[index]),
+            }
+        )
+    document = {
+        "step": step,
+        "val_samples": report.samples,
+        "val_map": report.mean_ap,
+        "val_f1_tuned": report.f1_tuned,
+        "classes": rows,
+    }
+    path = Path(run_dir) / "thresholds.json"
+    tmp = path.with_name(".thresholds.json.tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 def open_tensorboard(run_dir: Path):
@@ -367,9 +497,10 @@ def build_figure(rows: list[dict], threshold: float | None = None):
         for step in epoch_ends:
             axis.axvline(step, color="0.6", ls=":", lw=1)
     if evals:
+        name = "val_accuracy" if "val_accuracy" in evals[0] else "val_map"
         twin = axes[0][0].twinx()
-        twin.plot([r["step"] for r in evals], [r["val_accuracy"] for r in evals], "o-", color="C1")
-        twin.set_ylabel("val accuracy", color="C1")
+        twin.plot([r["step"] for r in evals], [r.get(name) for r in evals], "o-", color="C1")
+        twin.set_ylabel(name.replace("_", " ").replace("map", "mAP"), color="C1")
         twin.set_ylim(0, 1.02)
     mark_verdict(axes[1][1], threshold, end)
     for axis in axes[1]:

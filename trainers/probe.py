@@ -318,7 +318,7 @@ def time_loader(probe: Probe, batch: int) -> ScanPoint:
 
     config = replace(probe.config, batch_size=batch)
     settings = loader_config(config, probe.info, config.train_split, True)
-    loader = build_split_loader(settings, "--train-shards")
+    loader = build_split_loader(settings, "--train-shards", config)
     batches = CudaPrefetcher(loader, probe.info.device, channels_last=config.channels_last)
     timer = StepTimer()
     stream = iter_timed(batches, timer)

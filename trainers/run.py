@@ -38,15 +38,24 @@ from trainers.checkpoint import (
 from trainers.config import TrainConfig
 from trainers.data import Loaders
 from trainers.distributed import DistInfo, gather_objects
-from trainers.metrics import METRICS_NAME, MetricsLog, StepTimer, Trace, Window
+from trainers.metrics import (
+    METRICS_NAME,
+    MetricsLog,
+    MultiLabelReport,
+    StepTimer,
+    Trace,
+    Window,
+)
 from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine
 
 log = logging.getLogger("trainers")
 
 # Resuming with any of these changed is refused unless --allow-data-change.
 DATA_FIELDS = ("train_data", "global_batch", "seed")
-# These can never change on resume: the weights would not fit.
-MODEL_FIELDS = ("model", "num_classes")
+# These can never change on resume: the weights would not fit (or mean something else).
+MODEL_FIELDS = ("model", "num_classes", "task")
+# What a checkpoint written before a field existed meant by it.
+IDENTITY_DEFAULTS = {"task": "single-label"}
 
 
 @dataclass
@@ -85,6 +94,7 @@ class Run:
     timer: StepTimer
     verdict_window: Window
     last_window: Window | None = None  # the previous metrics row's, for `rate_window`
+    last_report: MultiLabelReport | None = None  # the latest multi-label evaluation
 
 
 def data_identity(
@@ -117,6 +127,7 @@ def data_identity(
         "seed": config.seed,
         "model": config.model,
         "num_classes": num_classes,
+        "task": config.task,
     }
 
 
@@ -159,6 +170,7 @@ def resume_problems(
 ) -> list[str]:
     """Diff lines for fields that forbid this resume (empty: compatible)."""
     names = MODEL_FIELDS + (() if allow_data_change else DATA_FIELDS)
+    saved, current = {**IDENTITY_DEFAULTS, **saved}, {**IDENTITY_DEFAULTS, **current}
     return [
         f"  {n}: {saved.get(n)!r} -> {current.get(n)!r}"
         for n in names

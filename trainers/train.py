@@ -208,7 +208,7 @@ def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None)
         optimizer=optimizer,
         scheduler=WarmupCosine(optimizer, schedule),
         scaler=torch.amp.GradScaler(info.device.type, enabled=config.amp == "fp16"),
-        criterion=nn.CrossEntropyLoss(label_smoothing=config.label_smoothing),
+        criterion=build_criterion(config),
         loaders=loaders,
         train_batches=prefetcher(loaders.train, config, info),
         val_batches=prefetcher(loaders.val, config, info) if loaders.val is not None else None,
@@ -267,7 +267,16 @@ def check_splits(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
         raise DataError(message)
 
 
+def build_criterion(config: TrainConfig) -> nn.Module:
+    """Cross-entropy over classes, or for multi-label a sigmoid and BCE per class."""
+    if config.task == "multi-label":
+        return nn.BCEWithLogitsLoss()  # mean over samples x classes
+    return nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+
+
 def resolve_num_classes(config: TrainConfig, loaders: Loaders) -> int:
+    if loaders.target_classes is not None:  # multi-label: the loader's targets are this wide
+        return loaders.target_classes
     if config.num_classes is not None:
         return config.num_classes
     if loaders.classes:
