@@ -264,6 +264,7 @@ class ShardStream(IterableDataset):
     def iter_draws(self, rng: random.Random, stats: WorkerStats) -> Iterator[Sample]:
         weights = self.settings.class_weights
         top = max(weights) if weights else 1.0
+        balance = BalanceRule.build(weights, self.settings.fields)
         shard_ids = range(len(self.shards))
         # What rng.choices(weights=counts) computes on every call, computed once.
         cum_counts = list(itertools.accumulate(self.counts.tolist()))
@@ -272,7 +273,7 @@ class ShardStream(IterableDataset):
             shard = rng.choices(shard_ids, cum_weights=cum_counts)[0]
             for sample in self.iter_pieces([Piece(shard, 0, int(self.counts[shard]))], stats):
                 fruitless += 1
-                if weights and rng.random() * top > class_weight(weights, sample, top):
+                if weights and rng.random() * top > balance.weight(sample, top):
                     continue
                 fruitless = 0
                 yield sample
@@ -570,6 +571,40 @@ def class_weight(weights: tuple[float, ...], sample: Sample, default: float) -> 
     except ValueError:
         return default
     return weights[label] if 0 <= label < len(weights) else default
+
+
+@dataclass(frozen=True)
+class BalanceRule:
+    """How class balance weighs a drawn sample: by its class, or by its rarest label.
+
+    Single-label (a `label` field among the fields, the default): `class_weight`. Without
+    one, a `multi_label` field: the largest weight among the sample's labels (its rarest
+    label's `1 / count`), so a sample holding a rare class is drawn as that class's
+    samples are; a sample with no label weighs as the most common class (the smallest
+    positive weight). Unreadable labels pass, as in `class_weight`.
+    """
+
+    weights: tuple[float, ...] | None
+    field: Field | None = None  # the multi-label field; None: single-label
+    unlabelled: float = 0.0
+
+    @classmethod
+    def build(cls, weights: tuple[float, ...] | None, fields: Sequence[Field]) -> BalanceRule:
+        kinds = {spec.kind: spec for spec in reversed(fields)}  # the first of each kind
+        if not weights or "label" in kinds or "multi_label" not in kinds:
+            return cls(weights)
+        return cls(weights, kinds["multi_label"], min((w for w in weights if w > 0), default=0.0))
+
+    def weight(self, sample: Sample, default: float) -> float:
+        if self.field is None:
+            return class_weight(self.weights, sample, default)
+        try:
+            labels = field_value(sample, self.field)
+        except SampleError:
+            return default  # decode counts it as a skip
+        if not labels:
+            return self.unlabelled
+        return max((self.weights[i] for i in labels if i < len(self.weights)), default=default)
 
 
 def batch_sizes(samples: int, batches: int, batch_size: int) -> list[int]:
