@@ -85,6 +85,7 @@ tasks do.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import math
@@ -118,7 +119,7 @@ from shards.imagedata import (
 from shards.sample import SampleError
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
-BACKENDS = ("pillow", "fast")
+BACKENDS = ("auto", "fast", "pillow")
 RESAMPLING = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -155,8 +156,11 @@ class ImageConfig:
         min_side: sources with a side below this are skipped as `too_small`.
         resample: `bilinear` (default, fast and antialiased), `bicubic` or `lanczos`.
         background: RGB colour that transparent pixels are composited onto.
-        backend: `pillow` (default) or `fast` (libjpeg-turbo + OpenCV for plain JPEGs,
-            Pillow for the rest; needs the `fast` extra and `resample="bilinear"`).
+        backend: `fast` (libjpeg-turbo + OpenCV for plain JPEGs, Pillow for the rest;
+            needs `resample="bilinear"`), `pillow`, or `auto` (default): `fast` when the
+            resample is bilinear and simplejpeg and OpenCV import, else `pillow`. `auto` is
+            resolved when the config is made, so manifests and resume checks record the
+            backend that ran.
     """
 
     image_size: int = 256
@@ -169,11 +173,14 @@ class ImageConfig:
     min_side: int = 8
     resample: str = "bilinear"
     background: tuple[int, int, int] = (255, 255, 255)
-    backend: str = "pillow"
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         _check_choice("resize", self.resize, RESIZE_POLICIES)
         _check_choice("backend", self.backend, BACKENDS)
+        if self.backend == "auto":  # frozen: resolved once, here
+            fast = self.resample == "bilinear" and fast_backend_available()
+            object.__setattr__(self, "backend", "fast" if fast else "pillow")
         _check_choice("encode", self.encode, tuple(EXTENSIONS))
         _check_choice("resample", self.resample, tuple(RESAMPLING))
         if self.image_size < 1 or self.min_side < 1 or self.max_file_bytes < 1:
@@ -200,6 +207,8 @@ class ProcessedImage:
         orig_width, orig_height: source size after EXIF orientation (upright).
         orig_format: Pillow's name of the source format (`JPEG`, `MPO`, `PNG`, ...).
         orig_mode: Pillow mode of the source (`RGB`, `CMYK`, `I;16`, ...).
+        pillow_fallback: the `fast` backend handed this input to Pillow (not a plain
+            JPEG libjpeg-turbo decodes without complaint); False for the `pillow` backend.
     """
 
     data: bytes
@@ -210,6 +219,7 @@ class ProcessedImage:
     orig_height: int
     orig_format: str
     orig_mode: str
+    pillow_fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,6 +339,8 @@ def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:
                 result = _process_fast(source, data, config)
                 if result is not None:
                     return result
+                fallback = _process_pillow(source, data, config)
+                return dataclasses.replace(fallback, pillow_fallback=True)
             return _process_pillow(source, data, config)
 
 
