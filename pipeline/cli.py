@@ -41,6 +41,12 @@ class InspectShuffleOptions:
     format: str | None = option(
         None, "shard format to read labels from; default: tar when built", "data", SHARD_FORMATS
     )
+    label_field: str = option(
+        "cls",
+        "member the labels are read from: cls or label (one class id), labels (a JSON list "
+        "of class ids: each sample is measured as its rarest label) or json:KEY",
+        "data",
+    )
     batch_size: int = option(256, "samples per batch per rank, as the loader is run", "loader")
     shuffle_buffer: int = option(2000, "samples held by each worker's shuffle buffer", "loader")
     shuffle_initial: int = option(500, "samples buffered before the first one is emitted", "loader")
@@ -67,6 +73,9 @@ class InspectShuffleOptions:
             raise ValueError("--workers must be 0 or more")
         if self.tolerance < 0:
             raise ValueError("--tolerance must be 0 or more")
+        from pipeline.shuffle_quality import LabelField  # the loader (torch) only when run
+
+        LabelField.parse(self.label_field)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,6 +117,7 @@ def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace
             trials=options.trials,
             tolerance=options.tolerance,
             search_buffer=options.search,
+            label_field=options.label_field,
         )
     except (LabelReadError, ValueError, KeyError, OSError) as error:
         print(f"pipeline inspect-shuffle: error: {error}", file=sys.stderr)

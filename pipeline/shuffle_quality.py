@@ -2,7 +2,8 @@
 
 Replays the loader's own epoch plan (`pipeline.plan`) on integer positions and reads only
 the labels of the shards (never an image), so sizing the shuffle buffer costs seconds.
-`pipeline inspect-shuffle` prints the result; `inspect_shuffle()` returns it.
+Multi-label samples are measured as their rarest label (the label class balance weighs
+them by). `pipeline inspect-shuffle` prints the result; `inspect_shuffle()` returns it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from pipeline.resume import plan_worker
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import ShardError
 from shards.formats import FORMATS
-from shards.sample import SampleError, decode_label
+from shards.sample import SampleError, decode_label, parse_json
 
 LABEL_FIELDS = frozenset({"cls"})
+SINGLE_LABEL_MEMBERS = ("cls", "label")  # one class id per sample
+MULTI_LABEL_MEMBER = "labels"  # a JSON list of class ids; or json:KEY
 METRICS = ("same_class_rate", "batch_tv", "position_ks")
 METRIC_NAMES = {
     "same_class_rate": "same class as previous sample",
@@ -47,6 +50,37 @@ NOISE_SIGMAS = 3.0  # a stream is only called worse than ideal beyond this many 
 
 class LabelReadError(RuntimeError):
     """A shard's labels could not be read, or their count disagrees with the manifest."""
+
+
+@dataclass(frozen=True)
+class LabelField:
+    """Where the labels are read: a member holding one class id, or a list of them.
+
+    Attributes:
+        text: as given: `cls`, `label` (one class id), `labels` (a JSON list of class
+            ids) or `json:KEY` (a key of the json member: a class id or a list of them).
+        member: the sample member read.
+        key: the key of the json member, or None.
+        multi: the member holds a list of class ids (json:KEY decides per sample).
+    """
+
+    text: str
+    member: str
+    key: str | None
+    multi: bool
+
+    @classmethod
+    def parse(cls, text: str) -> LabelField:
+        """Raises ValueError naming the values allowed."""
+        member, _, key = text.partition(":")
+        if text in SINGLE_LABEL_MEMBERS:
+            return cls(text, text, None, False)
+        if text == MULTI_LABEL_MEMBER or (member == "json" and key):
+            return cls(text, member, key or None, True)
+        raise ValueError(
+            f"--label-field {text!r}: name {', '.join(SINGLE_LABEL_MEMBERS)} (one class id), "
+            f"{MULTI_LABEL_MEMBER} (a JSON list of class ids) or json:KEY (a key of the json member)"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +135,9 @@ class ShuffleReport:
             that mixes within tolerance (only searched when the stream does not); None when
             none does or none was searched.
         verdict: one line for humans.
-        samples: samples per epoch over all ranks; classes: number of classes.
+        samples: samples per epoch over all ranks; classes: number of classes (with
+            multi-label, samples without a label count as one class more).
+        label_field: the member the labels were read from (`LabelField.text`).
         labels: `labels[epoch][rank]`, each rank's delivered labels in delivery order.
         orders: `orders[epoch][rank]`, where each delivered sample comes from.
     """
@@ -119,6 +155,7 @@ class ShuffleReport:
     verdict: str
     labels: list[list[np.ndarray]]
     orders: list[list[DeliveryOrder]]
+    label_field: str = "cls"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (without the per-sample arrays)."""
@@ -126,6 +163,7 @@ class ShuffleReport:
         return {
             "samples": self.samples,
             "classes": self.classes,
+            "label_field": self.label_field,
             "epochs": self.epochs,
             "world_size": c.world_size or 1,
             "num_workers": c.num_workers,
@@ -149,15 +187,18 @@ def inspect_shuffle(
     tolerance: float = 0.10,
     search_buffer: bool = True,
     threads: int = 8,
+    label_field: str = "cls",
 ) -> ShuffleReport:
     """Measure how well the loader configured by `config` mixes classes, per rank and epoch.
 
     The delivery order is the real one: the loader's epoch plan (shard order from
     `seed + epoch`, rank and worker slices, each worker's seeded shuffle buffer) is replayed
     on positions, and batches are interleaved round-robin over workers as the DataLoader
-    does. Only labels are read: the `cls` column of Parquet shards (the Parquet twin of tar
-    shards when the manifest lists one; both hold the same samples in the same order), or
-    the `cls` members of tar shards. Assumes shards that read cleanly (`preprocess verify`).
+    does. Only labels are read: the `label_field` column of Parquet shards (the Parquet twin
+    of tar shards when the manifest lists one; both hold the same samples in the same
+    order), or those members of tar shards. A multi-label sample is measured as its rarest
+    label (fewest samples in the split; ties: the lower id), one without a label as one
+    class more. Assumes shards that read cleanly (`preprocess verify`).
 
     Args:
         config: the loader's configuration; `world_size` (default 1) ranks are all measured,
@@ -168,6 +209,7 @@ def inspect_shuffle(
         search_buffer: when the stream is not within tolerance, replay doubled buffer sizes
             (no extra reads) to suggest one.
         threads: shards whose labels are read concurrently.
+        label_field: `cls` (default), `label`, `labels` or `json:KEY`; see `LabelField`.
 
     Returns:
         A `ShuffleReport`.
@@ -190,7 +232,11 @@ def inspect_shuffle(
         storage_options=config.storage_options,
     )
     labels_by_shard = read_labels(
-        label_source(source, config).shards, config.retry, config.storage_options, threads
+        label_source(source, config).shards,
+        config.retry,
+        config.storage_options,
+        threads,
+        label_field,
     )
     flat = np.concatenate(labels_by_shard) if labels_by_shard else np.empty(0, np.int64)
     classes = max(len(source.classes or []), int(flat.max()) + 1 if len(flat) else 0)
@@ -226,6 +272,7 @@ def inspect_shuffle(
         verdict=verdict(passed, excess, tolerance, part, suggested, config.is_train),
         labels=labels,
         orders=orders,
+        label_field=label_field,
     )
 
 
@@ -336,36 +383,101 @@ def read_labels(
     retry: RetryPolicy,
     storage_options: dict | None,
     threads: int = 8,
+    label_field: str = "cls",
 ) -> list[np.ndarray]:
-    """Labels of every shard, in shard order, read `threads` shards at a time."""
-    reader = partial(read_shard_labels, retry=retry, storage_options=storage_options)
+    """One class id per sample of every shard, in shard order, read `threads` shards at a time.
+
+    Multi-label: each sample's rarest label over all `shards` (see `rarest_labels`).
+
+    Raises:
+        ValueError: an unknown `label_field`; LabelReadError: see `read_shard_labels`.
+    """
+    field = LabelField.parse(label_field)
+    reader = partial(
+        read_shard_labels, retry=retry, storage_options=storage_options, label_field=field
+    )
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        return list(pool.map(reader, shards))
+        read = list(pool.map(reader, shards))
+    return rarest_labels(read) if field.multi else read
 
 
 def read_shard_labels(
-    spec: ShardSpec, retry: RetryPolicy, storage_options: dict | None = None
-) -> np.ndarray:
+    spec: ShardSpec,
+    retry: RetryPolicy,
+    storage_options: dict | None = None,
+    label_field: LabelField | str = "cls",
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The labels of one shard, in sample order, without reading an image.
+
+    Returns:
+        Single-label: the class ids. Multi-label: `(ids, lengths)`, every sample's class
+        ids one after the other and how many each sample has.
 
     Raises:
         LabelReadError: unreadable shard or label, or a count unlike the manifest's
             (the reader's `shard_short` / `shard_long`).
     """
+    field = LabelField.parse(label_field) if isinstance(label_field, str) else label_field
     try:
         with open_shard(spec, retry, storage_options) as stream:
             samples = spec.format.iter_samples(
-                stream, spec.url, fields=LABEL_FIELDS, declared=spec.samples
+                stream, spec.url, fields=frozenset({field.member}), declared=spec.samples
             )
-            labels = np.fromiter((decode_label(s) for s in samples), dtype=np.int64)
+            if not field.multi:
+                return np.fromiter((decode_label(s, (field.member,)) for s in samples), np.int64)
+            sets = [label_set(s, field) for s in samples]
     except ShardError as error:  # names the shard and says what to do
         raise LabelReadError(f"cannot read the labels: {error}") from error
     except (OSError, SampleError) as error:
         raise LabelReadError(
             f"cannot read the labels of {spec.display}: {error}; check the shards with "
-            "`preprocess verify`"
+            "`preprocess verify`, or pick the member with --label-field"
         ) from error
-    return labels
+    lengths = np.fromiter((len(ids) for ids in sets), np.int64, count=len(sets))
+    return np.fromiter((i for ids in sets for i in ids), np.int64, int(lengths.sum())), lengths
+
+
+def label_set(sample: dict, field: LabelField) -> list[int]:
+    """A multi-label sample's class ids (a single id under json:KEY counts as a list of one).
+
+    Raises:
+        SampleError: the member is missing, not JSON, or not a list of class ids.
+    """
+    where = f"sample {sample.get('__key__')!r} field {field.member}"
+    if "__error__" in sample:
+        raise sample["__error__"]
+    if field.member not in sample:
+        raise SampleError("no_labels", f"{where} is missing")
+    value = parse_json(sample[field.member], where)
+    if field.key is not None:
+        if not isinstance(value, dict) or field.key not in value:
+            raise SampleError("no_labels", f"{where} holds no JSON object with key {field.key!r}")
+        value = value[field.key]
+    ids = [value] if type(value) is int else value
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        raise SampleError("bad_labels", f"{where}: {value!r:.60} is not a list of class ids")
+    return ids
+
+
+def rarest_labels(sets: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """Each sample's rarest label: fewest samples over all shards, ties to the lower id.
+
+    A sample without a label gets one id more than any label has.
+    """
+    flat = np.concatenate([ids for ids, _ in sets]) if sets else np.empty(0, np.int64)
+    counts = np.bincount(flat)
+    none = len(counts)  # the "no label" class
+    out = []
+    for ids, lengths in sets:
+        rarest = np.full(len(lengths), none, dtype=np.int64)
+        filled = lengths > 0
+        if filled.any():
+            # Sort key: the label's count first, then its id; one reduceat per shard.
+            key = counts[ids] * (none + 1) + ids
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[filled]
+            rarest[filled] = np.minimum.reduceat(key, starts) % (none + 1)
+        out.append(rarest)
+    return out
 
 
 def mixing_stats(
@@ -525,7 +637,10 @@ def verdict(
 def format_report(report: ShuffleReport) -> str:
     """A small table and the verdict."""
     c = report.config
+    field = LabelField.parse(report.label_field)
+    how = " (multi-label: each sample as its rarest label)" if field.multi else ""
     lines = [
+        f"labels from {field.text}{how}",
         f"{report.samples} samples/epoch, {report.classes} classes, {report.epochs} epoch(s), "
         f"world size {c.world_size or 1} x {max(1, c.num_workers)} worker slot(s), "
         f"batch {c.batch_size}, shuffle buffer {c.shuffle_buffer} (initial {c.shuffle_initial})",

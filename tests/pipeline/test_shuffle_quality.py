@@ -228,3 +228,74 @@ def test_installed_console_script(shard_dir):
     )
     assert result.returncode == 0, result.stderr
     assert "verdict: mixing is within" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def sorted_multilabel_shards(tmp_path_factory) -> str:
+    """8 tar shards of multi-label samples: all hold class 0, each shard one more class of 4.
+
+    Every other sample also holds class 5 (spread evenly), and one per shard no label: the
+    rarest label of a sample is its shard's class, so the stream is sorted by it.
+    """
+    root = tmp_path_factory.mktemp("sorted-multi")
+    encoded = io.BytesIO()
+    Image.new("RGB", (16, 16), (90, 90, 200)).save(encoded, "JPEG")
+    for shard in range(SORTED_SHARDS):
+        with open(root / f"multi-{shard:06d}.tar", "wb") as stream:
+            writer = TarShardWriter(stream)
+            for i in range(SORTED_PER_SHARD):
+                labels = [] if i == 0 else [0, 1 + shard % 4] + ([5] if i % 2 == 0 else [])
+                meta = {"tags": labels}
+                writer.write(
+                    {
+                        "__key__": f"m{shard}_{i:03d}",
+                        "jpg": encoded.getvalue(),
+                        "labels": json.dumps(labels).encode(),
+                        "json": json.dumps(meta).encode(),
+                    }
+                )
+            writer.close()
+    return str(root / f"multi-{{000000..{SORTED_SHARDS - 1:06d}}}.tar")
+
+
+def test_multilabel_streams_are_measured_by_their_rarest_label(sorted_multilabel_shards):
+    config = sorted_config(sorted_multilabel_shards, fields=("image",))
+    bad = inspect_shuffle(config, epochs=2, label_field="labels")
+    good = inspect_shuffle(
+        replace(config, shuffle_buffer=512, shuffle_initial=512), epochs=2, label_field="labels"
+    )
+    assert bad.label_field == "labels" and bad.to_dict()["label_field"] == "labels"
+    # Labels 0..5 exist; class 6 is "no label"; 0 and 5 are never any sample's rarest.
+    assert bad.classes == 7
+    delivered = np.concatenate(bad.labels[0])
+    assert set(np.unique(delivered).tolist()) == {1, 2, 3, 4, 6}
+    assert np.bincount(delivered, minlength=7)[6] == SORTED_SHARDS  # one unlabelled per shard
+    assert not bad.within_ideal and bad.stream.same_class_rate > 0.8
+    assert good.within_ideal
+    by_key = inspect_shuffle(config, epochs=1, label_field="json:tags", search_buffer=False)
+    assert np.array_equal(by_key.labels[0][0], bad.labels[0][0])
+
+
+def test_cli_label_field(sorted_multilabel_shards, capsys):
+    args = ["inspect-shuffle", sorted_multilabel_shards, "--batch-size", "8", "--workers", "0"]
+    assert cli.main([*args, "--label-field", "labels", "--no-search"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("labels from labels (multi-label: each sample as its rarest label)")
+    assert "192 samples/epoch, 7 classes" in out
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*args, "--label-field", "tags"])
+    assert stop.value.code == 2
+    assert "--label-field 'tags'" in capsys.readouterr().err
+    # The default reads cls, which these shards do not have: one clear error.
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the labels of" in err and "--label-field" in err
+
+
+def test_rarest_labels_of_known_sets():
+    from pipeline.shuffle_quality import rarest_labels
+
+    # Counts over both shards: 0 x3, 1 x2, 2 x1.
+    first = (np.array([0, 1, 0, 2]), np.array([2, 0, 2]))  # {0,1}, {}, {0,2}
+    second = (np.array([0, 1]), np.array([2]))  # {0,1}
+    assert [r.tolist() for r in rarest_labels([first, second])] == [[1, 3, 2], [1]]
