@@ -8,15 +8,22 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 pytest.importorskip("simplejpeg")
 pytest.importorskip("cv2")
 
-from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop  # noqa: E402
-from pipeline.transforms import CenterCrop, RandomResizedCrop  # noqa: E402
+from pipeline.fast_transforms import (  # noqa: E402
+    FastCenterCrop,
+    FastRandomResizedCrop,
+    pillow_fallbacks,
+)
+from pipeline.loader import LoaderConfig, build_loader  # noqa: E402
+from pipeline.transforms import CenterCrop, RandomResizedCrop, SampleRandom  # noqa: E402
 from shards import imagedata  # noqa: E402
 from shards.sample import SampleError  # noqa: E402
+from shards.tar import TarShardWriter  # noqa: E402
 from tests.oddimages import (  # noqa: E402
     BANDS,
     banded,
@@ -264,7 +271,7 @@ def test_missing_packages_name_the_extra(monkeypatch):
 def test_loader_accepts_the_fast_transform(shard_dir):
     # 96 px, not the fixture's 32: 8x shrinks of tiny outputs differ more between the filters.
     fast = loader_for(shard_dir, transform=FastRandomResizedCrop(size=96), seed=3, image_size=96)
-    pillow = loader_for(shard_dir, seed=3, image_size=96)
+    pillow = loader_for(shard_dir, seed=3, image_size=96, backend="pillow")
     batches = 0
     for (images, labels, keys), (ref_images, ref_labels, ref_keys) in zip(
         fast, pillow, strict=True
@@ -274,3 +281,109 @@ def test_loader_accepts_the_fast_transform(shard_dir):
         assert mean_abs(images.numpy(), ref_images.numpy()) < TOLERANCE
         batches += 1
     assert batches == len(pillow) > 0
+
+
+def test_loader_defaults_to_the_fast_crops(shard_dir):
+    train = loader_for(shard_dir)
+    assert isinstance(train.dataset.transform, FastRandomResizedCrop)
+    assert isinstance(loader_for(shard_dir, train=False).dataset.transform, FastCenterCrop)
+    pillow = loader_for(shard_dir, backend="pillow")
+    assert type(pillow.dataset.transform) is RandomResizedCrop
+    with pytest.raises(ValueError, match="backend 'turbo' is not one of auto, fast, pillow"):
+        loader_for(shard_dir, backend="turbo")
+
+
+def test_auto_backend_without_the_packages_uses_pillow(shard_dir, monkeypatch):
+    monkeypatch.setattr("pipeline.loader.fast_backend_available", lambda: False)
+    assert type(loader_for(shard_dir).dataset.transform) is RandomResizedCrop
+    with pytest.raises(ImportError, match="backend='pillow'"):
+        loader_for(shard_dir, backend="fast")
+
+
+def mixed_shard(path, count: int = 12) -> dict[str, str]:
+    """A tar shard whose odd samples are PNG (`jpg` member names, as img2dataset may write)."""
+    kinds = {}
+    with open(path, "wb") as file:
+        writer = TarShardWriter(file)
+        for index in range(count):
+            fmt = "PNG" if index % 2 else "JPEG"
+            image = noise_image(64, 48, seed=index)
+            key = f"{index:06d}"
+            writer.write({"__key__": key, "jpg": encode(image, fmt), "cls": b"1"})
+            kinds[key] = fmt
+        writer.close()
+    return kinds
+
+
+@pytest.mark.parametrize("backend,expected", [("auto", 6), ("pillow", 0)])
+def test_pillow_fallbacks_are_counted_in_the_loader_stats(tmp_path, backend, expected):
+    mixed_shard(tmp_path / "mixed-000000.tar")
+    config = LoaderConfig(
+        source=str(tmp_path / "mixed-000000.tar"),
+        batch_size=4,
+        image_size=32,
+        num_workers=0,
+        backend=backend,
+        pin_memory=False,
+    )
+    loader = build_loader(config)
+    for _epoch in range(2):  # counts are per epoch, not cumulative
+        images = [batch[0] for batch in loader]
+        assert sum(len(batch) for batch in images) == 12
+        assert loader.stats.pillow_fallbacks == expected
+        assert loader.stats.summary()["pillow_fallbacks"] == expected
+
+
+def test_fast_crop_writes_into_the_given_slot_and_counts_fallbacks():
+    slot = np.zeros((2, 224, 224, 3), np.uint8)
+    transform = FastRandomResizedCrop(hflip=1.0)
+    data = photo_jpeg(341, 256)
+    out = transform(data, SampleRandom("k"), out=slot[1])
+    assert out is slot[1] or np.shares_memory(out, slot)
+    np.testing.assert_array_equal(slot[1], transform(data, SampleRandom("k")))
+    assert not slot[0].any()
+    before = pillow_fallbacks()
+    png = encode(noise_image(300, 200), "PNG")
+    transform(png, SampleRandom("k"), out=slot[0])
+    assert pillow_fallbacks() == before + 1
+    np.testing.assert_array_equal(slot[0], transform.pillow(png, SampleRandom("k")))
+
+
+class CopyingCrop:
+    """The default crop without `writes_into`: the stream must stack its outputs instead."""
+
+    def __init__(self, size: int) -> None:
+        self.crop = FastRandomResizedCrop(size=size)
+
+    def __call__(self, data: bytes, rng) -> np.ndarray:
+        return self.crop(data, rng)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_batches_written_in_place_equal_stacked_ones(shard_dir, channels_last):
+    direct = loader_for(shard_dir, channels_last=channels_last)
+    stacked = loader_for(shard_dir, channels_last=channels_last, transform=CopyingCrop(32))
+    for (images, labels, keys), (ref, ref_labels, ref_keys) in zip(direct, stacked, strict=True):
+        assert keys == ref_keys and labels.tolist() == ref_labels.tolist()
+        assert images.stride() == ref.stride()
+        assert torch.equal(images, ref)
+
+
+def test_sample_random_is_deterministic_and_keeps_the_random_api():
+    first, again = SampleRandom("aug:0:1:k:0"), SampleRandom("aug:0:1:k:0")
+    draws = [first.random() for _ in range(40)]  # past one hash block of eight words
+    assert draws == [again.random() for _ in range(40)]
+    assert draws != [SampleRandom("aug:0:1:k:1").random() for _ in range(40)]
+    assert all(0.0 <= value < 1.0 for value in draws)
+    rng = SampleRandom(7)
+    assert 0 <= rng.randint(0, 9) <= 9 and rng.choice("abc") in "abc"
+    assert rng.getrandbits(130) < 2**130
+    items = list(range(10))
+    rng.shuffle(items)
+    assert sorted(items) == list(range(10))
+    state = rng.getstate()
+    ahead = [rng.random() for _ in range(10)]
+    rng.setstate(state)
+    assert [rng.random() for _ in range(10)] == ahead
+    uniform = [SampleRandom(f"u{key}").random() for key in range(4000)]
+    assert abs(np.mean(uniform) - 0.5) < 0.02
