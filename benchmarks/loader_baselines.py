@@ -141,7 +141,9 @@ class PilRandomResizedCrop:
     Written out because torchvision's wheel does not load beside our CPU torch. Same
     steps and same torch RNG calls as torchvision 0.2x with a PIL input: `get_params`,
     `img.crop(box).resize(size, BILINEAR)`, a flip on `torch.rand(1) < 0.5`, then
-    `torch.as_tensor(np.array(img, copy=True)).permute(2, 0, 1).contiguous()`.
+    `torch.as_tensor(np.array(img, copy=True)).permute(2, 0, 1)`: `pil_to_tensor` returns
+    the permuted view, without a `.contiguous()` copy (the collate's `torch.stack` makes
+    the one contiguous batch), so the peers run what their users run.
     """
 
     def __init__(self, size: int = CROP_SIZE) -> None:
@@ -175,7 +177,7 @@ class PilRandomResizedCrop:
         if torch.rand(1) < 0.5:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         array = np.array(image, copy=True)
-        return torch.as_tensor(array).permute(2, 0, 1).contiguous()
+        return torch.as_tensor(array).permute(2, 0, 1)  # a view, as PILToTensor returns
 
 
 def iter_tar_dir(shard_dir: Path) -> Iterator[tuple[bytes, int]]:
