@@ -54,9 +54,12 @@ LANCZOS (500x375 JPEGs to 341x256, quality 90; the team saw 600 vs 390 on two co
 first box-reduces by an integer factor when the source is over twice the target, which is
 what keeps large non-JPEG sources cheap.
 
-Backends. `pillow` (default) does everything with Pillow. `fast` (optional extra `fast`:
-simplejpeg and opencv-python-headless) takes over the common case, a baseline or progressive
-JPEG in RGB/YCbCr or grey, and hands everything else to the Pillow path unchanged:
+Backends. `auto` (default) means `fast` when the resample filter is bilinear and simplejpeg
+and OpenCV import, else `pillow`; it is resolved when the `ImageConfig` is made, so the
+manifest and resume checks record the backend that ran. `pillow` does everything with Pillow.
+`fast` (simplejpeg and opencv-python-headless) takes over the common case, a baseline or
+progressive JPEG in RGB/YCbCr or grey, and hands everything else to the Pillow path unchanged
+(`ProcessedImage.pillow_fallback` marks those inputs):
     - the same header checks run first, on Pillow's lazy open (allowlist, pixel cap, min side),
       and libjpeg-turbo must read the same size from the header, so the cap covers what it
       allocates;
