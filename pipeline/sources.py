@@ -27,7 +27,7 @@ import numpy as np
 from pipeline.opener import DEFAULT_RETRY, RetryPolicy, open_stream
 from pipeline.urls import expand_urls, url_scheme
 from shards.errors import ShardError
-from shards.formats import ShardFormat, format_of_url, get_format
+from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
 from shards.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -292,7 +292,7 @@ def resolve_source(
     if is_manifest_source(source):
         url = os.fspath(source)
         if url_scheme(url) in ("", "file") and os.path.isdir(url):
-            url = os.path.join(url, MANIFEST_NAME)
+            url, fmt = dataset_manifest(url, fmt)
         manifest = read_manifest_url(
             url, retry, storage_options, split=split, fmt=fmt, checksums=checksums
         )
@@ -394,11 +394,12 @@ def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> 
     fmt = fmt or ("tar" if "tar" in manifest.formats else manifest.formats[0])
     table = manifest.shard_table(split, fmt)
     files = table.file_columns(fmt)
-    # The manifest's names are validated plain file names, so these stay in its directory.
+    # The manifest's names are validated plain file names (or plain names in their
+    # format's directory), so these stay in its directory.
     specs = ShardSpecs(
         fmt,
         table.samples,
-        prefix=manifest_base(url).rstrip("/") + "/",
+        prefix=manifest_base(url).rstrip("/") + "/" + (table.derived_prefix(fmt) or ""),
         split=split,
         names=files.names,
         sizes=files.sizes,
@@ -408,8 +409,31 @@ def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> 
     return ResolvedSource(specs, manifest.classes, manifest.splits[split].class_counts, url)
 
 
+def dataset_manifest(directory: str, fmt: str | None) -> tuple[str, str | None]:
+    """The manifest of a local dataset directory, and the format to read.
+
+    A format directory of a `by_format` output (`OUT/tar`) has no manifest of its
+    own: the one above it is the dataset's, read for that format.
+
+    Raises:
+        ValueError: `fmt` names another format than the directory holds.
+    """
+    candidate = os.path.join(directory, MANIFEST_NAME)
+    parent, leaf = os.path.split(os.path.abspath(directory))
+    above = os.path.join(parent, MANIFEST_NAME)
+    if os.path.exists(candidate) or leaf not in FORMAT_NAMES or not os.path.exists(above):
+        return candidate, fmt
+    if fmt is not None and fmt != leaf:
+        raise ValueError(
+            f"format={fmt!r} but {directory} holds the {leaf} shards of the dataset in "
+            f"{parent}; pass {parent} to read its {fmt} shards"
+        )
+    return above, leaf
+
+
 class NeighbourManifest:
-    """Specs of shards given as URLs, from the manifest in their directory."""
+    """Specs of shards given as URLs, from the manifest in their directory (or the one
+    above their format directory, in a `by_format` output)."""
 
     def __init__(self, manifest: Manifest, base: str, fmt: str) -> None:
         self.manifest = manifest
@@ -419,7 +443,11 @@ class NeighbourManifest:
     def spec(self, url: str) -> ShardSpec | None:
         """The manifest's spec for `url`, None when it does not list that file."""
         head, _, name = url.rpartition("/")
-        if head != self.base or self.fmt not in self.manifest.formats:
+        if head == f"{self.base}/{self.fmt}":
+            name = f"{self.fmt}/{name}"  # a by_format layout's name, relative to the manifest
+        elif head != self.base:
+            return None
+        if self.fmt not in self.manifest.formats:
             return None
         found = self.manifest.locate(name, self.fmt)
         if found is None:
@@ -436,18 +464,23 @@ def neighbour_manifest(
 ) -> NeighbourManifest | None:
     """The `manifest.json` in the shards' directory, read for format `fmt`, if any.
 
-    A neighbour that is missing is fine (the shards are counted instead); one that
-    exists but is malformed is an error, since it would otherwise be silently ignored.
+    Shards in a directory named after their format (`OUT/tar/`, a `by_format`
+    layout) without a manifest of its own take the one above it. A neighbour that
+    is missing is fine (the shards are counted instead); one that exists but is
+    malformed is an error, since it would otherwise be silently ignored.
     """
     base = manifest_base(urls[0])
-    candidate = f"{base}/{MANIFEST_NAME}"
-    if url_scheme(candidate) in ("", "file") and not os.path.exists(candidate):
-        return None
-    try:
-        manifest = read_manifest_url(candidate, retry, storage_options, fmt=fmt)
-    except OSError:
-        return None
-    return NeighbourManifest(manifest, base, fmt)
+    parent, _, leaf = base.rpartition("/")
+    for root in (base, parent) if leaf == fmt and parent else (base,):
+        candidate = f"{root}/{MANIFEST_NAME}"
+        if url_scheme(candidate) in ("", "file") and not os.path.exists(candidate):
+            continue
+        try:
+            manifest = read_manifest_url(candidate, retry, storage_options, fmt=fmt)
+        except OSError:
+            continue
+        return NeighbourManifest(manifest, root, fmt)
+    return None
 
 
 def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> int:

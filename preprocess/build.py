@@ -22,7 +22,7 @@ from preprocess.images import EXTENSIONS, ImageConfig, process_image, read_sourc
 from preprocess.plan import PlannedSample, ShardTask
 from shards.formats import get_format
 from shards.io import OutputStore, file_sha256, open_output_store
-from shards.manifest import FileInfo, ShardInfo, shard_name
+from shards.manifest import LAYOUT_FLAT, FileInfo, ShardInfo, shard_name
 from shards.sample import Sample, SampleError
 
 BUILD_DIR = "_build"
@@ -109,6 +109,7 @@ def build_shard(
     confine_root: str | None = None,
     class_names: tuple[str, ...] | None = None,
     description: str | None = None,
+    layout: str = LAYOUT_FLAT,
 ) -> ShardResult:
     """Build one shard, or reuse it if an earlier run completed it and it checks out.
 
@@ -121,6 +122,8 @@ def build_shard(
         confine_root: the resolved input root under `--confine-to-input`, else None.
         class_names, description: the dataset's classes and description, written into
             the metadata of files that carry it (Parquet) for other tools to read.
+        layout: where the files go (`shards.manifest.LAYOUTS`): beside the manifest,
+            or in one directory per format (`tar/train-000000.tar`).
 
     Data errors of single inputs are skipped and reported, and so are inputs that
     cannot be read (missing, permission denied, an I/O error); errors of the machine
@@ -129,14 +132,12 @@ def build_shard(
     """
     store = open_output_store(output)
     digest = task_digest(task, shaping)
-    reused = load_complete_shard(store, task, digest)
-    retried = 0
-    if reused is not None:
-        retried, changed = retry_skips(task, reused.skipped, image, confine_root)
-        if not changed:
-            return ShardResult(reused.split, reused.info, reused.skipped, True, retried)
+    reused = reusable_result(store, task, digest, image, confine_root)
+    if reused is not None and reused.reused:
+        return reused
+    retried = reused.retried if reused is not None else 0
     field = image_field(image)
-    names = {fmt: shard_name(task.split, task.index, fmt) for fmt in formats}
+    names = {fmt: shard_name(task.split, task.index, fmt, layout) for fmt in formats}
     with contextlib.ExitStack() as stack:
         # Leaving the stack commits the staged files one by one (last format first);
         # an exception discards those not yet committed. A committed file without
@@ -167,6 +168,22 @@ def build_shard(
     etags = committed_etags(store, files)
     store.write_bytes_atomic(marker_name(task), _marker_json(result, digest, etags))
     return result
+
+
+def reusable_result(
+    store: OutputStore, task: ShardTask, digest: str, image: ImageConfig, confine_root: str | None
+) -> ShardResult | None:
+    """The shard an earlier run committed, as `build_shard` would report it, or None.
+
+    `reused` is True when it is kept as it is; False when one of its skipped inputs
+    changed (`retry_skips`), so it is rebuilt (`retried` counts the inputs tried).
+    None when no committed shard checks out against `digest` (`task_digest`).
+    """
+    committed = load_complete_shard(store, task, digest)
+    if committed is None:
+        return None
+    retried, changed = retry_skips(task, committed.skipped, image, confine_root)
+    return ShardResult(committed.split, committed.info, committed.skipped, not changed, retried)
 
 
 def retry_skips(

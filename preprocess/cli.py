@@ -1,4 +1,4 @@
-"""`preprocess` command line: make-sample, build-shards, verify, info.
+"""`preprocess` command line: make-sample, build-shards, verify, info, index.
 
 `main()` reads as a table of contents; each subcommand is one entry of
 `COMMANDS`: its options dataclass (the flags are generated from it, see
@@ -88,6 +88,17 @@ class InfoOptions:
     )
 
 
+@dataclass(frozen=True)
+class IndexOptions:
+    """Options of `index`."""
+
+    directory: str = option(
+        text="shard directory or object-store URL (the --output of build-shards)",
+        group="index",
+        positional=True,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     command, options, args = parse_command(build_parser(), argv)
     setup_logging()
@@ -163,12 +174,16 @@ def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
     from preprocess.ray_job import BuildError
     from preprocess.sources import InputError
     from shards.errors import ShardError
+    from shards.manifest import LAYOUT_BY_FORMAT
 
     try:
         if args.dry_run:
             print(format_dry_run(run_dry_run(config)))
             return 0
-        summary = run_build(config)
+        # Without --format-dirs the layout is the resumed build's, or the default.
+        summary = (
+            run_build(config, layout=LAYOUT_BY_FORMAT) if args.format_dirs else run_build(config)
+        )
     except (BuildError, InputError, ShardError, ValueError, FileNotFoundError) as error:
         return fail("build-shards", error)
     except OSError as error:
@@ -198,6 +213,8 @@ def format_summary(summary) -> str:
             + ", ".join(f"{reason} {n}" for reason, n in sorted(summary.left_out.items()))
             + " (named ones in errors.jsonl)"
         )
+    if summary.left_out_suffixes_line:
+        lines.append(f"files left out by extension: {summary.left_out_suffixes_line}")
     if summary.links_followed:
         lines.append(f"symlinks followed: {summary.links_followed}")
     if summary.shards_reused or summary.retried:
@@ -219,6 +236,8 @@ def format_summary(summary) -> str:
             f"wall {summary.seconds:.1f} s, {summary.images_per_s:.0f} images/s"
         )
     lines.append(f"manifest: {summary.output / 'manifest.json'}")
+    if summary.client_files:
+        lines.append(f"for timm and wids: {', '.join(summary.client_files)}")
     return "\n".join(lines)
 
 
@@ -339,6 +358,22 @@ def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
+    from preprocess.job import rewrite_client_files
+
+    try:
+        names = rewrite_client_files(options.directory)
+    except (FileNotFoundError, ValueError) as error:
+        return fail("index", error)
+    except OSError as error:
+        return fail("index", f"{error}; fix the cause and rerun", "environment error")
+    if not names:
+        print(f"index: nothing written: {options.directory} has no tar shards")
+        return 0
+    print(f"index: wrote {', '.join(names)} in {options.directory}")
+    return 0
+
+
 # The subcommands in the order `--help` lists them; a new one is a dataclass, a run
 # function and a line here.
 COMMANDS = (
@@ -360,6 +395,12 @@ COMMANDS = (
                 "estimate of the bytes (from 64 probe inputs) and what is left out; writes "
                 "nothing but the plan under OUTPUT/_build/plan",
             ),
+            (
+                "--format-dirs",
+                "a new build puts each format's shards in a directory of its own "
+                "(OUTPUT/tar/, OUTPUT/parquet/) that pyarrow, polars, duckdb and HF datasets "
+                "open by its path; a resumed build keeps the layout it started with",
+            ),
         ),
     ),
     Command(
@@ -369,6 +410,13 @@ COMMANDS = (
         run_verify,
     ),
     Command("info", "print the manifest summary of a shard directory", InfoOptions, run_info),
+    Command(
+        "index",
+        "(re)write timm's _info.json and the wids indexes of a finished build from its "
+        "manifest, without opening a shard",
+        IndexOptions,
+        run_index,
+    ),
 )
 
 

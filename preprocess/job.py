@@ -4,9 +4,15 @@ The listing streams into the plan files (`_build/plan/`, see `preprocess.plan`);
 the driver keeps one small piece per shard, never the inputs. Order of commits:
 `_build/config.json` first (so a rerun can tell whether it continues the same
 build), one marker per finished shard, then `errors.jsonl`, then `manifest.json`
-last; the plan files are removed once the manifest is written. A dataset without
-a manifest is incomplete. The output is a directory or an object-store URL
-(`s3://bucket/prefix`). `run_dry_run` lists and plans only.
+(the commit point), then the client index files (`shards.clients`: timm's
+`_info.json`, wids indexes), which `rewrite_client_files` can remake from the
+manifest alone; the plan files are removed once the manifest is written. A
+dataset without a manifest is incomplete. The output is a directory or an
+object-store URL (`s3://bucket/prefix`). `run_dry_run` lists and plans only.
+
+Layout: a new build puts its shards where `layout` says (`shards.manifest.LAYOUTS`;
+`DEFAULT_LAYOUT` when not given); a rerun keeps the layout its build started with,
+recorded in `_build/config.json` (a record without one is a flat build).
 """
 
 from __future__ import annotations
@@ -26,9 +32,8 @@ from preprocess.build import (
     BUILD_DIR,
     ShardResult,
     image_field,
-    load_complete_shard,
     marker_name,
-    retry_skips,
+    reusable_result,
     task_digest,
 )
 from preprocess.config import BuildConfig, diff_configs
@@ -36,7 +41,6 @@ from preprocess.plan import (
     PLAN_VERSION,
     Plan,
     ShardPiece,
-    ShardTask,
     Spill,
     load_task,
     order_spill,
@@ -44,13 +48,25 @@ from preprocess.plan import (
 from preprocess.ray_job import BuildError, iter_inline, iter_ray, start_ray
 from preprocess.sizing import Probe, probe_inputs, shard_size_for_bytes
 from preprocess.sources import Listing, stream_sources
-from shards.formats import get_format
+from shards.clients import is_client_file, write_client_files
+from shards.formats import FORMATS, get_format
 from shards.io import OutputStore, is_remote, open_output_store
-from shards.manifest import MANIFEST_NAME, Manifest, ShardTable, SplitInfo, write_manifest
+from shards.manifest import (
+    LAYOUT_FLAT,
+    LAYOUTS,
+    MANIFEST_NAME,
+    Manifest,
+    ShardTable,
+    SplitInfo,
+    write_manifest,
+)
 
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"
 PLAN_NAME = f"{BUILD_DIR}/plan"  # the plan files of a local output, while it is built
+# The layout of a new build when none is asked for. Flat until the tests that name
+# shard files beside the manifest follow `by_format` (see docs/SHARDS.md, "Layout").
+DEFAULT_LAYOUT = LAYOUT_FLAT
 
 
 class StoreURL(str):
@@ -75,31 +91,41 @@ class BuildSummary:
     recovered: int = 0  # of those, the inputs written now
     links_followed: int = 0  # symlinks (files and directories) listed through
     left_out: dict[str, int] = field(default_factory=dict)  # tree entries not inputs, by reason
+    # The `other_suffix` files by suffix, and the summary's line for them (with reasons).
+    left_out_suffixes: dict[str, int] = field(default_factory=dict)
+    left_out_suffixes_line: str = ""
+    client_files: list[str] = field(default_factory=list)  # `_info.json`, wids indexes
 
     @property
     def images_per_s(self) -> float:
         return self.images_processed / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_build(config: BuildConfig) -> BuildSummary:
+def run_build(config: BuildConfig, layout: str | None = None) -> BuildSummary:
     """Build (or finish building) the shards described by `config`.
+
+    Args:
+        layout: where a new build puts its shards (`shards.manifest.LAYOUTS`), by
+            default `DEFAULT_LAYOUT`; a build being resumed keeps its own.
 
     Raises:
         BuildError: the output holds a different build, the skip budget was
-            exceeded, or a task failed for a reason other than bad data.
+            exceeded, a task failed for a reason other than bad data, or `layout`
+            is not the layout of the build being resumed.
     """
     started = time.perf_counter()
     store = open_output_store(config.output)
     check_output(store, config)
     with contextlib.ExitStack() as stack:
         listing, plan = plan_build(config, store, stack)
-        prepare_output(store, config, plan)
+        layout = prepare_output(store, config, plan, layout)
         confine_root = listing.root if config.confine_to_input else None
-        results = run_tasks(plan, config, store.url, confine_root)
-        manifest = assemble_manifest(plan, config, results, listing)
+        results = run_tasks(plan, config, store.url, confine_root, layout)
+        manifest = assemble_manifest(plan, config, results, listing, layout)
         write_errors(store, results, listing)
         enforce_skip_budget(manifest, config, store)
         write_manifest(store, manifest)
+        clients = write_client_files(store, manifest)
     remove_plan(store)
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
@@ -118,6 +144,9 @@ def run_build(config: BuildConfig) -> BuildSummary:
         recovered=sum(r.recovered for r in results),
         links_followed=listing.links_followed,
         left_out=listing.left_out_counts(),
+        left_out_suffixes=listing.suffix_counts(),
+        left_out_suffixes_line=listing.describe_suffixes(),
+        client_files=clients,
     )
 
 
@@ -187,14 +216,24 @@ def remove_plan(store: OutputStore) -> None:
         shutil.rmtree(Path(store.url) / PLAN_NAME, ignore_errors=True)
 
 
-def build_record(config: BuildConfig, plan: Plan) -> dict:
-    """`_build/config.json`: what this build is, compared by every rerun."""
+def build_record(config: BuildConfig, plan: Plan, layout: str = LAYOUT_FLAT) -> dict:
+    """`_build/config.json`: what this build is, compared by every rerun.
+
+    `layout` is kept apart from `config`: records written before it existed are of
+    flat builds, and compare equal to a flat build's config.
+    """
     return {
         "config": config.output_shaping(),
         "plan_digest": plan.digest,
         "plan_version": PLAN_VERSION,
         "inputs": plan.inputs,
+        "layout": layout,
     }
+
+
+def record_layout(record: dict) -> str:
+    """The layout a build record names; flat for records written before layouts."""
+    return record.get("layout", LAYOUT_FLAT)
 
 
 def read_build_record(store: OutputStore) -> dict | None:
@@ -222,12 +261,28 @@ def record_changes(previous: dict, record: dict) -> list[str]:
     return changes
 
 
-def prepare_output(store: OutputStore, config: BuildConfig, plan: Plan) -> None:
-    """Check the output (see `check_output`), and record what this build is."""
-    record = build_record(config, plan)
+def prepare_output(
+    store: OutputStore, config: BuildConfig, plan: Plan, layout: str | None = None
+) -> str:
+    """Check the output (see `check_output`), record what this build is; its layout.
+
+    `layout` None keeps the layout of the build in the output, else `DEFAULT_LAYOUT`.
+    """
+    if layout is not None and layout not in LAYOUTS:
+        raise BuildError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     if config.overwrite:
         clear_build_output(store)
     previous = read_build_record(store)
+    if previous is not None and layout is not None and record_layout(previous) != layout:
+        raise BuildError(
+            f"{store.url} holds a {record_layout(previous)} build and this one asks for "
+            f"the {layout} layout; rerun without asking for a layout to resume it, pass "
+            "--overwrite to rebuild it, or choose another --output"
+        )
+    if previous is not None:
+        layout = record_layout(previous)
+    layout = layout or DEFAULT_LAYOUT
+    record = build_record(config, plan, layout)
     if previous is not None:
         changes = record_changes(previous, record)
         if changes:
@@ -247,6 +302,7 @@ def prepare_output(store: OutputStore, config: BuildConfig, plan: Plan) -> None:
     if previous is None:
         data = json.dumps(record, indent=1, sort_keys=True).encode()
         store.write_bytes_atomic(f"{BUILD_DIR}/{CONFIG_NAME}", data)
+    return layout
 
 
 def clear_build_output(store: OutputStore) -> None:
@@ -258,12 +314,25 @@ def clear_build_output(store: OutputStore) -> None:
         store.remove_tree(BUILD_DIR)  # the plan of an object-store output is not in it
     for name in names:
         inside = name.startswith(f"{BUILD_DIR}/") and not name.startswith(f"{PLAN_NAME}/")
-        if inside or ("/" not in name and name.endswith((".tar", ".parquet"))):
+        if inside or is_shard_file(name) or is_client_file(name):
             store.remove(name)
 
 
+def is_shard_file(name: str) -> bool:
+    """A shard file of either layout: `train-000000.tar` or `tar/train-000000.tar`."""
+    directory, _, base = name.rpartition("/")
+    for fmt in FORMATS.values():
+        if base.endswith(fmt.suffix) and directory in ("", fmt.name):
+            return True
+    return False
+
+
 def run_tasks(
-    plan: Plan, config: BuildConfig, output: str, confine_root: str | None = None
+    plan: Plan,
+    config: BuildConfig,
+    output: str,
+    confine_root: str | None = None,
+    layout: str = LAYOUT_FLAT,
 ) -> list[ShardResult]:
     """Run every shard task, writing to `output` (absolute); returns results in plan order.
 
@@ -280,6 +349,7 @@ def run_tasks(
         "class_names": tuple(plan.classes),
         "row_group_size": config.row_group_size,
         "confine_root": confine_root,
+        "layout": layout,
     }
     pieces = dispatch_order(plan.shards)
     by_name = reuse_committed(pieces, build_kwargs)
@@ -319,23 +389,15 @@ def reuse_committed(pieces: list[ShardPiece], build_kwargs: dict) -> dict:
     for piece in pieces:
         if hashed >= DRIVER_CHECK_BYTES or store.info(marker_name(piece)) is None:
             break
-        result = reusable_result(store, load_task(piece), build_kwargs)
-        if result is None:
+        task = load_task(piece)
+        digest = task_digest(task, build_kwargs["shaping"])
+        image, confine_root = build_kwargs["image"], build_kwargs["confine_root"]
+        result = reusable_result(store, task, digest, image, confine_root)
+        if result is None or not result.reused:
             break
         found[(piece.split, piece.index)] = result
         hashed += sum(file.bytes for file in result.info.files.values())
     return found
-
-
-def reusable_result(store: OutputStore, task: ShardTask, options: dict) -> ShardResult | None:
-    """What `build_shard` returns for a shard it keeps as committed; None when it would build."""
-    reused = load_complete_shard(store, task, task_digest(task, options["shaping"]))
-    if reused is None:
-        return None
-    retried, changed = retry_skips(task, reused.skipped, options["image"], options["confine_root"])
-    if changed:
-        return None
-    return ShardResult(reused.split, reused.info, reused.skipped, True, retried)
 
 
 def dispatch_order(tasks: list[ShardPiece]) -> list[ShardPiece]:
@@ -409,33 +471,42 @@ def progress_bar(total: int, enabled: bool, initial: int = 0, every_s: float = P
 
 
 def assemble_manifest(
-    plan: Plan, config: BuildConfig, results: list[ShardResult], listing: Listing | None = None
+    plan: Plan,
+    config: BuildConfig,
+    results: list[ShardResult],
+    listing: Listing | None = None,
+    layout: str = LAYOUT_FLAT,
 ) -> Manifest:
     """The manifest: every planned input and every input refused at listing, accounted for.
 
     Files refused at listing (a name that is not UTF-8) are inputs that were
     skipped; tree entries that are not inputs at all (other suffixes, loops, ...)
-    are counted in `config.listing`, with the symlinks followed.
+    are counted in `config.listing`, with the symlinks followed and the files left
+    out for their suffix counted by suffix (`left_out_suffixes`).
     """
     listing = listing or Listing([])
     splits: dict[str, SplitInfo] = {}
     for name in sorted({r.split for r in results}):
         # Columns, not one ShardInfo per shard: ~90 bytes a shard rather than ~1.5 KB.
-        table = ShardTable.from_infos(name, [r.info for r in results if r.split == name])
+        infos = [r.info for r in results if r.split == name]
+        table = ShardTable.from_infos(name, infos, layout)
         counts = table.class_counts.totals(len(plan.classes)).tolist()
         splits[name] = SplitInfo(name, table.total_samples(), table, counts)
     skipped = Counter(s.reason for r in results for s in r.skipped)
     skipped.update(entry.reason for entry in listing.refused)
     inputs = plan.inputs + len(listing.refused)
+    listing_record = {
+        "links_followed": listing.links_followed,
+        "left_out": listing.left_out_counts(),
+    }
+    if listing.left_out_suffixes:  # absent when none, as in manifests written before it
+        listing_record["left_out_suffixes"] = listing.suffix_counts()
     config_record = {
         **config.output_shaping(),
         "input": config.input,
         "plan_digest": plan.digest,
         "shard_size": plan.shard_size,  # derived when --shard-bytes was given
-        "listing": {
-            "links_followed": listing.links_followed,
-            "left_out": listing.left_out_counts(),
-        },
+        "listing": listing_record,
     }
     manifest = Manifest(
         classes=plan.classes,
@@ -445,6 +516,7 @@ def assemble_manifest(
         config=config_record,
         inputs=inputs,
         skipped=dict(skipped),
+        layout=layout,
     )
     if manifest.written + sum(skipped.values()) != inputs:
         raise BuildError(
@@ -537,6 +609,40 @@ def run_dry_run(config: BuildConfig) -> DryRun:
     location = None if is_remote(store.url) else store.location(PLAN_NAME)
     existing, committed = describe_existing(store, config, plan)
     return DryRun(plan, listing, store.url, location, probe, existing, committed)
+
+
+def rewrite_client_files(output: str) -> list[str]:
+    """(Re)write the client index files of a finished build from its manifest alone.
+
+    For any output whose manifest this version reads (old flat layouts included); no
+    shard is opened. Returns the names written (none for an output without tar shards).
+
+    Raises:
+        FileNotFoundError: the output has no manifest (the build did not finish).
+        ManifestError: the manifest (or a side table it names) is not valid.
+    """
+    store = open_output_store(output)
+    try:
+        data = store.read_bytes(MANIFEST_NAME)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no manifest at {store.location(MANIFEST_NAME)}: the build did not finish; rerun "
+            "its `preprocess build-shards` command to complete it"
+        ) from None
+    manifest = Manifest.from_json(
+        data, store.location(MANIFEST_NAME), read_table=StoreTableReader(store)
+    )
+    return write_client_files(store, manifest)
+
+
+class StoreTableReader:
+    """Reads a manifest's side tables from an `OutputStore` (a `TableReader`)."""
+
+    def __init__(self, store: OutputStore) -> None:
+        self.store = store
+
+    def __call__(self, name: str, size: int) -> bytes:
+        return self.store.read_bytes(name)[: size + 1]
 
 
 def describe_existing(store: OutputStore, config: BuildConfig, plan: Plan) -> tuple[str, int]:

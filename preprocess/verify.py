@@ -18,7 +18,7 @@ from shards.errors import ShardError
 from shards.formats import get_format
 from shards.imagedata import check_image
 from shards.io import file_sha256
-from shards.manifest import Manifest, ShardInfo, read_manifest
+from shards.manifest import LAYOUT_FLAT, Manifest, ShardInfo, format_dir, read_manifest
 from shards.sample import DEFAULT_FIELDS, SampleError, decode_label, image_field_of, read_fields
 
 # What the loader reads of each sample; verify reads the same.
@@ -145,6 +145,13 @@ def describe(manifest: Manifest) -> str:
     ]
     for reason, count in sorted(manifest.skipped.items()):
         lines.append(f"  skipped {reason}: {count}")
+    suffixes = manifest.left_out_suffixes
+    if suffixes:
+        counts = ", ".join(f"{suffix}: {n}" for suffix, n in suffixes.items())
+        lines.append(f"files left out by extension at listing: {counts}")
+    if manifest.layout != LAYOUT_FLAT:
+        folders = ", ".join(format_dir(fmt, manifest.layout) for fmt in manifest.formats)
+        lines.append(f"layout: {manifest.layout} ({folders}: one directory per format)")
     for name, split in manifest.splits.items():
         sizes = {fmt: split.shards.total_bytes(fmt) for fmt in manifest.formats}
         size_text = ", ".join(f"{fmt} {human_bytes(b)}" for fmt, b in sizes.items())

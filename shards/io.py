@@ -161,7 +161,8 @@ class OutputStore(abc.ABC):
 
     @abc.abstractmethod
     def remove_stale_temps(self) -> list[str]:
-        """Delete temporary files a crashed writer left at the root; returns their names."""
+        """Delete temporary files a crashed writer left (at the root and in its format
+        directories); returns their names."""
 
 
 class LocalStore(OutputStore):
@@ -215,9 +216,14 @@ class LocalStore(OutputStore):
         shutil.rmtree(self.root / name, ignore_errors=True)
 
     def remove_stale_temps(self) -> list[str]:
+        """At the root and one level down, where a `by_format` build's shards are."""
         if not self.root.exists():
             return []
-        return [p.name for p in remove_stale_temps(self.root)]
+        removed = remove_stale_temps(self.root)
+        for entry in sorted(self.root.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                removed += remove_stale_temps(entry)
+        return [p.relative_to(self.root).as_posix() for p in removed]
 
 
 class FsspecStore(OutputStore):

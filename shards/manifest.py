@@ -27,9 +27,16 @@ keeps `pyarrow.dataset` and polars from taking the side file for a data file.
 `write_manifest` (or `Manifest.to_files`) writes this layout; `Manifest.to_json`
 gives the whole manifest as one inline document, whatever its size.
 
+Version 3 names its `layout`: `flat` (every shard beside the manifest, as in
+versions 1 and 2) or `by_format` (`tar/train-000000.tar`, `parquet/...`: one
+directory per format, so each holds one kind of file and pyarrow, polars, duckdb
+and HF datasets open it by its path). A shard name may carry at most that one
+directory, its own format's name; derived names follow the layout.
+
 Reading one is strict, because a manifest may come from anywhere (a bucket, a web
 server, a hand edit): every field is type-checked, every count cross-checked, and
-every shard name must be a plain file beside the manifest; a side file must match
+every shard name must be a plain file beside the manifest or in its format's
+directory (never `..`, an absolute path or a URL); a side file must match
 its recorded size and sha256 before it is parsed, and its columns get the same
 checks as inline shards. Whatever the bytes, the only error is a `ManifestError`
 that names the file and the field.
@@ -60,9 +67,18 @@ from shards.sample import IMAGE_FIELDS
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "shardpipe-manifest"
-FORMAT_VERSION = 2  # 2: a split's shard list may live in a side table
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 2: a split's shard list may live in a side table; 3: `layout`
+READ_VERSIONS = (1, 2, 3)
+# A flat manifest is written as version 2, byte for byte what earlier builds wrote, so
+# readers from before version 3 keep reading flat outputs; only `by_format` needs 3.
+FLAT_VERSION = 2
 SHARD_FORMATS = FORMAT_NAMES
+# Where a build puts its shards: `flat` beside the manifest (versions 1 and 2, and
+# version 3 when asked), or `by_format`, one directory per format (`tar/`, `parquet/`),
+# which pyarrow, polars, duckdb and HF datasets open by its path with no glob.
+LAYOUT_FLAT = "flat"
+LAYOUT_BY_FORMAT = "by_format"
+LAYOUTS = (LAYOUT_FLAT, LAYOUT_BY_FORMAT)
 
 # Why these caps: `to_json` writes ~470 bytes per shard in two formats plus ~10 per
 # class count, so 256 MiB holds ~500k shards inline: LAION-5B at 10k samples a shard.
@@ -125,16 +141,24 @@ class ManifestError(ValueError):
         return (type(self), (self.source, self.field, self.problem, self.action))
 
 
-def shard_name(split: str, index: int, fmt: str) -> str:
-    """`train-000012.tar`: the one place shard file names are made."""
-    return f"{split}-{index:06d}.{fmt}"
+def format_dir(fmt: str, layout: str = LAYOUT_FLAT) -> str:
+    """The directory (with its `/`) that `layout` puts format `fmt`'s shards in: `tar/` or ``."""
+    return f"{fmt}/" if layout == LAYOUT_BY_FORMAT else ""
 
 
-def shard_pattern(split: str, count: int, fmt: str) -> str:
+def shard_name(split: str, index: int, fmt: str, layout: str = LAYOUT_FLAT) -> str:
+    """`train-000012.tar` (or `tar/train-000012.tar`): the one place shard names are made.
+
+    The name is relative to the manifest's directory.
+    """
+    return f"{format_dir(fmt, layout)}{split}-{index:06d}.{fmt}"
+
+
+def shard_pattern(split: str, count: int, fmt: str, layout: str = LAYOUT_FLAT) -> str:
     """Brace pattern covering `count` shards, e.g. `train-{000000..000127}.tar`."""
     if count == 1:
-        return shard_name(split, 0, fmt)
-    return f"{split}-{{{0:06d}..{count - 1:06d}}}.{fmt}"
+        return shard_name(split, 0, fmt, layout)
+    return f"{format_dir(fmt, layout)}{split}-{{{0:06d}..{count - 1:06d}}}.{fmt}"
 
 
 @dataclass(frozen=True)
@@ -256,7 +280,8 @@ class FileColumns:
 
     Digests are a `uint8 [shards, 32]` array rather than numpy's `S32`, whose items
     lose their trailing zero bytes. `names` is None when every name is
-    `shard_name(split, index, fmt)`, as in every build of ours.
+    `shard_name(split, index, fmt, layout)` of its table's layout, as in every
+    build of ours.
     """
 
     sizes: np.ndarray  # int64 [shards]
@@ -307,6 +332,7 @@ class ShardTable(Sequence[ShardInfo]):
         num_classes: the dataset's class count (the width of a dense count list).
         table_sha256: the sha256 of the side table the columns were read from (it
             covers every shard's recorded digest), None for an inline shard list.
+        layout: the manifest's layout (`LAYOUTS`), which derived file names follow.
     """
 
     def __init__(
@@ -319,8 +345,10 @@ class ShardTable(Sequence[ShardInfo]):
         class_counts: ClassCounts | None = None,
         num_classes: int = 0,
         table_sha256: str | None = None,
+        layout: str = LAYOUT_FLAT,
     ) -> None:
         self.split = split
+        self.layout = layout
         self.rows = rows
         self.formats = tuple(formats)
         self._samples = samples
@@ -331,7 +359,9 @@ class ShardTable(Sequence[ShardInfo]):
         self._name_index: dict[str, dict[str, int]] = {}  # built on first `index_of`
 
     @classmethod
-    def from_infos(cls, split: str, infos: Sequence[ShardInfo]) -> ShardTable:
+    def from_infos(
+        cls, split: str, infos: Sequence[ShardInfo], layout: str = LAYOUT_FLAT
+    ) -> ShardTable:
         """From `ShardInfo`s in index order (what a build's shard tasks return).
 
         Raises:
@@ -347,7 +377,7 @@ class ShardTable(Sequence[ShardInfo]):
         for fmt in formats:
             entries = [info.files[fmt] for info in infos]
             names = tuple(entry.name for entry in entries)
-            derived = all(name == shard_name(split, i, fmt) for i, name in enumerate(names))
+            derived = all(name == shard_name(split, i, fmt, layout) for i, name in enumerate(names))
             files[fmt] = FileColumns(
                 _frozen(np.array([entry.bytes for entry in entries], np.int64)),
                 digests_from_hex([entry.sha256 for entry in entries]),
@@ -357,7 +387,9 @@ class ShardTable(Sequence[ShardInfo]):
         num_classes = next((len(row) for row in rows if row), 0)
         samples = _frozen(np.array([info.samples for info in infos], np.int64))
         class_counts = ClassCounts.from_rows(rows, num_classes)
-        return cls(split, len(infos), formats, samples, files, class_counts, num_classes)
+        return cls(
+            split, len(infos), formats, samples, files, class_counts, num_classes, layout=layout
+        )
 
     @property
     def loaded(self) -> bool:
@@ -398,14 +430,23 @@ class ShardTable(Sequence[ShardInfo]):
 
     def name(self, index: int, fmt: str) -> str:
         names = self.file_columns(fmt).names
-        return names[index] if names is not None else shard_name(self.split, index, fmt)
+        if names is not None:
+            return names[index]
+        return shard_name(self.split, index, fmt, self.layout)
 
     def names(self, fmt: str) -> list[str]:
-        """Every shard's file name in `fmt`, in index order."""
+        """Every shard's file name in `fmt`, relative to the manifest, in index order."""
         names = self.file_columns(fmt).names
         if names is not None:
             return list(names)
-        return [shard_name(self.split, i, fmt) for i in range(self.rows)]
+        return [shard_name(self.split, i, fmt, self.layout) for i in range(self.rows)]
+
+    def derived_prefix(self, fmt: str) -> str | None:
+        """`tar/` (or ``) when every `fmt` name is `prefix + shard_name(split, i, fmt)`;
+        None when the names are the manifest's own (`file_columns(fmt).names`)."""
+        if self.file_columns(fmt).names is not None:
+            return None
+        return format_dir(fmt, self.layout)
 
     def index_of(self, name: str, fmt: str) -> int | None:
         """The index of the shard whose `fmt` file has the explicit name `name`, or None."""
@@ -459,11 +500,12 @@ class ShardTable(Sequence[ShardInfo]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardTable):
             return NotImplemented
-        if (self.split, self.rows, self.formats, self.loaded) != (
+        if (self.split, self.rows, self.formats, self.loaded, self.layout) != (
             other.split,
             other.rows,
             other.formats,
             other.loaded,
+            other.layout,
         ):
             return False
         if not self.loaded:
@@ -483,14 +525,15 @@ class ShardTable(Sequence[ShardInfo]):
         return f"ShardTable({self.split!r}, {self.rows} shards, {list(self.formats)}{state})"
 
 
-def parse_shard_name(name: str) -> tuple[str, int, str] | None:
-    """`(split, index, fmt)` when `name` is `shard_name(split, index, fmt)`, else None."""
+def parse_shard_name(name: str, layout: str = LAYOUT_FLAT) -> tuple[str, int, str] | None:
+    """`(split, index, fmt)` when `name` is `shard_name(split, index, fmt, layout)`, else None."""
     stem, dot, fmt = name.rpartition(".")
+    stem = stem.removeprefix(format_dir(fmt, layout))
     split, dash, digits = stem.rpartition("-")
     if not (dot and dash and digits.isascii() and digits.isdigit()):
         return None
     index = int(digits)
-    return (split, index, fmt) if shard_name(split, index, fmt) == name else None
+    return (split, index, fmt) if shard_name(split, index, fmt, layout) == name else None
 
 
 def table_name(split: str) -> str:
@@ -571,7 +614,8 @@ class SplitInfo:
         """Brace pattern of the shard files, per format."""
         if not len(self.shards):
             return {}
-        return {fmt: shard_pattern(self.name, len(self.shards), fmt) for fmt in self.shards.formats}
+        count, layout = len(self.shards), self.shards.layout
+        return {fmt: shard_pattern(self.name, count, fmt, layout) for fmt in self.shards.formats}
 
     def to_dict(self) -> dict[str, Any]:
         """The split with its shards inline, as in a version-1 manifest."""
@@ -589,6 +633,7 @@ class Manifest:
 
     `complete` is False for a manifest read for a subset (some splits, formats, or
     without per-shard class counts; see `read_manifest`): it cannot be written back.
+    `layout` (`LAYOUTS`) says where the shard files are; every split's table has it.
     """
 
     classes: list[str]
@@ -599,10 +644,28 @@ class Manifest:
     inputs: int
     skipped: dict[str, int]
     complete: bool = field(default=True, compare=False, repr=False)
+    layout: str = LAYOUT_FLAT
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; known: {', '.join(LAYOUTS)}")
+        for name, split in self.splits.items():
+            if split.shards.layout != self.layout:
+                raise ValueError(
+                    f"split {name!r}: its shard table has layout {split.shards.layout!r}, "
+                    f"the manifest {self.layout!r}; make it with `ShardTable.from_infos"
+                    f"(..., layout={self.layout!r})`"
+                )
 
     @property
     def written(self) -> int:
         return sum(s.samples for s in self.splits.values())
+
+    @property
+    def left_out_suffixes(self) -> dict[str, int]:
+        """Files the build's listing left out for their suffix, by suffix (`{".txt": 3}`)."""
+        listing = self.config.get("listing")
+        return dict(listing.get("left_out_suffixes", {})) if isinstance(listing, dict) else {}
 
     def shard_table(self, split: str, fmt: str | None = None) -> ShardTable:
         """The shard table of `split`, checked to hold the columns of `fmt` when given.
@@ -623,8 +686,8 @@ class Manifest:
     def shard_urls(self, split: str, fmt: str, base: str) -> list[str]:
         """Absolute URLs (or paths) of a split's shards in one format, in index order.
 
-        The names were checked at load to be plain file names, so every URL lies
-        directly under `base`.
+        The names were checked at load to be plain file names, or plain names in their
+        format's directory (version 3), so every URL lies under `base`.
         """
         table = self.shard_table(split, fmt)
         base = base.rstrip("/")
@@ -632,7 +695,7 @@ class Manifest:
 
     def locate(self, name: str, fmt: str) -> tuple[str, int] | None:
         """`(split, index)` of the shard whose `fmt` file is called `name`, or None."""
-        parsed = parse_shard_name(name)
+        parsed = parse_shard_name(name, self.layout)
         if parsed is not None and parsed[2] == fmt and parsed[0] in self.splits:
             split, index, _ = parsed
             table = self.splits[split].shards
@@ -701,6 +764,7 @@ class Manifest:
         document = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
+            "layout": self.layout,
             "classes": self.classes,
             "image_field": self.image_field,
             "formats": self.formats,
@@ -710,6 +774,9 @@ class Manifest:
             "splits": splits,
             "config": self.config,
         }
+        if self.layout == LAYOUT_FLAT:
+            document["version"] = FLAT_VERSION
+            del document["layout"]
         return json.dumps(document, indent=1) + "\n"
 
     @classmethod
@@ -948,15 +1015,22 @@ def _key(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _name_problem(name: Any, suffix: str) -> str | None:
-    """Why `name` is not a plain file name with `suffix` beside the manifest, or None."""
+def _name_problem(name: Any, suffix: str, directory: str | None = None) -> str | None:
+    """Why `name` is not a plain file name with `suffix` beside the manifest, or None.
+
+    With `directory` (`tar/`), a plain name inside that one directory is fine too.
+    """
     if type(name) is not str:
         return _wrong(name, "a file name")
     if not name:
         return "is empty; it must be a file name"
-    if "/" in name or "\\" in name:
-        return f"{_show(name)} is a path; it must be a plain file name beside the manifest"
-    if name.startswith("."):
+    plain = name[len(directory) :] if directory and name.startswith(directory) else name
+    if "/" in plain or "\\" in plain:
+        where = "beside the manifest" + (f" or in {directory!r}" if directory else "")
+        return f"{_show(name)} is a path; it must be a plain file name {where}"
+    if not plain:
+        return f"{_show(name)} is a directory; it must be a file name"
+    if plain.startswith("."):
         return f"{_show(name)} starts with '.'; hidden names and '..' are refused"
     if ":" in name:
         return f"{_show(name)} holds ':'; URL schemes and drive letters are refused"
@@ -971,10 +1045,11 @@ def _name_problem(name: Any, suffix: str) -> str | None:
 
 # --- validation ---------------------------------------------------------------------------
 
-_TOP_KEYS = frozenset(
+_TOP_KEYS_V2 = frozenset(
     ("format", "version", "classes", "image_field", "formats", "inputs", "written")
     + ("skipped", "splits", "config")
 )
+_TOP_KEYS = _TOP_KEYS_V2 | {"layout"}
 _SPLIT_KEYS_V1 = frozenset(("samples", "class_counts", "patterns", "shards"))
 _SPLIT_KEYS = _SPLIT_KEYS_V1 | {"table"}
 _TABLE_KEYS = frozenset(("name", "rows", "bytes", "sha256"))
@@ -1021,6 +1096,7 @@ class _ManifestReader:
         self.read_table = read_table
         self.selection = selection or _Selection(None, None, True)
         self.version = FORMAT_VERSION
+        self.layout = LAYOUT_FLAT
         self.names: set[str] = set()  # every explicit file name so far: each may be used once
         self.derived: dict[tuple[str, str], int] = {}  # (split, fmt) -> shards named by rule
         self.classes: list[str] = []
@@ -1035,7 +1111,8 @@ class _ManifestReader:
         if type(data) is not dict:
             self.fail("(top level)", _wrong(data, "a JSON object"))
         self.check_identity(data)
-        self.check_keys(data, "", _TOP_KEYS)
+        self.check_keys(data, "", _TOP_KEYS if self.version >= 3 else _TOP_KEYS_V2)
+        self.layout = self.read_layout(data.get("layout", _MISSING))
         self.classes = self.read_classes(data.get("classes", _MISSING))
         image_field = data.get("image_field", _MISSING)
         if type(image_field) is not str or image_field not in IMAGE_FIELDS:
@@ -1058,8 +1135,28 @@ class _ManifestReader:
         config = data.get("config", _MISSING)
         self.check_config(config)
         return Manifest(
-            self.classes, image_field, formats, splits, config, inputs, skipped, self.complete
+            self.classes,
+            image_field,
+            formats,
+            splits,
+            config,
+            inputs,
+            skipped,
+            self.complete,
+            layout=self.layout,
         )
+
+    def read_layout(self, value: Any) -> str:
+        """Version 3 names its layout; earlier versions are flat."""
+        if self.version < 3:
+            return LAYOUT_FLAT
+        if type(value) is not str or value not in LAYOUTS:
+            self.fail("layout", _wrong(value, f"one of {list(LAYOUTS)}"))
+        return value
+
+    def directory(self, fmt: str) -> str | None:
+        """The one directory a shard name of `fmt` may carry: `tar/` (version 3), else None."""
+        return f"{fmt}/" if self.version >= 3 else None
 
     def check_identity(self, data: dict[str, Any]) -> None:
         """`format` and `version` first, so a newer manifest gets the upgrade advice."""
@@ -1072,7 +1169,8 @@ class _ManifestReader:
             )
         version = data.get("version", _MISSING)
         if type(version) is not int or version not in READ_VERSIONS:
-            readable = " and ".join(map(str, READ_VERSIONS))
+            *most, last = map(str, READ_VERSIONS)
+            readable = f"{', '.join(most)} and {last}"
             self.fail(
                 "version",
                 f"manifest version {_show(version) if version is not _MISSING else 'missing'}; "
@@ -1144,6 +1242,23 @@ class _ManifestReader:
                 elif kind not in (str, int, float, bool) and child is not None:
                     path = _key(where, key) if type(value) is dict else f"{where}[{key}]"
                     self.fail(path, _wrong(child, "a JSON value"))
+        self.check_listing(config.get("listing", _MISSING))
+
+    def check_listing(self, listing: Any) -> None:
+        """`config.listing`: the build's account of tree entries that were not inputs."""
+        if listing is _MISSING:
+            return
+        if type(listing) is not dict:
+            self.fail("config.listing", _wrong(listing, "an object"))
+        suffixes = listing.get("left_out_suffixes", _MISSING)
+        if suffixes is _MISSING:
+            return
+        where = "config.listing.left_out_suffixes"
+        if type(suffixes) is not dict:
+            self.fail(where, _wrong(suffixes, "an object of file suffixes and counts"))
+        for suffix, count in suffixes.items():
+            if type(count) is not int or not 0 <= count <= _MAX_COUNT:
+                self.fail(_key(where, suffix), _wrong(count, _COUNT))
 
     def read_split(self, name: str, data: Any) -> SplitInfo:
         where = _key("splits", name)
@@ -1166,7 +1281,7 @@ class _ManifestReader:
             raw_shards = data.get("shards", _MISSING)
             if type(raw_shards) is not list:
                 self.fail(f"{where}.shards", _wrong(raw_shards, "a list of shards"))
-            columns = _InlineColumns(name, list(self.formats))
+            columns = _InlineColumns(name, list(self.formats), self.layout)
             for i, raw in enumerate(raw_shards):
                 self.read_shard(where, i, raw, columns)
             table = columns.table(len(self.classes))
@@ -1244,18 +1359,21 @@ class _ManifestReader:
             self.fail_file_shape(f"{split}.shards[{i}].files.{fmt}", data)
         name = data.get("name", _MISSING)
         suffix, min_sample_bytes = self.formats[fmt]
+        plain = name
+        if self.version >= 3 and type(name) is str and name.startswith(fmt):
+            plain = name[len(fmt) + 1 :] if name[len(fmt) : len(fmt) + 1] == "/" else name
         if (
             type(name) is not str
             or not name.endswith(suffix)
-            or name.startswith(".")
-            or "/" in name
-            or "\\" in name
+            or plain.startswith(".")
+            or "/" in plain
+            or "\\" in plain
             or ":" in name
             or not name.isprintable()
             or len(name) > MAX_NAME_CHARS
             or name in self.names
         ):
-            self.fail_name(f"{split}.shards[{i}].files.{fmt}.name", name, suffix)
+            self.fail_name(f"{split}.shards[{i}].files.{fmt}.name", name, suffix, fmt)
         self.names.add(name)
         size = data.get("bytes", _MISSING)
         if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
@@ -1282,8 +1400,8 @@ class _ManifestReader:
         missing = next(key for key in ("name", "bytes", "sha256") if key not in data)
         self.fail(f"{where}.{missing}", "is missing")
 
-    def fail_name(self, where: str, name: Any, suffix: str) -> NoReturn:
-        problem = _name_problem(name, suffix)
+    def fail_name(self, where: str, name: Any, suffix: str, fmt: str) -> NoReturn:
+        problem = _name_problem(name, suffix, self.directory(fmt))
         if problem is None:  # the name is fine but taken
             problem = f"{_show(name)} is used by another shard file"
         self.fail(where, problem)
@@ -1296,7 +1414,13 @@ class _ManifestReader:
         selected = self.selection.splits
         if selected is not None and split not in selected:
             self.complete = False
-            return ShardTable(split, ref.rows, list(self.formats), num_classes=len(self.classes))
+            return ShardTable(
+                split,
+                ref.rows,
+                list(self.formats),
+                num_classes=len(self.classes),
+                layout=self.layout,
+            )
         table = _TableDecoder(self, where, split, ref).decode()
         # Decoding the Parquet file leaves freed buffers in pyarrow's pool (~35 MiB at
         # 10^6 shards); give them back, or every forked worker inherits them resident.
@@ -1353,7 +1477,8 @@ class _ManifestReader:
         """Names made by `shard_name` are plain names when the first and last are."""
         suffix = self.formats[fmt][0]
         for i in sorted({0, rows - 1}) if rows else ():
-            problem = _name_problem(shard_name(split, i, fmt), suffix)
+            name = shard_name(split, i, fmt, self.layout)
+            problem = _name_problem(name, suffix, self.directory(fmt))
             if problem is not None:
                 self.fail(f"{where}.shards[{i}].files.{fmt}.name", problem)
         self.derived[(split, fmt)] = rows
@@ -1363,7 +1488,7 @@ class _ManifestReader:
         if not self.derived:
             return
         for name in self.names:
-            parsed = parse_shard_name(name)
+            parsed = parse_shard_name(name, self.layout)
             if parsed is None:
                 continue
             split, index, fmt = parsed
@@ -1380,9 +1505,9 @@ class _InlineFiles:
         self.sizes: list[int] = []
         self.digests: list[str] = []
 
-    def columns(self, split: str, fmt: str) -> FileColumns:
+    def columns(self, split: str, fmt: str, layout: str) -> FileColumns:
         names = self.names
-        derived = all(name == shard_name(split, i, fmt) for i, name in enumerate(names))
+        derived = all(name == shard_name(split, i, fmt, layout) for i, name in enumerate(names))
         return FileColumns(
             _frozen(np.array(self.sizes, np.int64)),
             digests_from_hex(self.digests),
@@ -1393,8 +1518,9 @@ class _InlineFiles:
 class _InlineColumns:
     """An inline shard list collected into columns as it is validated."""
 
-    def __init__(self, split: str, formats: list[str]) -> None:
+    def __init__(self, split: str, formats: list[str], layout: str) -> None:
         self.split = split
+        self.layout = layout
         self.formats = formats  # file order: the first shard's, else the manifest's
         self.samples: list[int] = []
         self.rows: list[list[int]] = []
@@ -1407,7 +1533,7 @@ class _InlineColumns:
         self.rows.append(class_counts)
 
     def table(self, num_classes: int) -> ShardTable:
-        files = {fmt: self.files[fmt].columns(self.split, fmt) for fmt in self.formats}
+        files = {fmt: self.files[fmt].columns(self.split, fmt, self.layout) for fmt in self.formats}
         return ShardTable(
             self.split,
             len(self.samples),
@@ -1416,6 +1542,7 @@ class _InlineColumns:
             files,
             ClassCounts.from_rows(self.rows, num_classes),
             num_classes,
+            layout=self.layout,
         )
 
 
@@ -1473,7 +1600,15 @@ class _TableDecoder:
             class_counts = ClassCounts.from_rows([[]] * rows, num_classes)
         formats = list(self.reader.formats)
         return ShardTable(
-            self.split, rows, formats, samples, files, class_counts, num_classes, self.ref.sha256
+            self.split,
+            rows,
+            formats,
+            samples,
+            files,
+            class_counts,
+            num_classes,
+            self.ref.sha256,
+            layout=self.reader.layout,
         )
 
     def columns_to_read(self, schema: pa.Schema) -> list[str]:
@@ -1543,13 +1678,14 @@ class _TableDecoder:
         """Names stored in the table: each checked as an inline name is."""
         taken = self.reader.names
         for row, name in enumerate(names):
-            problem = _name_problem(name, suffix)
+            problem = _name_problem(name, suffix, self.reader.directory(fmt))
             if problem is None and name in taken:
                 problem = f"{_show(name)} is used by another shard file"
             if problem is not None:
                 self.fail_row(row, f".files.{fmt}.name", problem)
             taken.add(name)
-        if all(name == shard_name(self.split, i, fmt) for i, name in enumerate(names)):
+        layout = self.reader.layout
+        if all(name == shard_name(self.split, i, fmt, layout) for i, name in enumerate(names)):
             return None
         return tuple(names)
 
