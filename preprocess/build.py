@@ -23,7 +23,7 @@ from preprocess.plan import PlannedSample, ShardTask
 from shards.formats import get_format
 from shards.io import OutputStore, file_sha256, open_output_store
 from shards.manifest import LAYOUT_FLAT, FileInfo, ShardInfo, shard_name
-from shards.sample import Sample, SampleError
+from shards.sample import MAX_FIELD_BYTES, Sample, SampleError
 
 BUILD_DIR = "_build"
 # Skip reasons that say nothing about the input's bytes, only about the machine or the
@@ -241,9 +241,15 @@ def write_formats(
     class_names: tuple[str, ...] | None = None,
     description: str | None = None,
 ) -> tuple[list[Skip], list[int]]:
-    """Write the task's samples to one file per format; returns skips and class counts."""
+    """Write the task's samples to one file per format; returns skips and class counts.
+
+    Class counts are per single label; a multi-label or label-free shard records none
+    (`[]`): the manifest's counts sum to the samples, and the driver counts the
+    multi-label classes from the plan (`preprocess.plan.written_label_counts`).
+    """
     skipped: list[Skip] = []
     class_counts = [0] * num_classes
+    single = all(type(planned.label) is int for planned in task.samples)
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
     dataset = {"class_names": class_names, "description": description, "split": task.split}
@@ -260,7 +266,8 @@ def write_formats(
                     size, mtime_ns = _stat_of(planned.path)
                     skipped.append(Skip(planned.rel, error.reason, error.detail, size, mtime_ns))
                     continue
-                class_counts[planned.label] += 1
+                if single:
+                    class_counts[planned.label] += 1
                 for writer in writers:
                     writer.write(sample)
         except BaseException:
@@ -272,7 +279,7 @@ def write_formats(
             raise
         for writer in writers:
             writer.close()
-    return skipped, class_counts
+    return skipped, class_counts if single else []
 
 
 def committed_etags(store: OutputStore, files: dict[str, FileInfo]) -> dict[str, str]:
@@ -330,12 +337,20 @@ def make_sample(
     field: str,
     confine_root: str | None = None,
 ) -> Sample:
-    """Read and process one input into the sample dict written to every format."""
+    """Read and process one input into the sample dict written to every format.
+
+    Members: the image, `json` (our metadata, plus the input list's `json` columns),
+    then by the label `cls` (single), `labels` (multi-label: a JSON list of class ids)
+    or nothing (label-free), and the `txt` and `weight` columns when the list has them.
+
+    Raises:
+        SampleError: the image's reasons, or `bad_json` when the metadata document
+            with the list's `json` columns is over `MAX_FIELD_BYTES` (what the loader reads).
+    """
     processed = process_image(read_input(planned, image, confine_root), image)
     meta = {
         "source": planned.rel,
         "split": split,
-        "label": planned.label,
         "width": processed.width,
         "height": processed.height,
         "orig_width": processed.orig_width,
@@ -343,12 +358,28 @@ def make_sample(
         "orig_format": processed.orig_format,
         "orig_mode": processed.orig_mode,
     }
-    return {
-        "__key__": planned.key,
-        field: processed.data,
-        "cls": str(planned.label).encode("ascii"),
-        "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
-    }
+    values = planned.fields or {}
+    meta.update(values.get("json", {}))  # the list's columns never take our keys (sources)
+    sample: Sample = {"__key__": planned.key, field: processed.data}
+    if type(planned.label) is int:
+        meta["label"] = planned.label
+        sample["cls"] = str(planned.label).encode("ascii")
+    elif planned.label is not None:
+        meta["labels"] = planned.label
+        sample["labels"] = json.dumps(planned.label).encode("ascii")
+    document = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    if len(document) > MAX_FIELD_BYTES:
+        raise SampleError(
+            "bad_json",
+            f"{planned.path}: its metadata document with the list's json columns is "
+            f"{len(document)} bytes, over the {MAX_FIELD_BYTES} a loader reads; shorten them",
+        )
+    sample["json"] = document
+    if "txt" in values:
+        sample["txt"] = values["txt"].encode("utf-8")
+    if "weight" in values:
+        sample["weight"] = json.dumps(float(values["weight"])).encode("ascii")
+    return sample
 
 
 def _marker_json(result: ShardResult, digest: str, etags: dict[str, str]) -> bytes:

@@ -11,6 +11,7 @@ from typing import Any
 
 from preprocess.images import BACKENDS, EXTENSIONS, RESAMPLING, RESIZE_POLICIES, ImageConfig
 from preprocess.sizing import parse_bytes
+from preprocess.sources import LABEL_MODES, InputColumns
 from shards.flags import about, option
 from shards.manifest import SHARD_FORMATS
 
@@ -58,6 +59,10 @@ class BuildConfig:
             skipped as `outside_input`, checked again when each file is opened. By
             default symlinks are followed wherever they point, as torchvision's
             ImageFolder does.
+        label: `single` (one class per input), `multi` (an input list's `label`
+            holds a list of class names) or `none` (no classes: image-text pairs).
+        fields: `COLUMN:MEMBER` entries: the input list's column becomes the sample
+            member `txt` (a caption), `weight` (a number) or a key of `json`.
     """
 
     input: str = option(
@@ -141,7 +146,24 @@ class BuildConfig:
         "input and output",
     )
 
+    label: str = option(
+        "single",
+        "what the input list's `label` column holds: one class name, a list of them "
+        "(multi-label), or nothing read at all (label-free data such as image-text pairs)",
+        "input and output",
+        LABEL_MODES,
+    )
+    fields: tuple[str, ...] = option(
+        (),
+        "comma-separated COLUMN:MEMBER of input-list columns written into each sample: "
+        "MEMBER is txt (a caption), weight (a number) or json (a key of the metadata "
+        "document), e.g. caption:txt,tags:json,w:weight (default: none)",
+        "input and output",
+        metavar="COLUMN:MEMBER,...",
+    )
+
     def __post_init__(self) -> None:
+        self.input_columns()  # a bad --label or --fields is one error before any work
         if self.shard_size < 1:
             raise ValueError("--shard-size must be at least 1")
         if self.shard_bytes is not None and self.shard_bytes < 1:
@@ -159,6 +181,14 @@ class BuildConfig:
         if self.row_group_size < 1:
             raise ValueError("--row-group-size must be at least 1")
 
+    def input_columns(self) -> InputColumns:
+        """What the input list's columns hold (`--label`, `--fields`), checked.
+
+        Raises:
+            ValueError: a malformed `--fields` entry or an unknown `--label`.
+        """
+        return InputColumns.parse(self.label, tuple(self.fields))
+
     def output_shaping(self) -> dict[str, Any]:
         """The options that determine the output bytes (compared on resume)."""
         data = asdict(self)
@@ -171,6 +201,13 @@ class BuildConfig:
         # when off, so records of builds made before the option existed still resume.
         if not self.confine_to_input:
             data.pop("confine_to_input")
+        # The same for the column options: left out at their defaults.
+        if self.label == "single":
+            data.pop("label")
+        if self.fields:
+            data["fields"] = list(self.fields)
+        else:
+            data.pop("fields")
         data["formats"] = list(self.formats)
         data["image"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()

@@ -43,6 +43,7 @@ from preprocess.plan import (
     ShardPiece,
     Spill,
     load_task,
+    manifest_fields,
     order_spill,
 )
 from preprocess.ray_job import BuildError, iter_inline, iter_ray, start_ray
@@ -200,7 +201,9 @@ def plan_build(
 
 def plan_inputs(config: BuildConfig, directory: Path) -> tuple[Listing, Plan]:
     """Stream the listing into the spill, size the shards, order and cut the plan."""
-    listing, items = stream_sources(config.input, confine=config.confine_to_input)
+    listing, items = stream_sources(
+        config.input, confine=config.confine_to_input, columns=config.input_columns()
+    )
     with Spill(directory, config.val_fraction, config.seed) as spill:
         for item in items:
             spill.add(item)
@@ -491,6 +494,8 @@ def assemble_manifest(
         infos = [r.info for r in results if r.split == name]
         table = ShardTable.from_infos(name, infos, layout)
         counts = table.class_counts.totals(len(plan.classes)).tolist()
+        if not table.class_counts.counted.any():
+            counts = []  # multi-label: counted in `fields.label_counts`, not summing to samples
         splits[name] = SplitInfo(name, table.total_samples(), table, counts)
     skipped = Counter(s.reason for r in results for s in r.skipped)
     skipped.update(entry.reason for entry in listing.refused)
@@ -516,6 +521,12 @@ def assemble_manifest(
         config=config_record,
         inputs=inputs,
         skipped=dict(skipped),
+        fields=manifest_fields(
+            config.input_columns(),
+            image_field(config.image),
+            plan,
+            {(r.split, r.info.index): {s.path for s in r.skipped} for r in results},
+        ),
         layout=layout,
     )
     if manifest.written + sum(skipped.values()) != inputs:

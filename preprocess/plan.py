@@ -10,8 +10,10 @@ hash ranges, so sorting each bucket on its own and reading them one after
 another yields the whole split in order (`order_spill`), and shards are cut
 from that stream every `shard_size` inputs. The driver holds one bucket, the
 class names and one small `ShardPiece` per shard; the pieces themselves (one
-JSON line per input: key, path, relative path, label) stay in the plan files
-and hold paths and labels, never pixels.
+JSON line per input: key, path, relative path, label, and the extra columns'
+values when the list has some) stay in the plan files and hold paths, labels and
+those values (each capped at `shards.sample.MAX_FIELD_BYTES`), never pixels.
+A label is a class index, a sorted list of them (multi-label), or None (label-free).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from preprocess.sources import InputError, SourceItem
+from preprocess.sources import InputColumns, InputError, SourceItem
 from shards.io import atomic_write_bytes
+from shards.manifest import fields_entry
 from shards.sample import check_key
 
 # 1: every split listed in memory and shuffled with `random.Random(f"{seed}:{split}")`.
@@ -54,12 +57,19 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class PlannedSample:
-    """One input, assigned to a shard."""
+    """One input, assigned to a shard.
+
+    Attributes:
+        label: the class index; a sorted list of class indices (`--label multi`), or
+            None (`--label none`).
+        fields: the extra columns' values by sample member (see `SourceItem.fields`).
+    """
 
     key: str
     path: str
     rel: str
-    label: int
+    label: int | list[int] | None
+    fields: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,8 @@ class Plan:
         inputs: inputs planned (files refused at listing are not among them).
         digest: changes whenever any input path, label, split or order changes,
             or the shard size or the plan version.
-        split_counts, class_counts: inputs per split, and per split and label.
+        split_counts, class_counts: inputs per split, and per split and label (for
+            multi-label: the inputs holding each label; empty without labels).
         probe: the `PROBE_SIZE` inputs with the smallest keys (for `sizing`).
         directory: where the plan files are.
     """
@@ -168,7 +179,7 @@ class Spill:
 
     Use as a context manager (the bucket files are closed on leaving), `add` every
     input, then pass it to `order_spill`. A spill record is a JSON list
-    `[order hash, key, split, class name, rel, path, where]`.
+    `[order hash, key, split, class name(s), rel, path, where, fields]`.
     """
 
     def __init__(self, directory: str | os.PathLike, val_fraction: float, seed: int) -> None:
@@ -177,6 +188,7 @@ class Spill:
         self.seed = seed
         self.inputs = 0
         self.counts: Counter = Counter()  # (split, class name) -> inputs
+        self.split_inputs: Counter = Counter()  # split -> inputs
         self._keyed_by = order_key(seed)
         self._splits: set[str] = set()
         self._probe: list[tuple[int, int, SourceItem]] = []  # max-heap on the key, bounded
@@ -220,10 +232,14 @@ class Spill:
                 ) from error
             self._splits.add(split)
         order = order_hash(key, self._keyed_by)
-        record = [order, key, split, item.label, item.rel, item.path, item.where]
+        record = [order, key, split, item.label, item.rel, item.path, item.where, item.fields]
         line = json.dumps(record, ensure_ascii=False) + "\n"
         self._files[order >> 56].write(line.encode("utf-8"))
-        self.counts[(split, item.label)] += 1
+        if isinstance(item.label, str):
+            self.counts[(split, item.label)] += 1
+        elif item.label is not None:
+            self.counts.update((split, name) for name in item.label)
+        self.split_inputs[split] += 1
         self.inputs += 1
         self._keep_for_probe(key, item)
 
@@ -288,8 +304,8 @@ def order_spill(spill: Spill, shard_size: int, scratch: Any = None) -> Plan:
             if previous is not None and previous[1] == record[1]:
                 raise _duplicate(previous, record)
             previous = record
-            _, key, split, label, rel, path, _ = record
-            splits.append(split, key, path, rel, label_of[label])
+            _, key, split, label, rel, path, _, fields = record
+            splits.append(split, key, path, rel, _label_index(label, label_of), fields)
     shutil.rmtree(spill.directory / SPILL_DIR, ignore_errors=True)
     shards = splits.finish()
     digest = hashlib.sha256(f"shardpipe plan v{PLAN_VERSION}\tshard_size {shard_size}\n".encode())
@@ -301,9 +317,7 @@ def order_spill(spill: Spill, shard_size: int, scratch: Any = None) -> Plan:
         inputs=spill.inputs,
         digest=digest.hexdigest(),
         shard_size=shard_size,
-        split_counts={
-            s: sum(spill.counts[(s, c)] for c in classes) for s in sorted(splits.digests)
-        },
+        split_counts={s: spill.split_inputs[s] for s in sorted(splits.digests)},
         class_counts={s: [spill.counts[(s, c)] for c in classes] for s in sorted(splits.digests)},
         probe=spill.probe,
         directory=str(spill.directory),
@@ -311,6 +325,15 @@ def order_spill(spill: Spill, shard_size: int, scratch: Any = None) -> Plan:
     )
     write_plan_index(plan)
     return plan
+
+
+def _label_index(label: str | list[str] | None, label_of: dict[str, int]) -> int | list | None:
+    """A spilled class name (or sorted list of names, or None) as the plan's index(es)."""
+    if isinstance(label, str):
+        return label_of[label]
+    if label is None:
+        return None
+    return sorted(label_of[name] for name in label)
 
 
 def _duplicate(first: list, second: list) -> InputError:
@@ -384,13 +407,27 @@ class _SplitFiles:
     def _path(self, split: str) -> Path:
         return self.directory / f"{split}.jsonl"
 
-    def append(self, split: str, key: str, path: str, rel: str, label: int) -> None:
-        line = (json.dumps([key, path, rel, label], ensure_ascii=False) + "\n").encode("utf-8")
+    def append(
+        self,
+        split: str,
+        key: str,
+        path: str,
+        rel: str,
+        label: int | list[int] | None,
+        fields: dict | None = None,
+    ) -> None:
+        record = [key, path, rel, label] if fields is None else [key, path, rel, label, fields]
+        line = (json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
         self._file(split).write(line)
         state = self._state[split]
         state[0] += len(line)
         state[2] += 1
-        self.digests[split].update(f"{rel}\t{label}\n".encode())
+        # Without extra columns the digest is the one plans always had, so builds resume.
+        if fields is None:
+            self.digests[split].update(f"{rel}\t{label}\n".encode())
+        else:
+            values = json.dumps(fields, ensure_ascii=False, sort_keys=True)
+            self.digests[split].update(f"{rel}\t{label}\t{values}\n".encode())
         if state[2] == self.shard_size:
             self._cut(split)
 
@@ -444,9 +481,53 @@ def load_task(piece: ShardPiece) -> ShardTask:
 
 def _planned_sample(line: bytes) -> PlannedSample:
     record = json.loads(line)
-    if not (isinstance(record, list) and len(record) == 4 and isinstance(record[3], int)):
+    if not (
+        isinstance(record, list)
+        and len(record) in (4, 5)
+        and _is_label(record[3])
+        and (len(record) == 4 or isinstance(record[4], dict))
+    ):
         raise ValueError(f"not a plan record: {line[:80]!r}")
     return PlannedSample(*record)
+
+
+def _is_label(value: object) -> bool:
+    if value is None or type(value) is int:
+        return True
+    return type(value) is list and all(type(item) is int for item in value)
+
+
+def manifest_fields(
+    columns: InputColumns, image_field: str, plan: Plan, skipped: dict[tuple[str, int], set[str]]
+) -> dict | None:
+    """The manifest's `fields` entry of a build (None for a plain single-label one).
+
+    Args:
+        skipped: `{(split, shard index): relative paths skipped}` of every shard.
+    """
+    if columns.plain:
+        return None
+    counts = written_label_counts(plan, skipped) if columns.label == "multi" else None
+    by_column = {spec.column: spec.member for spec in columns.fields}
+    return fields_entry(columns.label, columns.members(image_field), by_column, counts)
+
+
+def written_label_counts(plan: Plan, skipped: dict[tuple[str, int], set[str]]) -> dict:
+    """Multi-label: per split, the written samples holding each class.
+
+    The plan's counts less the skipped inputs' labels; only the pieces of shards
+    with skips (`{(split, index): relative paths skipped}`) are read again.
+    """
+    counts = {split: list(row) for split, row in plan.class_counts.items()}
+    for piece in plan.shards:
+        rels = skipped.get((piece.split, piece.index))
+        if not rels:
+            continue
+        for sample in load_task(piece).samples:
+            if sample.rel in rels and isinstance(sample.label, list):
+                for index in sample.label:
+                    counts[piece.split][index] -= 1
+    return counts
 
 
 def write_plan_index(plan: Plan) -> None:

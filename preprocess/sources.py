@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shards.imagedata import INPUT_FORMATS
+from shards.sample import MAX_FIELD_BYTES, Field, SampleError, check_value, decode_text, parse_json
 
 # File suffixes of each format the decode policy accepts (Pillow's format names). MPO is
 # read by the JPEG plugin (camera JPEGs; the first picture), PPM covers PBM, PGM and PPM.
@@ -96,13 +97,217 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class SourceItem:
-    """One input image, before it is read."""
+    """One input image, before it is read.
+
+    Attributes:
+        label: the class name; a sorted list of distinct class names (`--label multi`),
+            or None (`--label none`).
+        fields: the extra columns' checked values by sample member (`txt`: str,
+            `weight`: float, `json`: {column: JSON value}); None without `--fields`.
+    """
 
     path: str  # absolute local path
     rel: str  # path relative to the input root, with `/` separators; the identity of the input
-    label: str  # class name
+    label: str | list[str] | None  # class name(s)
     split: str | None = None  # from a manifest's split column, else assigned by hash
     where: str | None = None  # the list file and row it came from, for messages
+    fields: dict | None = None
+
+
+# --- extra columns: labels and sample fields from an input list ---------------------------
+
+LABEL_MODES = ("single", "multi", "none")
+# Sample members an input-list column may fill (`--fields caption:txt`): the caption, a
+# key of the metadata document, a per-sample weight. Multi-label targets come from the
+# `label` column (`--label multi`) and go to `labels`; all are in `shards.sample`'s allowlist.
+FIELD_MEMBERS = ("txt", "json", "weight")
+# Keys the build writes into each sample's metadata document itself; a `json` column
+# may not take one of them.
+META_KEYS = frozenset(
+    ("source", "split", "label", "labels", "width", "height")
+    + ("orig_width", "orig_height", "orig_format", "orig_mode")
+)
+_COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_LIST_COLUMNS = frozenset(("path", "label", "split"))
+# The loader's own checks of each member (`shards.sample.field_value`), applied per row.
+_WEIGHT = Field("weight", "weight")
+_NO_VALUE = {"txt": "no_text", "json": "no_json", "weight": "no_weight"}
+_FIX_ROW = "fix or remove the row and rerun (the row is skipped until then)"
+
+
+@dataclass(frozen=True)
+class FieldColumn:
+    """One `--fields` entry: input-list column `column` becomes sample member `member`."""
+
+    column: str
+    member: str
+
+
+@dataclass(frozen=True)
+class InputColumns:
+    """What an input list's columns hold beyond `path` and `split`.
+
+    Attributes:
+        label: `single` (a class name in `label`, the default), `multi` (a list of
+            class names in `label`) or `none` (no classes: `label` is not read).
+        fields: the extra columns and the sample members they fill.
+    """
+
+    label: str = "single"
+    fields: tuple[FieldColumn, ...] = ()
+
+    @classmethod
+    def parse(cls, label: str, specs: tuple[str, ...]) -> InputColumns:
+        """From `--label` and `--fields COLUMN:MEMBER,...`.
+
+        Raises:
+            ValueError: an unknown label mode, a malformed entry, a member that is not
+                one of `FIELD_MEMBERS`, a column used twice, or a member other than
+                `json` filled twice; the message says what to write instead.
+        """
+        if label not in LABEL_MODES:
+            raise ValueError(f"--label must be one of {', '.join(LABEL_MODES)}, got {label!r}")
+        fields = tuple(_field_column(spec) for spec in specs)
+        columns = [f.column for f in fields]
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"--fields names a column twice: {','.join(specs)}")
+        for member in ("txt", "weight"):
+            if sum(f.member == member for f in fields) > 1:
+                raise ValueError(
+                    f"--fields fills `{member}` from two columns; a sample holds one {member}: "
+                    "send the other column to `json`"
+                )
+        return cls(label, fields)
+
+    @property
+    def plain(self) -> bool:
+        """Single-label with no extra columns: what every build did before these options."""
+        return self.label == "single" and not self.fields
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The columns an input list must have."""
+        label = ("label",) if self.label != "none" else ()
+        return ("path", *label, *(f.column for f in self.fields))
+
+    def members(self, image_field: str) -> dict[str, str]:
+        """`{sample member: shards.sample field kind}` of every sample the build writes."""
+        members = {image_field: "image", "json": "json"}
+        if self.label == "single":
+            members["cls"] = "label"
+        elif self.label == "multi":
+            members["labels"] = "multi_label"
+        for spec in self.fields:
+            members[spec.member] = {"txt": "text", "json": "json", "weight": "weight"}[spec.member]
+        return dict(sorted(members.items()))
+
+    def row_values(
+        self, where: str, row: dict, from_text: bool
+    ) -> tuple[list[str] | None, dict | None]:
+        """A row's multi-label names (None unless `--label multi`) and its fields.
+
+        Args:
+            from_text: the row is a CSV line: its cells are text, an empty cell is no
+                value, and `json`/`weight` cells hold JSON text (`["a", "b"]`, `0.5`).
+
+        Raises:
+            SampleError: a value the loader would refuse (`bad_text`, `bad_json`,
+                `bad_weight`, `bad_labels`) or none at all (`no_text`, ...): the row is
+                a counted skip.
+        """
+        labels = _label_names(where, row.get("label"), from_text) if self.label == "multi" else None
+        if not self.fields:
+            return labels, None
+        values: dict = {}
+        for spec in self.fields:
+            value = row.get(spec.column)
+            at = f"{where} column {spec.column!r}"
+            if value is None or (from_text and value == ""):
+                raise SampleError(_NO_VALUE[spec.member], f"{at} is empty")
+            if spec.member == "txt":
+                values["txt"] = decode_text(value, at)
+                continue
+            parsed = parse_json(value if from_text else _json_text(value, at), at)
+            if spec.member == "weight":
+                values["weight"] = check_value(_WEIGHT, parsed, at)
+            else:
+                values.setdefault("json", {})[spec.column] = parsed
+        if "json" in values and len(_json_text(values["json"], where)) > MAX_FIELD_BYTES // 2:
+            raise SampleError(
+                "bad_json", f"{where}: the json columns take over {MAX_FIELD_BYTES // 2} bytes"
+            )
+        return labels, values
+
+
+def _field_column(spec: str) -> FieldColumn:
+    column, sep, member = spec.partition(":")
+    column, member = column.strip(), member.strip()
+    if not sep or not _COLUMN_NAME.match(column):
+        raise ValueError(
+            f"--fields entry {spec!r}: write COLUMN:MEMBER, e.g. caption:txt,tags:json,w:weight "
+            "(a column name is letters, digits and _, at most 64)"
+        )
+    if member not in FIELD_MEMBERS:
+        raise ValueError(
+            f"--fields entry {spec!r}: member {member!r} is not one of {', '.join(FIELD_MEMBERS)} "
+            "(multi-label targets come from the `label` column with --label multi)"
+        )
+    if column in _LIST_COLUMNS:
+        raise ValueError(f"--fields entry {spec!r}: `{column}` is a column the build reads itself")
+    if member == "json" and column in META_KEYS:
+        raise ValueError(
+            f"--fields entry {spec!r}: the metadata document already holds `{column}` "
+            f"(the build writes {', '.join(sorted(META_KEYS))}); rename the column"
+        )
+    return FieldColumn(column, member)
+
+
+def _json_text(value: object, where: str) -> str:
+    """A JSONL or Parquet cell as JSON text; a value JSON cannot hold is `bad_json`."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_RefuseValue(where))
+    except ValueError as error:  # NaN or infinity
+        raise SampleError("bad_json", f"{where}: {error}") from error
+
+
+class _RefuseValue:
+    """`json.dumps`'s `default`: a cell value JSON has no type for (bytes, a date) is a skip."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __call__(self, value: object) -> object:
+        raise SampleError("bad_json", f"{self.where}: a {type(value).__name__} is not JSON")
+
+
+def _label_names(where: str, value: object, from_text: bool) -> list[str]:
+    """A multi-label cell as sorted distinct class names.
+
+    A CSV cell holds a JSON list (`["cat", "dog"]`) or names separated by `|`
+    (`cat|dog`; empty: no labels); a JSONL or Parquet cell a list of names or ids.
+    """
+    at = f"{where} column 'label'"
+    if from_text and isinstance(value, str) and not value.lstrip().startswith("["):
+        value = [name.strip() for name in value.split("|")] if value.strip() else []
+    elif from_text and isinstance(value, str):
+        value = parse_json(value, at)
+    if not isinstance(value, list):
+        raise SampleError("bad_labels", f"{at} is not a list of class names")
+    names = set()
+    for item in value:
+        if type(item) not in (str, int):
+            raise SampleError("bad_labels", f"{at}: {item!r:.40} is not a class name or id")
+        name = str(item)
+        if not name or _CONTROL.search(name) or not _is_utf8(name):
+            raise SampleError(
+                "bad_labels",
+                f"{at}: class name {ascii(name):.60} is empty, holds a control character or "
+                "is not valid Unicode",
+            )
+        names.add(name)
+    if sum(len(name) for name in names) > MAX_FIELD_BYTES:
+        raise SampleError("bad_labels", f"{at} holds over {MAX_FIELD_BYTES} bytes of names")
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -192,14 +397,18 @@ def list_sources(input_path: str) -> list[SourceItem]:
     return scan_sources(input_path).items
 
 
-def scan_sources(input_path: str, confine: bool = False) -> Listing:
+def scan_sources(
+    input_path: str, confine: bool = False, columns: InputColumns | None = None
+) -> Listing:
     """`stream_sources`, with every input held in `items`: for small inputs and tests."""
-    listing, items = stream_sources(input_path, confine)
+    listing, items = stream_sources(input_path, confine, columns)
     listing.items = sorted(items, key=_sort_key)
     return listing
 
 
-def stream_sources(input_path: str, confine: bool = False) -> tuple[Listing, Iterator[SourceItem]]:
+def stream_sources(
+    input_path: str, confine: bool = False, columns: InputColumns | None = None
+) -> tuple[Listing, Iterator[SourceItem]]:
     """The inputs of a build, one at a time, and the account of every other tree entry.
 
     The `Listing` is complete once the iterator is exhausted (its `root` at once);
@@ -207,18 +416,26 @@ def stream_sources(input_path: str, confine: bool = False) -> tuple[Listing, Ite
 
     Args:
         confine: leave out directory links that resolve outside the root.
+        columns: what a list file's columns hold (default: a single `label`); a row
+            whose extra values the loader would refuse is left out as a refused input
+            (`LeftOut` with the loader's skip reason), never planned.
 
     Raises:
-        InputError: a malformed manifest or escaping paths (while iterating), or no
-            inputs at all (at the end).
+        InputError: a malformed manifest or escaping paths (while iterating), no
+            inputs at all (at the end), or (at once) `--fields` or `--label multi`
+            for an ImageFolder tree, which has no columns.
         FileNotFoundError: the input does not exist (at once).
     """
+    columns = columns or InputColumns()
     if is_remote(input_path):
         listing = Listing([])
-        return listing, _account(input_path, listing, iter_remote(input_path, listing))
+        _check_tree_columns(input_path, columns, input_path.lower().endswith(MANIFEST_SUFFIXES))
+        items = iter_remote(input_path, listing, columns)
+        return listing, _account(input_path, listing, _label_free(items, columns))
     path = Path(input_path)
     if not path.exists():
         raise FileNotFoundError(f"input {input_path} does not exist; check --input")
+    _check_tree_columns(input_path, columns, not path.is_dir())
     if path.is_dir():
         scan = _TreeScan(os.path.realpath(path), confine)
         listing = Listing(
@@ -228,10 +445,11 @@ def stream_sources(input_path: str, confine: bool = False) -> tuple[Listing, Ite
             ignored=scan.ignored,
             left_out_suffixes=scan.suffixes,
         )
-        return listing, _account(input_path, listing, scan.iter_tree(), scan)
+        items = _label_free(scan.iter_tree(), columns)
+        return listing, _account(input_path, listing, items, scan)
     if path.suffix.lower() in MANIFEST_SUFFIXES:
         listing = Listing([], str(path.resolve().parent))
-        return listing, _account(input_path, listing, iter_manifest(path, listing))
+        return listing, _account(input_path, listing, iter_manifest(path, listing, columns))
     raise InputError(
         f"input {input_path} is neither a directory nor a manifest "
         f"({', '.join(MANIFEST_SUFFIXES)}); pass an ImageFolder root or a list file"
@@ -256,6 +474,26 @@ def _account(
             f"no images found under {input_path}{why if refused else ''}; an "
             "ImageFolder root holds one directory per class with image files in it"
         )
+
+
+def _check_tree_columns(input_path: str, columns: InputColumns, is_list: bool) -> None:
+    if is_list or (columns.label != "multi" and not columns.fields):
+        return
+    raise InputError(
+        f"input {input_path} is an ImageFolder tree, which has no columns: --fields and "
+        "--label multi need a CSV, JSONL or Parquet list of path,label,... (see docs/SHARDS.md)"
+    )
+
+
+def _label_free(items: Iterator[SourceItem], columns: InputColumns) -> Iterator[SourceItem]:
+    """A tree's inputs without their class under `--label none`."""
+    if columns.label != "none":
+        yield from items
+        return
+    for item in items:
+        if item.label is not None:  # a list file's rows come without one already
+            item = SourceItem(item.path, item.rel, None, item.split, item.where, item.fields)
+        yield item
 
 
 def _sort_key(item: SourceItem) -> str:
@@ -457,15 +695,20 @@ def scan_manifest(manifest: Path) -> Listing:
     return scan_sources(str(manifest))
 
 
-def iter_manifest(manifest: Path, listing: Listing) -> Iterator[SourceItem]:
-    """Rows `path,label[,split]`; paths are relative to the manifest's directory.
+def iter_manifest(
+    manifest: Path, listing: Listing, columns: InputColumns | None = None
+) -> Iterator[SourceItem]:
+    """Rows `path,label[,split]` (and `columns`); paths are relative to the manifest's directory.
 
-    Symlinks among the listed paths are counted in `listing.links_followed`.
+    Symlinks among the listed paths are counted in `listing.links_followed`; rows
+    whose extra values are refused are left out in `listing.left_out`.
     """
+    columns = columns or InputColumns()
     root = str(manifest.resolve().parent)
     inside = os.path.join(root, "")  # the root with one trailing separator
-    for where, row in _iter_rows(manifest):
-        raw_path, label = _row_fields(where, row)
+    from_text = manifest.suffix.lower() == ".csv"
+    for where, row in _iter_rows(manifest, required=columns.required):
+        raw_path, label = _row_fields(where, row, columns.label)
         if os.path.isabs(raw_path) or "://" in raw_path:
             raise InputError(f"{where}: path {raw_path!r} must be relative to the manifest")
         full = os.path.normpath(os.path.join(root, raw_path))
@@ -476,16 +719,41 @@ def iter_manifest(manifest: Path, listing: Listing) -> Iterator[SourceItem]:
             rel = "."
         else:
             raise InputError(f"{where}: path {raw_path!r} escapes the manifest's directory")
-        listing.links_followed += os.path.islink(full)
-        split = row.get("split")
-        yield SourceItem(full, rel, label, str(split) if split else None, where)
+        item = _column_item(listing, columns, where, row, from_text, (full, rel, label))
+        if item is not None:
+            listing.links_followed += os.path.islink(full)
+            yield item
 
 
-def _row_fields(where: str, row: dict) -> tuple[str, str]:
-    """A row's path and label, refused when unusable as a file name or a class name."""
+def _column_item(
+    listing: Listing,
+    columns: InputColumns,
+    where: str,
+    row: dict,
+    from_text: bool,
+    found: tuple[str, str, str | None],
+) -> SourceItem | None:
+    """The row's input with its extra values, or None after leaving it out as refused."""
+    path, rel, label = found
+    try:
+        labels, values = columns.row_values(where, row, from_text)
+    except SampleError as error:
+        listing.left_out.append(LeftOut(rel, error.reason, f"{error.detail}; {_FIX_ROW}", True))
+        return None
+    split = row.get("split")
+    label = labels if columns.label == "multi" else label
+    return SourceItem(path, rel, label, str(split) if split else None, where, values)
+
+
+def _row_fields(where: str, row: dict, label_mode: str = "single") -> tuple[str, str | None]:
+    """A row's path and label (None unless single-label: `InputColumns.row_values` reads
+    the others), refused when unusable as a file name or a class name."""
     raw_path, label = row.get("path"), row.get("label")
+    if label_mode != "single":
+        label = "-"  # checked (multi) or not read (none) elsewhere
     if not raw_path or label is None or str(label) == "":
-        raise InputError(f"{where}: every row needs `path` and `label`; fix the row and rerun")
+        needs = "`path` and `label`" if label_mode == "single" else "`path`"
+        raise InputError(f"{where}: every row needs {needs}; fix the row and rerun")
     raw_path, label = str(raw_path), str(label)
     for name, value in (("path", raw_path), ("label", label)):
         bad = _CONTROL.search(value)
@@ -500,14 +768,17 @@ def _row_fields(where: str, row: dict) -> tuple[str, str]:
                 f"{where}: {name} {ascii(value)} is not valid Unicode (a lone surrogate); "
                 "fix or remove this row of the list and rerun"
             )
-    return raw_path, label
+    return raw_path, (label if label_mode == "single" else None)
 
 
-def _iter_rows(manifest: Path | str, opener=open) -> Iterator[tuple[str, dict]]:
+def _iter_rows(
+    manifest: Path | str, opener=open, required: tuple[str, ...] = ("path", "label")
+) -> Iterator[tuple[str, dict]]:
     """(where, row) pairs of a CSV, JSONL or Parquet list, read as a stream.
 
     `where` names the file and row; `opener` is `open` or an fsspec filesystem's.
     CSV and JSONL rows are named by their line, Parquet rows by their index from 1.
+    The first row must have the `required` columns.
     """
     suffix = os.path.splitext(str(manifest))[1].lower()
     if suffix == ".parquet":
@@ -518,9 +789,14 @@ def _iter_rows(manifest: Path | str, opener=open) -> Iterator[tuple[str, dict]]:
         first = next(rows, None)
         if first is None:
             return
-        if not {"path", "label"} <= set(first[1]):
+        missing = [name for name in required if name not in first[1]]
+        if missing:
+            declared = " (--fields and --label name the columns beyond `path`)"
             raise InputError(
-                f"{manifest} needs columns `path` and `label` (has {sorted(first[1])})"
+                f"{manifest} needs columns {', '.join(f'`{n}`' for n in required)}; it has no "
+                f"{', '.join(f'`{n}`' for n in missing)} (has {sorted(first[1])})"
+                + (declared if len(required) > 2 or "label" not in required else "")
+                + "; fix the list or the options and rerun"
             )
         yield first
         yield from rows
@@ -535,8 +811,16 @@ def _iter_rows(manifest: Path | str, opener=open) -> Iterator[tuple[str, dict]]:
         ) from error
 
 
+# A CSV cell may be this long: twice the cap of a caption or JSON value, so a cell just
+# over the cap is that row's counted skip (`bad_text`), not the whole list's refusal.
+# The csv module's own default is 128 KiB; this only ever raises its (global) limit.
+MAX_CSV_CELL = 2 * MAX_FIELD_BYTES
+
+
 def _iter_csv_or_jsonl(manifest: Path | str, opener, suffix: str) -> Iterator[tuple[str, dict]]:
     if suffix == ".csv":
+        if csv.field_size_limit() < MAX_CSV_CELL:
+            csv.field_size_limit(MAX_CSV_CELL)
         with opener(manifest, "rt", newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             for row in reader:
@@ -592,7 +876,9 @@ def is_remote(input_path: str) -> bool:
     return "://" in input_path and not input_path.startswith("file://")
 
 
-def iter_remote(url: str, listing: Listing | None = None) -> Iterator[SourceItem]:
+def iter_remote(
+    url: str, listing: Listing | None = None, columns: InputColumns | None = None
+) -> Iterator[SourceItem]:
     """An ImageFolder tree or a list file in an object store, listed through fsspec.
 
     Paths in a remote list file are relative to it and may not leave its prefix;
@@ -609,7 +895,7 @@ def iter_remote(url: str, listing: Listing | None = None) -> Iterator[SourceItem
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
     if root.lower().endswith(MANIFEST_SUFFIXES):
-        yield from _iter_remote_list_file(fs, scheme, root)
+        yield from _iter_remote_list_file(fs, scheme, root, listing, columns or InputColumns())
         return
     for directory, subdirs, files in fs.walk(root):
         subdirs[:] = [name for name in subdirs if not _is_hidden(name)]
@@ -638,15 +924,18 @@ def _remote_item(
     return None
 
 
-def _iter_remote_list_file(fs, scheme: str, listing: str) -> Iterator[SourceItem]:
-    base = posixpath.dirname(listing)
-    for where, row in _iter_rows(listing, opener=fs.open):
+def _iter_remote_list_file(
+    fs, scheme: str, list_file: str, listing: Listing, columns: InputColumns
+) -> Iterator[SourceItem]:
+    base = posixpath.dirname(list_file)
+    from_text = list_file.lower().endswith(".csv")
+    for where, row in _iter_rows(list_file, opener=fs.open, required=columns.required):
         where = f"{scheme}://{where}"
-        raw, label = _row_fields(where, row)
+        raw, label = _row_fields(where, row, columns.label)
         rel = posixpath.normpath(raw)
         if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
             raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
-        split = row.get("split")
-        yield SourceItem(
-            f"{scheme}://{base}/{rel}", rel, label, str(split) if split else None, where
-        )
+        found = (f"{scheme}://{base}/{rel}", rel, label)
+        item = _column_item(listing, columns, where, row, from_text, found)
+        if item is not None:
+            yield item

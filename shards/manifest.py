@@ -63,7 +63,7 @@ import pyarrow.parquet as pq
 from shards.formats import FORMAT_NAMES, get_format
 from shards.io import OutputStore, atomic_write_bytes
 from shards.redact import redact_text, redact_url
-from shards.sample import IMAGE_FIELDS
+from shards.sample import ALLOWED_FIELDS, FIELD_KINDS, IMAGE_FIELDS
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "shardpipe-manifest"
@@ -645,6 +645,9 @@ class Manifest:
     skipped: dict[str, int]
     complete: bool = field(default=True, compare=False, repr=False)
     layout: str = LAYOUT_FLAT
+    # What the samples carry beyond image + class (`check_fields_entry`); None: a
+    # single-label build of image, `cls` and `json`, as every build before it was.
+    fields: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -774,6 +777,8 @@ class Manifest:
             "splits": splits,
             "config": self.config,
         }
+        if self.fields is not None:
+            document["fields"] = self.fields
         if self.layout == LAYOUT_FLAT:
             document["version"] = FLAT_VERSION
             del document["layout"]
@@ -1043,11 +1048,99 @@ def _name_problem(name: Any, suffix: str, directory: str | None = None) -> str |
     return None
 
 
+# --- the `fields` entry -------------------------------------------------------------------
+
+LABEL_MODES = ("single", "multi", "none")
+_FIELDS_KEYS = frozenset(("label", "members", "columns", "label_counts"))
+
+
+def fields_entry(
+    label: str,
+    members: dict[str, str],
+    columns: dict[str, str],
+    label_counts: dict[str, list[int]] | None = None,
+) -> dict[str, Any]:
+    """The manifest's `fields`: what each sample carries and where it came from.
+
+    Args:
+        label: `single`, `multi` or `none` (`preprocess build-shards --label`).
+        members: `{sample member: shards.sample field kind}` (`{"txt": "text", ...}`).
+        columns: `{input-list column: member}` (`--fields`).
+        label_counts: multi-label only: per split, the samples holding each class.
+    """
+    entry: dict[str, Any] = {
+        "label": label,
+        "members": dict(sorted(members.items())),
+        "columns": dict(sorted(columns.items())),
+    }
+    if label_counts is not None:
+        entry["label_counts"] = {split: label_counts[split] for split in sorted(label_counts)}
+    return entry
+
+
+def check_fields_entry(
+    reader: _ManifestReader, value: Any, splits: dict[str, SplitInfo]
+) -> dict[str, Any] | None:
+    """The `fields` entry checked: absent (None), or as `fields_entry` writes it.
+
+    Members must be allowlisted shard fields of known kinds, columns must name one of
+    them; `label_counts` are given exactly for multi-label, one count per class per
+    split, none above the split's samples; a label-free dataset has no classes.
+    """
+    if value is None:
+        return None
+    if type(value) is not dict:
+        reader.fail("fields", _wrong(value, "an object"))
+    reader.check_keys(value, "fields", _FIELDS_KEYS)
+    label = value.get("label", _MISSING)
+    if type(label) is not str or label not in LABEL_MODES:
+        reader.fail("fields.label", _wrong(label, f"one of {list(LABEL_MODES)}"))
+    members = value.get("members", _MISSING)
+    if type(members) is not dict or not members:
+        reader.fail("fields.members", _wrong(members, "an object of members and kinds"))
+    for name, kind in members.items():
+        if name not in ALLOWED_FIELDS or type(kind) is not str or kind not in FIELD_KINDS:
+            reader.fail(
+                _key("fields.members", name),
+                f"{_show(name)}: {_show(kind)} is not an allowlisted member "
+                f"({', '.join(sorted(ALLOWED_FIELDS))}) of a kind in {list(FIELD_KINDS)}",
+            )
+    columns = value.get("columns", {})
+    if type(columns) is not dict:
+        reader.fail("fields.columns", _wrong(columns, "an object of columns and members"))
+    for column, member in columns.items():
+        if type(member) is not str or member not in members:
+            reader.fail(_key("fields.columns", column), _wrong(member, "one of `members`"))
+    if label == "none" and reader.classes:
+        reader.fail("fields.label", "is `none` but the manifest lists classes")
+    counts = value.get("label_counts")
+    if (label == "multi") != (counts is not None):
+        reader.fail("fields.label_counts", "must be given for multi-label datasets only")
+    if counts is not None:
+        _check_label_counts(reader, counts, splits)
+    return value
+
+
+def _check_label_counts(reader: _ManifestReader, counts: Any, splits: dict) -> None:
+    if type(counts) is not dict:
+        reader.fail("fields.label_counts", _wrong(counts, "an object of splits"))
+    for split, row in counts.items():
+        where = _key("fields.label_counts", split)
+        if split not in splits:
+            reader.fail(where, f"names no split of the manifest ({', '.join(sorted(splits))})")
+        if type(row) is not list or len(row) != len(reader.classes):
+            reader.fail(where, _wrong(row, f"a list of {len(reader.classes)} counts"))
+        samples = splits[split].samples
+        for index, count in enumerate(row):
+            if type(count) is not int or not 0 <= count <= samples:
+                reader.fail(f"{where}[{index}]", _wrong(count, f"a count of at most {samples}"))
+
+
 # --- validation ---------------------------------------------------------------------------
 
 _TOP_KEYS_V2 = frozenset(
     ("format", "version", "classes", "image_field", "formats", "inputs", "written")
-    + ("skipped", "splits", "config")
+    + ("skipped", "splits", "config", "fields")
 )
 _TOP_KEYS = _TOP_KEYS_V2 | {"layout"}
 _SPLIT_KEYS_V1 = frozenset(("samples", "class_counts", "patterns", "shards"))
@@ -1144,6 +1237,7 @@ class _ManifestReader:
             skipped,
             self.complete,
             layout=self.layout,
+            fields=check_fields_entry(self, data.get("fields"), splits),
         )
 
     def read_layout(self, value: Any) -> str:

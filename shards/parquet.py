@@ -2,10 +2,14 @@
 
 Columns: `__key__`, the image (column named by its field, e.g. `jpg`, stored as
 Hugging Face's `Image` struct `{bytes, path}` with `path` always null), `cls`
-(int64), `json` (the exact metadata document of the tar member) and flattened
-metadata columns for querying with pyarrow, duckdb or polars. The file metadata
-holds our own `shardpipe` document and HF's `huggingface` features, so HF datasets
-reads `Image` and `ClassLabel` columns with no cast. Row groups are small so a
+(int64; absent in multi-label and label-free shards), `labels` (multi-label:
+list<int64> class ids), `json` (the exact metadata document of the tar member),
+`txt` (string) and `weight` (float64) when the samples carry them, and flattened
+metadata columns for querying with pyarrow, duckdb or polars. Each column holds
+its tar member's value: the reader gives `labels` and `weight` back as the same
+JSON bytes the tar holds. The file metadata holds our own `shardpipe` document
+and HF's `huggingface` features, so HF datasets reads `Image`, `ClassLabel` and
+`List(ClassLabel)` columns with no cast. Row groups are small so a
 reader streams one group at a time. The reader also takes Parquet written by
 others: a plain binary image column, and no `__key__` column.
 """
@@ -54,20 +58,46 @@ HF_METADATA_KEY = b"huggingface"
 FORMAT_VERSION = 2
 # Columns that hold an integer label: ours, then the one HF datasets writes.
 LABEL_COLUMNS = ("cls", "label")
-_HF_VALUE_TYPES = {pa.string(): "string", pa.int32(): "int32", pa.int64(): "int64"}
+_HF_VALUE_TYPES = {
+    pa.string(): "string",
+    pa.int32(): "int32",
+    pa.int64(): "int64",
+    pa.float64(): "float64",
+}
+# The members a shard's samples may carry besides the image, in column order, with the
+# column type each is written as (`json` always; the others when the samples have them).
+MEMBER_COLUMNS: dict[str, pa.DataType] = {
+    "cls": pa.int64(),
+    "labels": pa.list_(pa.int64()),
+    "json": pa.string(),
+    "txt": pa.string(),
+    "weight": pa.float64(),
+}
+DEFAULT_MEMBERS = ("cls", "json")
 
 
-def shard_schema(image_field: str) -> pa.Schema:
-    """The Parquet schema of a shard whose images are stored in `image_field`, no metadata."""
+def shard_schema(image_field: str, members: Sequence[str] = DEFAULT_MEMBERS) -> pa.Schema:
+    """The Parquet schema of a shard whose images are stored in `image_field`, no metadata.
+
+    Args:
+        members: the sample members besides the image (`MEMBER_COLUMNS`); `json` is
+            always written.
+    """
     if image_field not in IMAGE_FIELDS:
         raise ValueError(f"image field must be one of {IMAGE_FIELDS}, got {image_field!r}")
+    unknown = sorted(set(members) - set(MEMBER_COLUMNS))
+    if unknown:
+        raise ValueError(f"members {unknown} have no Parquet column; known: {list(MEMBER_COLUMNS)}")
     base = [
         pa.field("__key__", pa.string(), nullable=False),
         # Nullable as HF's features are: a non-nullable field makes HF ignore them.
         pa.field(image_field, IMAGE_STRUCT),
-        pa.field("cls", pa.int64()),
-        pa.field("json", pa.string(), nullable=False),
     ]
+    for name, kind in MEMBER_COLUMNS.items():
+        if name == "json":
+            base.append(pa.field("json", kind, nullable=False))
+        elif name in members:
+            base.append(pa.field(name, kind))
     return pa.schema(base + [pa.field(n, t) for n, t in METADATA_COLUMNS.items()])
 
 
@@ -88,7 +118,7 @@ def shard_metadata(
         "format_version": FORMAT_VERSION,
         "key_field": "__key__",
         "image_field": image_field,
-        "label_field": "cls",
+        "label_field": "cls" if "cls" in schema.names else None,
         "class_names": names,
         "description": description,
         "split": split,
@@ -99,6 +129,11 @@ def shard_metadata(
             features[field.name] = {"_type": "Image"}
         elif field.name == "cls" and names is not None:
             features[field.name] = {"_type": "ClassLabel", "names": names}
+        elif field.name == "labels":
+            ids = {"_type": "Value", "dtype": "int64"}
+            if names is not None:
+                ids = {"_type": "ClassLabel", "names": names}
+            features[field.name] = {"_type": "List", "feature": ids}
         else:
             features[field.name] = {"_type": "Value", "dtype": _HF_VALUE_TYPES[field.type]}
     hf = {"info": {"description": description or "", "features": features}}
@@ -118,6 +153,9 @@ class ParquetShardWriter:
         class_names: the dataset's classes (a label indexes them), for the metadata.
         description: the dataset's description, for the metadata.
         split: the split this shard belongs to, for the metadata.
+        members: the members every sample carries besides the image (`MEMBER_COLUMNS`
+            names). None: those of the first sample written; a shard with no samples
+            then gets `cls` and `json` (`json` alone when `class_names` is empty).
     """
 
     def __init__(
@@ -129,23 +167,43 @@ class ParquetShardWriter:
         class_names: Sequence[str] | None = None,
         description: str | None = None,
         split: str | None = None,
+        members: Sequence[str] | None = None,
     ):
+        if image_field not in IMAGE_FIELDS:
+            raise ValueError(f"image field must be one of {IMAGE_FIELDS}, got {image_field!r}")
         self.image_field = image_field
-        schema = shard_schema(image_field)
-        metadata = shard_metadata(schema, image_field, class_names, description, split)
-        self.schema = schema.with_metadata(metadata)
         self.row_group_size = row_group_size
+        self._fileobj = fileobj
+        self._dataset = (class_names, description, split)
+        self._writer: pq.ParquetWriter | None = None
+        self.members: tuple[str, ...] | None = None
+        self.schema: pa.Schema | None = None
+        if members is not None:
+            self._open(members)
+        self._rows: list[Sample] = []
+        self.count = 0
+
+    def _open(self, members: Sequence[str]) -> None:
+        schema = shard_schema(self.image_field, members)
+        metadata = shard_metadata(schema, self.image_field, *self._dataset)
+        self.schema = schema.with_metadata(metadata)
+        self.members = tuple(name for name in schema.names if name in MEMBER_COLUMNS)
+        image_field = self.image_field
         # Images are already compressed: storing them uncompressed saves CPU on
         # both ends; statistics on image bytes would only bloat the footer.
         # Keys are column paths: the image struct's leaves are `jpg.bytes`, `jpg.path`.
         compression = {name: "zstd" for name in self.schema.names if name != image_field}
         compression[f"{image_field}.bytes"] = "none"
         compression[f"{image_field}.path"] = "zstd"
+        if "labels" in self.members:
+            del compression["labels"]
+            compression["labels.list.element"] = "zstd"
+        statistics = ["__key__", "cls", "split", "width", "height"]
         self._writer = pq.ParquetWriter(
-            fileobj,
+            self._fileobj,
             self.schema,
             compression=compression,
-            write_statistics=["__key__", "cls", "split", "width", "height"],
+            write_statistics=[name for name in statistics if name in self.schema.names],
             use_dictionary=["split"],
             # pyarrow's copy of the Arrow schema (ARROW:schema) would repeat the metadata
             # (every class name) in each footer; our types need no Arrow hints, and
@@ -153,11 +211,18 @@ class ParquetShardWriter:
             store_schema=False,
         )
         self._writer.add_key_value_metadata(metadata)
-        self._rows: list[Sample] = []
-        self.count = 0
 
     def write(self, sample: Sample) -> None:
         check_key(sample["__key__"])
+        carried = tuple(name for name in MEMBER_COLUMNS if name in sample)
+        if self._writer is None:
+            self._open(carried)
+        if carried != self.members or self.image_field not in sample:
+            raise ValueError(
+                f"sample {sample['__key__']} carries {[self.image_field, *carried]}, but this "
+                f"shard's columns are {[self.image_field, *(self.members or ())]}: every "
+                "sample of a shard carries the same members"
+            )
         self._rows.append(sample)
         self.count += 1
         if len(self._rows) >= self.row_group_size:
@@ -173,15 +238,25 @@ class ParquetShardWriter:
             self.image_field: pa.StructArray.from_arrays(
                 [images, pa.nulls(len(images), pa.string())], fields=list(IMAGE_STRUCT)
             ),
-            "cls": [int(row["cls"]) for row in self._rows],
             "json": [row["json"].decode("utf-8") for row in self._rows],
         }
+        if "cls" in self.members:
+            columns["cls"] = [int(row["cls"]) for row in self._rows]
+        if "labels" in self.members:
+            columns["labels"] = [json.loads(row["labels"]) for row in self._rows]
+        if "txt" in self.members:
+            columns["txt"] = [row["txt"].decode("utf-8") for row in self._rows]
+        if "weight" in self.members:
+            columns["weight"] = [float(json.loads(row["weight"])) for row in self._rows]
         for name in METADATA_COLUMNS:
             columns[name] = [meta.get(name) for meta in metas]
         self._writer.write_table(pa.table(columns, schema=self.schema))
         self._rows = []
 
     def close(self) -> None:
+        if self._writer is None:
+            labelled = self._dataset[0] is None or len(self._dataset[0]) > 0
+            self._open(DEFAULT_MEMBERS if labelled else ("json",))
         self._flush()
         self._writer.close()
 
@@ -195,6 +270,10 @@ BATCH_BYTES = 16 * 2**20
 FOOTER_READ_BYTES = 64 * 2**10
 # Optional columns read when requested: a shard without them yields samples without them.
 TEXT_FIELDS = ("json", "txt")
+# Optional typed columns, yielded as the JSON bytes of their tar members (`[0, 3]`, `0.5`):
+# `labels` a list of integers, `weight` a number; a JSON string column of either reads too.
+JSON_VALUE_FIELDS = ("labels", "weight")
+OPTIONAL_FIELDS = TEXT_FIELDS + JSON_VALUE_FIELDS
 # pyarrow's words for a file without Parquet's magic or too short to hold a footer.
 _NOT_PARQUET_SIGNS = ("magic bytes", "file size is 0", "minimum file footer")
 _REBUILD = "rebuild the shard with `preprocess build-shards`"
@@ -357,8 +436,9 @@ def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> Parquet
     one image column (one of `IMAGE_FIELDS`) holding binary or HF's Image struct
     (a binary `bytes` field; its `path` is never read), the label columns
     (`cls`, HF's `label`) that `fields` asks for integers, at least one of them
-    present when any is asked for, `json`/`txt` strings when present and asked
-    for. Columns outside the contract are ignored.
+    present when any is asked for, `json`/`txt` strings, `labels` a list of
+    integers and `weight` a number (either also a JSON string) when present and
+    asked for. Columns outside the contract are ignored.
 
     Raises:
         ShardError: `schema`, naming the missing or mistyped column.
@@ -380,11 +460,28 @@ def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> Parquet
     if image_field in fields:
         columns.append(image_field)
     columns += _label_columns(schema, url, fields)
-    for name in TEXT_FIELDS:
+    for name in OPTIONAL_FIELDS:
         if name in fields and schema.get_all_field_indices(name):
-            _expect(schema, url, name, "string", (pa.types.is_string, pa.types.is_large_string))
+            wanted, checks = _OPTIONAL_TYPES.get(name, ("string", _STRING))
+            _expect(schema, url, name, wanted, checks)
             columns.append(name)
     return ParquetLayout(image_field, tuple(columns), image_struct)
+
+
+def _is_integer_list(kind: pa.DataType) -> bool:
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    return listed and pa.types.is_integer(kind.value_type)
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_floating(kind) or pa.types.is_integer(kind)
+
+
+_STRING = (pa.types.is_string, pa.types.is_large_string)
+_OPTIONAL_TYPES = {
+    "labels": ("a list of integers (or a JSON string)", (_is_integer_list, *_STRING)),
+    "weight": ("a number (or a JSON string)", (_is_number, *_STRING)),
+}
 
 
 _BINARY = (pa.types.is_binary, pa.types.is_large_binary)
@@ -509,7 +606,8 @@ def iter_parquet_samples(
         start: first row to yield.
         stop: row to stop before; defaults to `declared`, else the shard's end.
         fields: fields to yield (an image column of `IMAGE_FIELDS`, `cls`/`label`,
-            `json`, `txt`); each is yielded under its column's name.
+            `json`, `txt`, `labels`, `weight`); each is yielded under its column's
+            name, `labels` and `weight` as the JSON bytes a tar member holds.
         limits: caps on one cell (`member_bytes`) and one row group (`row_group_bytes`).
         declared: the sample count the manifest promises for this shard.
 
@@ -626,8 +724,30 @@ def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, limits: ReadLimi
         array = batch.column(name)
         if layout.image_struct and name == layout.image_field:
             array = pc.struct_field(array, "bytes")  # null where the struct itself is null
-        values[name] = _column_values(array, limits.member_bytes)
+        if name in JSON_VALUE_FIELDS and not any(check(array.type) for check in _STRING):
+            values[name] = _json_cells(array, limits.member_bytes)
+        else:
+            values[name] = _column_values(array, limits.member_bytes)
     return values
+
+
+def _json_cells(array: pa.Array, limit: int) -> list:
+    """A typed `labels` or `weight` column as the JSON bytes its tar members hold.
+
+    A number becomes a float's JSON (`2.0`: what the build writes in both formats),
+    a list of ids `[0, 3]`; None for null cells, `_Oversized` past `limit` bytes. The
+    values are not judged here: the loader's field checks do that (`bad_labels`).
+    """
+    if _is_number(array.type):
+        return [
+            None if value is None else json.dumps(float(value)).encode("ascii")
+            for value in array.to_pylist()
+        ]
+    cells = []
+    for value in array.to_pylist():
+        data = None if value is None else json.dumps(value).encode("ascii")
+        cells.append(_Oversized(len(data)) if data is not None and len(data) > limit else data)
+    return cells
 
 
 def _column_values(array: pa.Array, limit: int) -> list:
@@ -691,7 +811,7 @@ def _sample(
     for name, value in cells.items():
         if isinstance(value, (bytes, int)):
             sample[name] = str(value).encode("ascii") if name in LABEL_COLUMNS else value
-        elif value is not None or name not in TEXT_FIELDS:  # a null json is no json
+        elif value is not None or name not in OPTIONAL_FIELDS:  # a null json is no json
             error = error or _cell_error(name, value, index, url, limits, key, layout)
     if error is not None:
         sample["__error__"] = error
@@ -754,7 +874,10 @@ def count_parquet_samples(
     """
     with _open_source(source) as stream:
         parquet = _open_parquet(stream, url, limits)
-        check_schema(parquet.schema_arrow, url, ALLOWED_FIELDS)
+        schema = parquet.schema_arrow
+        # A shard without classes (label-free, multi-label, another writer's) counts too.
+        labelled = any(schema.get_all_field_indices(name) for name in LABEL_COLUMNS)
+        check_schema(schema, url, ALLOWED_FIELDS - set(() if labelled else LABEL_COLUMNS))
         counts = _row_counts(parquet, stream, url)
         for group in range(len(counts)):
             _check_row_group(parquet, group, url, limits)

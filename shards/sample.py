@@ -370,6 +370,17 @@ def _check_weight(value: object, where: str, field: Field) -> float:
 _CHECKS = {"json": _check_json, "multi_label": _check_labels, "weight": _check_weight}
 
 
+def check_value(field: Field, value: object, where: str) -> object:
+    """A parsed JSON value checked as `field_value` checks it (`json`, `multi_label`, `weight`).
+
+    For the build, which validates input-list cells with the loader's own rules.
+
+    Raises:
+        SampleError: `bad_json`, `bad_labels`, `bad_weight`, naming `where`.
+    """
+    return _CHECKS[field.kind](value, where, field)
+
+
 def collate_values(field: Field, values: list) -> np.ndarray | list:
     """One batch's decoded values of a non-image field, without a transform.
 
