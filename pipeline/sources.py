@@ -31,6 +31,7 @@ from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
 from shards.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    LocalTableReader,
     Manifest,
     ManifestError,
     shard_name,
@@ -357,12 +358,19 @@ def read_manifest_url(
     return Manifest.from_json(
         data,
         url,
-        read_table=RemoteTableReader(manifest_base(url), retry, storage_options),
+        read_table=table_reader(url, retry, storage_options),
         splits=None if split is None else (split,),
         formats=(fmt or "tar",),
         shard_class_counts=False,
         shard_digests=checksums,
     )
+
+
+def table_reader(url: str, retry: RetryPolicy, storage_options):
+    """How to read the side tables of the manifest at `url`: mapped when a local path."""
+    if url_scheme(url) == "":
+        return LocalTableReader(manifest_base(url))
+    return RemoteTableReader(manifest_base(url), retry, storage_options)
 
 
 class RemoteTableReader:

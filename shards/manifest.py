@@ -48,6 +48,7 @@ import contextlib
 import gc
 import hashlib
 import json
+import mmap
 import operator
 import os
 import re
@@ -115,7 +116,7 @@ _DIGEST_BYTES = 32
 _CHECK_ROWS = 2**16  # side-table rows whose class counts are checked at a time
 
 # `(name, recorded byte count) -> the side file's bytes`, at most count + 1 of them.
-TableReader = Callable[[str, int], bytes]
+TableReader = Callable[[str, int], "bytes | MappedFile"]
 
 
 class ManifestError(ValueError):
@@ -834,14 +835,42 @@ class Manifest:
 
 
 class LocalTableReader:
-    """Reads side tables from a local directory (a `TableReader`)."""
+    """Reads side tables from a local directory (a `TableReader`), mapped, not copied."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
 
-    def __call__(self, name: str, size: int) -> bytes:
-        with (self.directory / name).open("rb") as file:
-            return file.read(size + 1)
+    def __call__(self, name: str, size: int) -> MappedFile:
+        return MappedFile(self.directory / name)
+
+
+class MappedFile:
+    """A local side table, memory-mapped: hashed in pieces, then only the columns read.
+
+    A million-shard table is ~76 MB; read into memory whole, it would be the peak of
+    every process that loads the manifest. Mapped, hashing reads it through a small
+    buffer and Parquet touches only the pages of the columns it decodes.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("rb")  # kept until hashed: the bytes hashed are the ones mapped
+        self.size = os.fstat(self.file.fileno()).st_size
+        self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def hexdigest(self) -> str:
+        """The file's sha256, read through a small buffer (mapped pages would stay resident)."""
+        digest = hashlib.sha256()
+        chunk = bytearray(self.CHUNK)
+        with self.file:
+            self.file.seek(0)
+            while read := self.file.readinto(chunk):
+                digest.update(memoryview(chunk)[:read])
+        return digest.hexdigest()
 
 
 def write_manifest(
@@ -1543,7 +1572,7 @@ class _ManifestReader:
             self.fail(f"{where}.sha256", _wrong(digest, "64 lowercase hex digits"))
         return _TableRef(name, rows, size, digest)
 
-    def fetch_table(self, where: str, ref: _TableRef) -> bytes:
+    def fetch_table(self, where: str, ref: _TableRef) -> bytes | MappedFile:
         """The side table's bytes, checked against the size and sha256 the manifest records."""
         if self.read_table is None:
             self.fail(
@@ -1562,7 +1591,10 @@ class _ManifestReader:
             size = f"more than {ref.bytes}" if len(data) > ref.bytes else str(len(data))
             problem = f"{_show(ref.name)} is {size} bytes, the manifest records {ref.bytes}"
             self.fail(where, problem + " (truncated or replaced)", TABLE_FIX)
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
+        found = (
+            data.hexdigest() if isinstance(data, MappedFile) else hashlib.sha256(data).hexdigest()
+        )
+        if found != ref.sha256:
             problem = f"{_show(ref.name)} does not match the sha256 the manifest records"
             self.fail(where, problem + " (replaced or corrupted)", TABLE_FIX)
         return data
@@ -1663,7 +1695,8 @@ class _TableDecoder:
         """Fetch and check the side file, read the selected columns, check them."""
         data = self.reader.fetch_table(f"{self.where}.table", self.ref)
         try:
-            parquet = pq.ParquetFile(pa.BufferReader(data))
+            buffer = data.map if isinstance(data, MappedFile) else data
+            parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buffer)))
             schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
         except (pa.ArrowException, OSError) as error:
             self.fail(".table", f"not a readable Parquet table: {error}")
@@ -1674,7 +1707,7 @@ class _TableDecoder:
             arrow = parquet.read(columns=columns, use_threads=False)
         except (pa.ArrowException, OSError) as error:
             self.fail(".table", f"not a readable Parquet table: {error}")
-        del parquet, data  # the file's bytes: the columns are read, and checks need memory
+        del parquet, buffer, data  # the file: the columns are read, and checks need memory
         for name in columns:
             if arrow.column(name).null_count and name not in ("class_ids", "class_counts"):
                 row = _first(arrow.column(name).is_null().to_numpy(zero_copy_only=False))

@@ -835,7 +835,7 @@ def test_shard_specs_index_slice_and_pickle_compactly(side_built):
 
 def test_the_trainers_data_identity_is_the_one_of_every_spec(built, side_built):
     torch_run = pytest.importorskip("trainers.run")
-    config = SimpleNamespace(batch_size=8, accum_steps=1, seed=1, model="m")
+    config = SimpleNamespace(batch_size=8, accum_steps=1, seed=1, model="m", task="single-label")
     source = resolve_source(str(built), "train")  # inline: every shard's own sha256
     digest = hashlib.sha256()
     for spec in source.shards:  # the formula before the columns
