@@ -330,3 +330,19 @@ def test_version_3_names_its_layout(by_format):
     document["version"], document["layout"] = 2, LAYOUT_BY_FORMAT
     with pytest.raises(ManifestError, match="not a manifest field"):
         Manifest.from_json(json.dumps(document), "m.json")
+
+
+def test_build_shards_format_dirs_through_the_command_line(images, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["build-shards", "--input", str(images), "--output", str(out), "--image-size", "48"]
+    args += ["--shard-size", "16", "--executor", "inline", "--no-progress"]
+    assert preprocess_main([*args, "--format-dirs"]) == 0
+    printed = capsys.readouterr().out
+    assert "files left out by extension: .tga: 1" in printed
+    assert f"for timm and wids: {INFO_NAME}, train.wids.json" in printed
+    assert (out / "tar" / "train-000000.tar").is_file()
+    assert read_manifest(out).layout == LAYOUT_BY_FORMAT
+    assert preprocess_main(args) == 0  # a rerun without the flag keeps the layout
+    assert "nothing to do" in capsys.readouterr().out
+    assert preprocess_main(["index", str(out)]) == 0
+    assert f"index: wrote {INFO_NAME}, train.wids.json" in capsys.readouterr().out
