@@ -146,7 +146,8 @@ _ALPHA_MODES = frozenset(("RGBA", "LA", "PA", "RGBa", "La"))
 # The optional fast backends (the `fast` extra), by import name.
 FAST_PACKAGES = ("simplejpeg", "cv2")
 FAST_HINT = (
-    'the fast backend needs simplejpeg and opencv-python-headless: pip install "shardpipe[fast]"'
+    "the fast backend needs simplejpeg and opencv-python-headless, which shardpipe depends "
+    "on: reinstall them with `pip install simplejpeg opencv-python-headless`"
 )
 # JPEG colour spaces libjpeg-turbo converts to RGB exactly as Pillow does. CMYK and YCCK
 # (Adobe's inverted variants) stay with Pillow, whose handling the shards were checked with.

@@ -24,7 +24,7 @@ from shards.sample import SampleError
 from tests import oddimages
 from tests.oddimages import BAND_X, QUADRANTS
 
-PNG_OUT = ImageConfig(encode="png")  # lossless output for exact golden pixels
+PNG_OUT = ImageConfig(encode="png", backend="pillow")  # lossless, exact golden pixels
 
 
 @pytest.fixture(scope="module")
@@ -574,7 +574,7 @@ def test_jpeg_draft_decodes_smaller_and_keeps_the_size_right(monkeypatch, big_ph
         return result
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
-    result = process_image(data, ImageConfig(encode="png"))
+    result = process_image(data, ImageConfig(encode="png", backend="pillow"))
     upright = (2400, 1800) if orientation == 1 else (1800, 2400)
     expected = (341, 256) if orientation == 1 else (256, 341)
     assert drafted == [(600, 450)]  # DCT-scaled by 4, still above 341x256

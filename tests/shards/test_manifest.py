@@ -244,7 +244,7 @@ FIELD_CASES = {
     "class twice": ("classes", ["a", "b", "a"], "classes[2]"),
     "classes a string": ("classes", "abc", "classes"),
     "format": ("format", "webdataset", "format"),
-    "version": ("version", 3, "version"),
+    "version": ("version", 4, "version"),
     "version bool": ("version", True, "version"),
     "version string": ("version", "1", "version"),
     "unknown top-level key": ("extra", 1, "extra"),
@@ -286,7 +286,7 @@ def test_count_above_what_the_shard_file_can_hold_is_refused(doc):
 def test_version_message_keeps_its_advice(doc):
     doc["version"] = 7
     message = str(assert_rejected(json.dumps(doc), "version"))
-    assert "manifest version 7; this code reads versions 1 and 2" in message
+    assert "manifest version 7; this code reads versions 1, 2 and 3" in message
     assert "upgrade" in message
 
 
