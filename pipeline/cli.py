@@ -21,6 +21,7 @@ from shards.flags import (
     parse_command,
 )
 from shards.manifest import SHARD_FORMATS
+from shards.sample import LabelField
 
 DESCRIPTION = """\
 Look at what the streaming loader will deliver before training on it."""
@@ -73,8 +74,6 @@ class InspectShuffleOptions:
             raise ValueError("--workers must be 0 or more")
         if self.tolerance < 0:
             raise ValueError("--tolerance must be 0 or more")
-        from pipeline.shuffle_quality import LabelField  # the loader (torch) only when run
-
         LabelField.parse(self.label_field)
 
 

@@ -34,11 +34,9 @@ from pipeline.resume import plan_worker
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import ShardError
 from shards.formats import FORMATS
-from shards.sample import SampleError, decode_label, parse_json
+from shards.sample import LabelField, SampleError, decode_label, parse_json
 
 LABEL_FIELDS = frozenset({"cls"})
-SINGLE_LABEL_MEMBERS = ("cls", "label")  # one class id per sample
-MULTI_LABEL_MEMBER = "labels"  # a JSON list of class ids; or json:KEY
 METRICS = ("same_class_rate", "batch_tv", "position_ks")
 METRIC_NAMES = {
     "same_class_rate": "same class as previous sample",
@@ -50,37 +48,6 @@ NOISE_SIGMAS = 3.0  # a stream is only called worse than ideal beyond this many 
 
 class LabelReadError(RuntimeError):
     """A shard's labels could not be read, or their count disagrees with the manifest."""
-
-
-@dataclass(frozen=True)
-class LabelField:
-    """Where the labels are read: a member holding one class id, or a list of them.
-
-    Attributes:
-        text: as given: `cls`, `label` (one class id), `labels` (a JSON list of class
-            ids) or `json:KEY` (a key of the json member: a class id or a list of them).
-        member: the sample member read.
-        key: the key of the json member, or None.
-        multi: the member holds a list of class ids (json:KEY decides per sample).
-    """
-
-    text: str
-    member: str
-    key: str | None
-    multi: bool
-
-    @classmethod
-    def parse(cls, text: str) -> LabelField:
-        """Raises ValueError naming the values allowed."""
-        member, _, key = text.partition(":")
-        if text in SINGLE_LABEL_MEMBERS:
-            return cls(text, text, None, False)
-        if text == MULTI_LABEL_MEMBER or (member == "json" and key):
-            return cls(text, member, key or None, True)
-        raise ValueError(
-            f"--label-field {text!r}: name {', '.join(SINGLE_LABEL_MEMBERS)} (one class id), "
-            f"{MULTI_LABEL_MEMBER} (a JSON list of class ids) or json:KEY (a key of the json member)"
-        )
 
 
 @dataclass(frozen=True)

@@ -397,3 +397,38 @@ def collate_values(field: Field, values: list) -> np.ndarray | list:
         hot[rows, np.fromiter((i for ids in values for i in ids), np.int64, len(rows))] = 1.0
         return hot
     return list(values)
+
+
+SINGLE_LABEL_MEMBERS = ("cls", "label")  # one class id per sample
+MULTI_LABEL_MEMBER = "labels"  # a JSON list of class ids; or json:KEY
+
+
+@dataclass(frozen=True)
+class LabelField:
+    """Where the labels are read: a member holding one class id, or a list of them.
+
+    Attributes:
+        text: as given: `cls`, `label` (one class id), `labels` (a JSON list of class
+            ids) or `json:KEY` (a key of the json member: a class id or a list of them).
+        member: the sample member read.
+        key: the key of the json member, or None.
+        multi: the member holds a list of class ids (json:KEY decides per sample).
+    """
+
+    text: str
+    member: str
+    key: str | None
+    multi: bool
+
+    @classmethod
+    def parse(cls, text: str) -> LabelField:
+        """Raises ValueError naming the values allowed."""
+        member, _, key = text.partition(":")
+        if text in SINGLE_LABEL_MEMBERS:
+            return cls(text, text, None, False)
+        if text == MULTI_LABEL_MEMBER or (member == "json" and key):
+            return cls(text, member, key or None, True)
+        raise ValueError(
+            f"--label-field {text!r}: name {', '.join(SINGLE_LABEL_MEMBERS)} (one class id), "
+            f"{MULTI_LABEL_MEMBER} (a JSON list of class ids) or json:KEY (a key of the json member)"
+        )

@@ -25,6 +25,7 @@ from shards.flags import (
     parse_int_list,
     unwrap_optional,
 )
+from shards.sample import LabelField
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 BUILTIN_WORKERS = 4
@@ -217,14 +218,13 @@ class TrainConfig:
             raise ValueError("--label-smoothing must be in [0, 1)")
         if self.task == "multi-label" and self.label_smoothing:
             raise ValueError("--label-smoothing is for single-label training; leave it at 0")
-        if self.label_field is not None:
-            member, _ = parse_label_field(self.label_field)
-            if (member in ("cls", "label")) == (self.task == "multi-label"):
-                raise ValueError(
-                    f"--label-field {self.label_field} does not hold {self.task} targets: "
-                    "cls and label hold one class id (single-label), labels and json:KEY "
-                    "a list of class ids (--task multi-label)"
-                )
+        multi = self.task == "multi-label"
+        if self.label_field is not None and LabelField.parse(self.label_field).multi != multi:
+            raise ValueError(
+                f"--label-field {self.label_field} does not hold {self.task} targets: "
+                "cls and label hold one class id (single-label), labels and json:KEY "
+                "a list of class ids (--task multi-label)"
+            )
         if not 0.0 < self.memory_fraction <= 1.0:
             raise ValueError("--memory-fraction must be in (0, 1]")
         if self.clip_grad < 0 or self.weight_decay < 0:
@@ -242,22 +242,6 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Inverse of `to_dict`; unknown keys are an error (they would be silently ignored)."""
         return cls(**coerce_values(data, source="config"))
-
-
-def parse_label_field(text: str) -> tuple[str, str | None]:
-    """`(member, key)` of a `--label-field` value: `cls`, `labels`, or `json:KEY`.
-
-    Raises:
-        ValueError: not a readable non-image member, or a key on a member other than json.
-    """
-    member, _, key = text.partition(":")
-    plain = ("cls", "label", "labels")
-    if not (text in plain or (member == "json" and key)):
-        raise ValueError(
-            f"--label-field {text!r}: name a member ({', '.join(plain)}) or json:KEY for a "
-            "key of the json member"
-        )
-    return member, key or None
 
 
 def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source, reso
 from pipeline.urls import expand_urls, url_scheme
 from shards.manifest import MANIFEST_NAME, ManifestError
 from shards.redact import redact_url
-from shards.sample import Field
-from trainers.config import TrainConfig, parse_label_field
+from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
+from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
 
 log = logging.getLogger("trainers")
@@ -144,8 +144,8 @@ def batch_fields(config: TrainConfig, num_classes: int | None) -> tuple[str | Fi
         if config.label_field is None:
             return ("image", "label")  # the loader's default, exactly
         return ("image", Field("label", "label", source=config.label_field))
-    member, key = parse_label_field(config.label_field or "labels")
-    return ("image", Field("labels", "multi_label", member, key, num_classes))
+    field = LabelField.parse(config.label_field or MULTI_LABEL_MEMBER)
+    return ("image", Field("labels", "multi_label", field.member, field.key, num_classes))
 
 
 def target_classes(settings: LoaderConfig) -> int | None:

@@ -160,8 +160,8 @@ def test_multilabel_without_a_class_count_is_one_clear_error(multilabel_shards, 
     [
         (["--task", "multi-label", "--label-field", "cls"], "does not hold multi-label targets"),
         (["--label-field", "labels"], "does not hold single-label targets"),
-        (["--label-field", "txt"], "name a member"),
-        (["--label-field", "json:"], "name a member"),
+        (["--label-field", "txt"], "(one class id)"),
+        (["--label-field", "json:"], "(one class id)"),
         (["--task", "multi-label", "--label-smoothing", "0.1"], "single-label training"),
     ],
 )
