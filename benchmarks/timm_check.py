@@ -78,8 +78,9 @@ def build_sample(output: Path) -> None:
         val_fraction=0.25,
         executor="inline",
         progress=False,
+        layout=LAYOUT_BY_FORMAT,
     )
-    run_build(config, LAYOUT_BY_FORMAT)
+    run_build(config)
 
 
 def main(argv: list[str] | None = None) -> int:

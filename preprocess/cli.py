@@ -174,16 +174,12 @@ def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
     from preprocess.ray_job import BuildError
     from preprocess.sources import InputError
     from shards.errors import ShardError
-    from shards.manifest import LAYOUT_BY_FORMAT
 
     try:
         if args.dry_run:
             print(format_dry_run(run_dry_run(config)))
             return 0
-        # Without --format-dirs the layout is the resumed build's, or the default.
-        summary = (
-            run_build(config, layout=LAYOUT_BY_FORMAT) if args.format_dirs else run_build(config)
-        )
+        summary = run_build(config)
     except (BuildError, InputError, ShardError, ValueError, FileNotFoundError) as error:
         return fail("build-shards", error)
     except OSError as error:
@@ -394,12 +390,6 @@ COMMANDS = (
                 "list and plan only: print the inputs per split and class, the shards, an "
                 "estimate of the bytes (from 64 probe inputs) and what is left out; writes "
                 "nothing but the plan under OUTPUT/_build/plan",
-            ),
-            (
-                "--format-dirs",
-                "a new build puts each format's shards in a directory of its own "
-                "(OUTPUT/tar/, OUTPUT/parquet/) that pyarrow, polars, duckdb and HF datasets "
-                "open by its path; a resumed build keeps the layout it started with",
             ),
         ),
     ),

@@ -13,7 +13,7 @@ from preprocess.images import BACKENDS, EXTENSIONS, RESAMPLING, RESIZE_POLICIES,
 from preprocess.sizing import parse_bytes
 from preprocess.sources import LABEL_MODES, InputColumns
 from shards.flags import about, option
-from shards.manifest import SHARD_FORMATS
+from shards.manifest import LAYOUTS, SHARD_FORMATS
 
 # Options that change how a build runs but not a byte of what it writes.
 # `input` and `output` are left out too: moving a dataset must not invalidate a
@@ -43,6 +43,11 @@ class BuildConfig:
             bytes; the count is measured on a fixed probe of the inputs
             (`preprocess.sizing`) and recorded in the manifest.
         formats: shard formats to write; both hold the same samples and keys.
+        layout: where a new build puts its shards (`shards.manifest.LAYOUTS`):
+            `by_format` (`OUT/tar/`, `OUT/parquet/`) or `flat` (beside the manifest).
+            None: a rerun keeps the layout its build started with, a new build gets
+            `by_format`. Recorded apart from `output_shaping()`, so a flat build made
+            before the option existed still resumes flat.
         val_fraction: share of inputs put in `val` by a hash of their path,
             unless the manifest has a `split` column.
         seed: seeds the order of samples inside each split.
@@ -110,6 +115,15 @@ class BuildConfig:
     formats: tuple[str, ...] = option(
         SHARD_FORMATS, "comma-separated shard formats to write", "shard", metavar="LIST"
     )
+    layout: str | None = option(
+        None,
+        "where a new build puts the shards: by_format = a directory per format "
+        "(OUTPUT/tar/, OUTPUT/parquet/) that pyarrow, polars, duckdb and HF datasets open "
+        "by its path; flat = every shard beside manifest.json (default: by_format for a new "
+        "build; a rerun keeps the layout its build started with)",
+        "shard",
+        LAYOUTS,
+    )
     val_fraction: float = option(
         0.0,
         "share of inputs put in the val split (by a hash of their path), unless the input "
@@ -172,6 +186,8 @@ class BuildConfig:
             raise ValueError(
                 f"--formats takes a comma-separated subset of {','.join(SHARD_FORMATS)}"
             )
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, or left out")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError("--val-fraction must be in [0, 1)")
         if not 0.0 <= self.max_skip_fraction <= 1.0:
@@ -194,6 +210,10 @@ class BuildConfig:
         data = asdict(self)
         for name in RUNTIME_ONLY:
             data.pop(name)
+        # The layout shapes the output too, but the build record keeps it apart
+        # (`preprocess.job.build_record`): records of builds made before it existed
+        # still match, and a rerun without --layout keeps the layout it started with.
+        data.pop("layout")
         # One of the two sizes shapes the output; without a byte target the record is the
         # one builds made before `shard_bytes` existed, so they still resume.
         data.pop("shard_size" if self.shard_bytes is not None else "shard_bytes")

@@ -10,9 +10,10 @@ manifest alone; the plan files are removed once the manifest is written. A
 dataset without a manifest is incomplete. The output is a directory or an
 object-store URL (`s3://bucket/prefix`). `run_dry_run` lists and plans only.
 
-Layout: a new build puts its shards where `layout` says (`shards.manifest.LAYOUTS`;
-`DEFAULT_LAYOUT` when not given); a rerun keeps the layout its build started with,
-recorded in `_build/config.json` (a record without one is a flat build).
+Layout: a new build puts its shards where `BuildConfig.layout` says
+(`shards.manifest.LAYOUTS`; `DEFAULT_LAYOUT` when not given); a rerun
+without one keeps the layout its build started with, recorded in `_build/config.json`
+(a record without one is a flat build).
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from shards.formats import FORMATS, get_format
 from shards.io import OutputStore, is_remote, open_output_store
 from shards.manifest import (
     LAYOUT_FLAT,
-    LAYOUTS,
     MANIFEST_NAME,
     Manifest,
     ShardTable,
@@ -102,24 +102,23 @@ class BuildSummary:
         return self.images_processed / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_build(config: BuildConfig, layout: str | None = None) -> BuildSummary:
+def run_build(config: BuildConfig) -> BuildSummary:
     """Build (or finish building) the shards described by `config`.
 
-    Args:
-        layout: where a new build puts its shards (`shards.manifest.LAYOUTS`), by
-            default `DEFAULT_LAYOUT`; a build being resumed keeps its own.
+    A new build puts its shards where `config.layout` says (`DEFAULT_LAYOUT` when
+    None); a build being resumed keeps its own.
 
     Raises:
         BuildError: the output holds a different build, the skip budget was
-            exceeded, a task failed for a reason other than bad data, or `layout`
-            is not the layout of the build being resumed.
+            exceeded, a task failed for a reason other than bad data, or
+            `config.layout` is not the layout of the build being resumed.
     """
     started = time.perf_counter()
     store = open_output_store(config.output)
     check_output(store, config)
     with contextlib.ExitStack() as stack:
         listing, plan = plan_build(config, store, stack)
-        layout = prepare_output(store, config, plan, layout)
+        layout = prepare_output(store, config, plan)
         confine_root = listing.root if config.confine_to_input else None
         results = run_tasks(plan, config, store.url, confine_root, layout)
         manifest = assemble_manifest(plan, config, results, listing, layout)
@@ -264,22 +263,20 @@ def record_changes(previous: dict, record: dict) -> list[str]:
     return changes
 
 
-def prepare_output(
-    store: OutputStore, config: BuildConfig, plan: Plan, layout: str | None = None
-) -> str:
+def prepare_output(store: OutputStore, config: BuildConfig, plan: Plan) -> str:
     """Check the output (see `check_output`), record what this build is; its layout.
 
-    `layout` None keeps the layout of the build in the output, else `DEFAULT_LAYOUT`.
+    `config.layout` None keeps the layout of the build in the output, else
+    `DEFAULT_LAYOUT`.
     """
-    if layout is not None and layout not in LAYOUTS:
-        raise BuildError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    layout = config.layout  # checked by `BuildConfig`
     if config.overwrite:
         clear_build_output(store)
     previous = read_build_record(store)
     if previous is not None and layout is not None and record_layout(previous) != layout:
         raise BuildError(
             f"{store.url} holds a {record_layout(previous)} build and this one asks for "
-            f"the {layout} layout; rerun without asking for a layout to resume it, pass "
+            f"the {layout} layout; rerun without --layout to resume it, pass "
             "--overwrite to rebuild it, or choose another --output"
         )
     if previous is not None:
@@ -664,6 +661,8 @@ def describe_existing(store: OutputStore, config: BuildConfig, plan: Plan) -> tu
     if config.overwrite:
         return "replace", 0
     changes = record_changes(previous, build_record(config, plan))
+    if config.layout is not None and config.layout != record_layout(previous):
+        changes.append(f"layout: {record_layout(previous)!r} -> {config.layout!r}")
     if changes:
         return "refused, the output holds a build with other options: " + "; ".join(changes), 0
     markers = [

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
-from preprocess.job import run_build
+from preprocess.job import DEFAULT_LAYOUT, run_build
 from preprocess.sample import make_sample
+from shards.manifest import format_dir, shard_name
 
 SAMPLE_COUNT = 240
 SAMPLE_CLASSES = 4
@@ -36,6 +39,20 @@ def small_build_config(input_dir, output_dir, **overrides) -> BuildConfig:
     )
     options.update(overrides)
     return BuildConfig(**options)
+
+
+def shard_path(output, split: str, index: int, fmt: str = "tar", layout=DEFAULT_LAYOUT) -> Path:
+    """The file of one shard of a build in `output` (by default a build's default layout).
+
+    Tests name shard files through this (or the manifest), never by a literal path,
+    so they follow the layout; a test of the flat layout passes `layout` itself.
+    """
+    return Path(output) / shard_name(split, index, fmt, layout)
+
+
+def shard_files(output, fmt: str = "tar", split: str = "*", layout=DEFAULT_LAYOUT) -> list[Path]:
+    """The shard files of format `fmt` (of one split, or all) in `output`, sorted by name."""
+    return sorted((Path(output) / format_dir(fmt, layout)).glob(f"{split}-*.{fmt}"))
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,10 @@ def ours_snippets(text: str) -> list[str]:
 def in_built(tmp_path, monkeypatch):
     """A working directory holding `shards/`, built as MIGRATION.md says (--format-dirs)."""
     make_sample(tmp_path / "images", 48, classes=3, seed=2, workers=1)
-    config = small_build_config(tmp_path / "images", tmp_path / "shards", shard_size=16)
-    run_build(config, LAYOUT_BY_FORMAT)
+    config = small_build_config(
+        tmp_path / "images", tmp_path / "shards", shard_size=16, layout=LAYOUT_BY_FORMAT
+    )
+    run_build(config)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

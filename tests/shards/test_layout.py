@@ -1,5 +1,5 @@
-"""The `by_format` layout (`OUT/tar/`, `OUT/parquet/`), the flat one it replaces, and the
-client index files (timm's `_info.json`, wids indexes) made from the manifest.
+"""The `by_format` layout (`OUT/tar/`, `OUT/parquet/`, the default), the flat one of
+earlier builds (still written on request, read and resumed), and the client index files (timm's `_info.json`, wids indexes) made from the manifest.
 
 Each directory is opened by its path alone with the real clients (pyarrow.dataset,
 polars, duckdb, HF datasets, wids); our loader, verify, info, `preprocess index`
@@ -50,7 +50,7 @@ def images(tmp_path_factory) -> Path:
 
 
 def build(images: Path, output: Path, layout: str | None = None):
-    return run_build(small_build_config(images, output, shard_size=16), layout)
+    return run_build(small_build_config(images, output, shard_size=16, layout=layout))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def by_format(images, tmp_path_factory):
 def flat(images, tmp_path_factory):
     """A flat build (the layout of every earlier build): (summary, output directory)."""
     output = tmp_path_factory.mktemp("flat") / "out"
-    return build(images, output), output
+    return build(images, output, LAYOUT_FLAT), output
 
 
 def output_files(output: Path) -> dict[str, bytes]:
@@ -201,15 +201,38 @@ def test_a_rerun_keeps_the_layout_and_every_file_byte_identical(images, by_forma
         again = build(images, out)  # no layout asked: the build's own
         assert again.shards_built == 0 and again.manifest.layout == layout
         assert output_files(out) == before
-    with pytest.raises(BuildError, match="holds a flat build.*--overwrite"):
+    with pytest.raises(BuildError, match="holds a flat build.*without --layout.*--overwrite"):
         build(images, flat[1], LAYOUT_BY_FORMAT)
+
+
+def test_the_layout_is_not_an_output_shaping_option():
+    config = small_build_config("in", "out", layout=LAYOUT_FLAT)
+    assert config.output_shaping() == small_build_config("in", "out").output_shaping()
+    assert "layout" not in config.output_shaping()  # old build records still match
+    with pytest.raises(ValueError, match="--layout must be one of flat, by_format"):
+        small_build_config("in", "out", layout="tar")
+
+
+def test_a_flat_build_recorded_before_layouts_existed_resumes_flat(images, tmp_path):
+    out = tmp_path / "out"
+    build(images, out, LAYOUT_FLAT)
+    record_path = out / "_build" / "config.json"
+    record = json.loads(record_path.read_text())
+    del record["layout"]  # what builds made before the option wrote
+    record_path.write_text(json.dumps(record))
+    before = output_files(out)
+    (out / MANIFEST_NAME).unlink()  # as if it had been interrupted before shard 1
+    (out / "_build" / "train-000001.json").unlink()
+    again = build(images, out)  # no layout asked, and the default is by_format
+    assert (again.shards_built, again.manifest.layout) == (1, LAYOUT_FLAT)
+    assert output_files(out) == before and not (out / "tar").exists()
 
 
 def test_overwrite_replaces_a_by_format_build_with_a_flat_one(images, tmp_path):
     out = tmp_path / "out"
     build(images, out, LAYOUT_BY_FORMAT)
-    config = small_build_config(images, out, shard_size=16, overwrite=True)
-    run_build(config, LAYOUT_FLAT)
+    config = small_build_config(images, out, shard_size=16, overwrite=True, layout=LAYOUT_FLAT)
+    run_build(config)
     names = set(output_files(out))
     assert not any(name.startswith(("tar/", "parquet/")) for name in names)
     assert "train-000000.tar" in names and INFO_NAME in names
@@ -332,17 +355,42 @@ def test_version_3_names_its_layout(by_format):
         Manifest.from_json(json.dumps(document), "m.json")
 
 
-def test_build_shards_format_dirs_through_the_command_line(images, tmp_path, capsys):
-    out = tmp_path / "out"
+def build_shards_args(images: Path, out: Path) -> list[str]:
     args = ["build-shards", "--input", str(images), "--output", str(out), "--image-size", "48"]
-    args += ["--shard-size", "16", "--executor", "inline", "--no-progress"]
-    assert preprocess_main([*args, "--format-dirs"]) == 0
+    return [*args, "--shard-size", "16", "--executor", "inline", "--no-progress"]
+
+
+def test_build_shards_layout_by_format_through_the_command_line(images, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = build_shards_args(images, out)
+    assert preprocess_main([*args, "--layout", "by_format"]) == 0
     printed = capsys.readouterr().out
     assert "files left out by extension: .tga: 1" in printed
     assert f"for timm and wids: {INFO_NAME}, train.wids.json" in printed
     assert (out / "tar" / "train-000000.tar").is_file()
     assert read_manifest(out).layout == LAYOUT_BY_FORMAT
-    assert preprocess_main(args) == 0  # a rerun without the flag keeps the layout
+    assert preprocess_main(args) == 0  # a rerun without --layout keeps the build's own
     assert "nothing to do" in capsys.readouterr().out
+    assert preprocess_main([*args, "--layout", "flat"]) == 1  # another layout: refused
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "holds a by_format build" in error
+    assert "without --layout" in error and str(out) in error
     assert preprocess_main(["index", str(out)]) == 0
     assert f"index: wrote {INFO_NAME}, train.wids.json" in capsys.readouterr().out
+
+
+def test_build_shards_layout_flat_through_the_command_line(images, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = build_shards_args(images, out)
+    assert preprocess_main([*args, "--layout", "flat"]) == 0
+    assert (out / "train-000000.tar").is_file() and not (out / "tar").exists()
+    assert read_manifest(out).layout == LAYOUT_FLAT
+    capsys.readouterr()
+    assert preprocess_main(args) == 0  # a rerun without --layout keeps the build's own
+    assert "nothing to do" in capsys.readouterr().out
+    dry = preprocess_main([*args, "--layout", "by_format", "--dry-run"])
+    assert dry == 0 and "refused" in capsys.readouterr().out  # the dry run says so too
+    with pytest.raises(SystemExit) as exited:  # the switch the option replaced is gone
+        preprocess_main([*args, "--format-dirs"])
+    assert exited.value.code == 2
+    assert "--format-dirs" in capsys.readouterr().err
