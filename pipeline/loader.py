@@ -209,8 +209,12 @@ class ShardLoader:
         if rule not in EPOCH_RULES:
             raise ValueError(f"epoch_rule must be one of {EPOCH_RULES}")
         fields = resolve_fields(config.fields)
-        if config.class_balance and not any(spec.kind == "label" for spec in fields):
-            raise ValueError("class_balance weighs samples by class: fields must hold 'label'")
+        check_fields_fit(fields, source)
+        if config.class_balance and not any(s.kind in ("label", "multi_label") for s in fields):
+            raise ValueError(
+                "class_balance weighs samples by class: fields must hold 'label' (one class "
+                "id) or a multi_label field (weighted by each sample's rarest label)"
+            )
         settings = StreamSettings(
             seed=config.seed,
             rank=self.rank,
@@ -226,7 +230,7 @@ class ShardLoader:
             retry=config.retry,
             storage_options=config.storage_options,
             epoch_samples=self.epoch_samples_for(config, source),
-            class_weights=class_weights(source) if config.class_balance else None,
+            class_weights=class_weights(source, fields) if config.class_balance else None,
             verify_checksums=config.verify_checksums,
             limits=config.read_limits,
             fields=fields,
@@ -438,13 +442,47 @@ def log_fallbacks(stats: LoaderStats) -> None:
         )
 
 
-def class_weights(source: ResolvedSource) -> tuple[float, ...]:
-    """Keep-probabilities 1/count per class, from the manifest's class counts."""
-    if not source.class_counts:
+def class_weights(source: ResolvedSource, fields: Sequence[Field] = ()) -> tuple[float, ...]:
+    """Keep-probabilities 1/count per class, from the manifest's counts.
+
+    Single-label: the split's class counts. Multi-label (a `multi_label` field and no
+    `label` one): the samples holding each class (`fields.label_counts`), which the
+    stream turns into each sample's rarest-label weight.
+    """
+    kinds = {spec.kind for spec in fields}
+    counts = source.class_counts
+    if "multi_label" in kinds and "label" not in kinds:
+        counts = source.label_counts
+    if not counts or not any(counts):
         raise ValueError(
-            "class_balance needs class counts: use the dataset's manifest as the source"
+            "class_balance needs per-class counts: use the dataset's manifest as the source "
+            "(multi-label counts are recorded by `build-shards --label multi`)"
         )
-    return tuple(1.0 / n if n else 0.0 for n in source.class_counts)
+    return tuple(1.0 / n if n else 0.0 for n in counts)
+
+
+def check_fields_fit(fields: Sequence[Field], source: ResolvedSource) -> None:
+    """Refuse, before any shard is read, a label the dataset's manifest says it lacks.
+
+    Without this a label-free or multi-label dataset read with the default fields
+    would skip every sample as `no_label` and stop at the skip budget.
+    """
+    where = redact_url(source.manifest_url) if source.manifest_url else "the dataset"
+    reads_cls = any(
+        spec.kind == "label" and set(spec.source) <= {"cls", "label"} for spec in fields
+    )
+    if not reads_cls or source.label_mode == "single":
+        return
+    if source.label_mode == "none":
+        raise ValueError(
+            f"{where} has no class labels (built with --label none): leave 'label' out of "
+            "fields, e.g. fields=('image', 'txt')"
+        )
+    raise ValueError(
+        f"{where} holds multi-label targets (a list of class ids in 'labels', built with "
+        "--label multi): ask for them with shards.sample.Field('labels', 'multi_label', "
+        "num_classes=len(classes)) instead of 'label'"
+    )
 
 
 def seed_worker(worker_id: int) -> None:

@@ -234,6 +234,10 @@ class ResolvedSource:
         shards: the shards, in order; a list of `ShardSpec` is made a `ShardSpecs`.
         unreadable: `(redacted URL, reason)` of shards given as URLs that could not
             even be counted; they take no part in the epoch, and the loader logs them.
+        label_mode: how the dataset was labelled, from its manifest's `fields`:
+            `single` (a class id in `cls`; also when nothing is known), `multi` (a
+            list of class ids in `labels`) or `none` (label-free, e.g. image-text).
+        label_counts: multi-label only: the split's samples holding each class.
     """
 
     shards: ShardSpecs
@@ -241,6 +245,8 @@ class ResolvedSource:
     class_counts: list[int] | None = None
     manifest_url: str | None = None
     unreadable: tuple[tuple[str, str], ...] = ()
+    label_mode: str = "single"
+    label_counts: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shards, ShardSpecs):
@@ -328,8 +334,13 @@ def resolve_source(
     # Class names are the dataset's, whichever of its shards were named: a trainer
     # launched on shard URLs needs no --num-classes when the manifest sits beside them.
     classes = list(known.manifest.classes) if known else None
+    # Label facts hold for any subset of the dataset's shards; per-split counts do not.
+    mode = (known.manifest.fields or {}).get("label", "single") if known else "single"
     return ResolvedSource(
-        ShardSpecs.from_specs(specs), classes=classes, unreadable=tuple(unreadable)
+        ShardSpecs.from_specs(specs),
+        classes=classes,
+        unreadable=tuple(unreadable),
+        label_mode=mode,
     )
 
 
@@ -414,7 +425,20 @@ def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> 
         digests=files.digests,
         table_sha256=table.table_sha256,
     )
-    return ResolvedSource(specs, manifest.classes, manifest.splits[split].class_counts, url)
+    return ResolvedSource(
+        specs,
+        manifest.classes,
+        manifest.splits[split].class_counts,
+        url,
+        **label_facts(manifest, split),
+    )
+
+
+def label_facts(manifest: Manifest, split: str) -> dict[str, Any]:
+    """`label_mode` and `label_counts` of a split, from the manifest's `fields` entry."""
+    fields = manifest.fields or {}
+    counts = (fields.get("label_counts") or {}).get(split)
+    return {"label_mode": fields.get("label", "single"), "label_counts": counts}
 
 
 def dataset_manifest(directory: str, fmt: str | None) -> tuple[str, str | None]:

@@ -19,10 +19,8 @@ from shards.formats import get_format
 from shards.imagedata import check_image
 from shards.io import file_sha256
 from shards.manifest import LAYOUT_FLAT, Manifest, ShardInfo, format_dir, read_manifest
-from shards.sample import DEFAULT_FIELDS, SampleError, decode_label, image_field_of, read_fields
+from shards.sample import DEFAULT_FIELDS, Field, SampleError, field_value, read_fields
 
-# What the loader reads of each sample; verify reads the same.
-LOADER_FIELDS = read_fields(DEFAULT_FIELDS)
 MAX_EXAMPLES = 5
 
 
@@ -91,7 +89,8 @@ def verify_shard(
             )
         if file_sha256(path) != file.sha256:
             raise VerifyError(f"{file.name}: checksum mismatch")
-        contents[fmt] = read_shard_index(path, fmt, shard.samples, check_images, report)
+        fields = verify_fields(manifest)
+        contents[fmt] = read_shard_index(path, fmt, shard.samples, check_images, report, fields)
     first, *others = contents.values()
     for fmt_contents in others:
         if fmt_contents != first:
@@ -99,10 +98,36 @@ def verify_shard(
     return shard.samples
 
 
+def verify_fields(manifest: Manifest) -> tuple[Field, ...]:
+    """What verify decodes of each sample: the fields the manifest says the build wrote.
+
+    A plain build: image and class, the loader's default. A build with a `fields`
+    entry: its image, its label (none, one class id, or a list of them) and every
+    extra member (text, JSON, weight), each checked as the loader checks it.
+    """
+    members = (manifest.fields or {}).get("members")
+    if members is None:
+        return DEFAULT_FIELDS
+    fields = []
+    for member, kind in sorted(members.items()):
+        if kind == "image":
+            fields.append(Field("image", "image"))
+        elif kind == "multi_label":
+            fields.append(Field(member, kind, member, num_classes=len(manifest.classes)))
+        else:
+            fields.append(Field(member, kind, member))
+    return tuple(fields)
+
+
 def read_shard_index(
-    path: Path, fmt: str, declared: int, check_images: bool, report: VerifyReport
-) -> list[tuple[str, int | None]]:
-    """(key, label) of every sample, judging each as the loader would.
+    path: Path,
+    fmt: str,
+    declared: int,
+    check_images: bool,
+    report: VerifyReport,
+    fields: tuple[Field, ...] = DEFAULT_FIELDS,
+) -> list[tuple[str, tuple | None]]:
+    """(key, decoded non-image values) of every sample, judging each as the loader would.
 
     Raises:
         VerifyError: the shard is malformed, or holds another number of samples
@@ -112,8 +137,9 @@ def read_shard_index(
     try:
         with open(path, "rb") as stream:
             reader = get_format(fmt).iter_samples
-            for sample in reader(stream, str(path), fields=LOADER_FIELDS, declared=declared):
-                entries.append((sample["__key__"], judge_sample(sample, check_images)))
+            members = read_fields(fields)
+            for sample in reader(stream, str(path), fields=members, declared=declared):
+                entries.append((sample["__key__"], judge_sample(sample, check_images, fields)))
     except ShardError as error:
         raise VerifyError(f"{path.name}: {error.reason}: {error.detail}") from error
     for key, label in entries:
@@ -122,18 +148,24 @@ def read_shard_index(
     return [(key, None if isinstance(label, SampleError) else label) for key, label in entries]
 
 
-def judge_sample(sample: dict, check_images: bool) -> int | SampleError:
-    """The sample's label, or the `SampleError` the loader would skip it for."""
+def judge_sample(
+    sample: dict, check_images: bool, fields: tuple[Field, ...] = DEFAULT_FIELDS
+) -> tuple | SampleError:
+    """The sample's decoded values (label, text, ...), or the `SampleError` the loader would
+    skip it for."""
     try:
         if "__error__" in sample:
             raise sample["__error__"]
-        field_name = image_field_of(sample)
-        label = decode_label(sample)
-        if check_images:
-            check_image(sample[field_name])
+        values, parsed = [], {}
+        for spec in fields:
+            value = field_value(sample, spec, parsed)
+            if spec.kind != "image":
+                values.append(value)
+            elif check_images:
+                check_image(value)
     except SampleError as error:
         return error
-    return label
+    return tuple(values)
 
 
 def describe(manifest: Manifest) -> str:

@@ -165,6 +165,21 @@ def multi_label_classes(config: TrainConfig, source: ResolvedSource) -> int:
     )
 
 
+def check_task_fits(config: TrainConfig, source: ResolvedSource, where) -> None:
+    """One clear error when the manifest says the data holds other targets than `--task`."""
+    name = redact_url(os.fspath(where)) if isinstance(where, (str, os.PathLike)) else "the shards"
+    if source.label_mode == "none":
+        raise DataError(
+            f"{name}: the dataset has no class labels (built with --label none); train needs "
+            "labelled data (for image-text pairs see docs/examples/contrastive.py)"
+        )
+    if source.label_mode == "multi" and config.task != "multi-label":
+        raise DataError(
+            f"{name}: the dataset is multi-label (built with --label multi): "
+            "pass --task multi-label"
+        )
+
+
 def open_split(
     settings: LoaderConfig, config: TrainConfig, num_classes: int | None = None
 ) -> ShardLoader:
@@ -178,7 +193,9 @@ def open_split(
         settings.format,
         retry=settings.retry,
         storage_options=settings.storage_options,
+        checksums=settings.verify_checksums,
     )
+    check_task_fits(config, source, settings.source)
     if config.task == "multi-label" and num_classes is None:
         num_classes = multi_label_classes(config, source)
     return ShardLoader(replace(settings, fields=batch_fields(config, num_classes)), source)

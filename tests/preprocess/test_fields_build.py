@@ -26,7 +26,7 @@ from shards.errors import DEFAULT_LIMITS
 from shards.formats import get_format
 from shards.manifest import ManifestError, read_manifest
 from shards.sample import ALLOWED_FIELDS, Field
-from tests.conftest import small_build_config
+from tests.conftest import shard_path, small_build_config
 
 TAG_NAMES = ("cat", "dog", "car", "tree", "sky")
 COUNT = 48  # images used of the session's sample tree
@@ -311,7 +311,7 @@ def test_same_inputs_and_options_give_byte_identical_shards_and_a_rebuilt_shard(
     for name in names:
         assert (out / name).read_bytes() == (again / name).read_bytes(), name
     # Resume: a lost shard and its marker are rebuilt byte for byte; the rest are kept.
-    lost = again / "train-000001.tar"
+    lost = shard_path(again, "train", 1)
     original = lost.read_bytes()
     lost.unlink()
     (again / "_build" / "train-000001.json").unlink()
@@ -365,3 +365,72 @@ def test_parquet_lists_carry_columns_of_every_type(image_root, tmp_path):
         assert json.loads(sample["json"])["meta"] == {"n": i, "odd": bool(i % 2)}
         assert sample["txt"].decode() == caption(i)
         assert [manifest.classes[c] for c in json.loads(sample["labels"])] == tags(i)
+
+
+def test_the_loader_refuses_a_label_the_manifest_says_the_dataset_lacks(image_root, tmp_path):
+    from pipeline.loader import LoaderConfig, build_loader
+
+    root, rels = image_root
+    pairs = write_jsonl(root / "pairs2.jsonl", [{"path": r, "text": "a"} for r in rels])
+    free = tmp_path / "free"
+    run_build(small_build_config(pairs, free, label="none", fields=("text:txt",)))
+    with pytest.raises(ValueError, match=r"no class labels \(built with --label none\)"):
+        build_loader(LoaderConfig(source=str(free), batch_size=4))
+    tagged = write_jsonl(
+        root / "tags2.jsonl", [{"path": r, "label": tags(i)} for i, r in enumerate(rels)]
+    )
+    multi = tmp_path / "multi"
+    classes = run_build(small_build_config(tagged, multi, label="multi")).manifest.classes
+    with pytest.raises(ValueError, match="holds multi-label targets"):
+        build_loader(LoaderConfig(source=str(multi), batch_size=4))
+    # Asked for as they are, both load; multi-label class balance uses the label counts.
+    build_loader(LoaderConfig(source=str(free), batch_size=4, fields=("image", "txt")))
+    target = Field("labels", "multi_label", num_classes=len(classes))
+    loader = build_loader(
+        LoaderConfig(
+            source=str(multi),
+            batch_size=4,
+            fields=("image", target),
+            class_balance=True,
+            resampled=True,
+            epoch_samples=16,
+        )
+    )
+    counts = read_manifest(multi).fields["label_counts"]["train"]
+    assert loader.settings.class_weights == tuple(1.0 / n if n else 0.0 for n in counts)
+    assert sum(images.shape[0] for images, _ in loader) == 16
+
+
+def test_train_on_a_multi_label_build_without_the_task_flag_is_one_line_naming_it(
+    image_root, tmp_path, capsys
+):
+    from trainers.train import main
+
+    root, rels = image_root
+    tagged = write_jsonl(
+        root / "tags3.jsonl", [{"path": r, "label": tags(i)} for i, r in enumerate(rels)]
+    )
+    out = tmp_path / "multi"
+    run_build(small_build_config(tagged, out, label="multi"))
+    argv = ["--train-shards", str(out), "--model", "cnn", "--device", "cpu", "--no-progress"]
+    code = main([*argv, "--run-dir", str(tmp_path / "run"), "--no-tensorboard"])
+    err = capsys.readouterr().err
+    assert code == 1 and "pass --task multi-label" in err and "Traceback" not in err
+
+
+def test_verify_checks_label_free_and_multi_label_builds_with_their_fields(image_root, tmp_path):
+    from preprocess.verify import verify_directory, verify_fields
+
+    root, rels = image_root
+    rows = [{"path": r, "text": caption(i), "label": tags(i)} for i, r in enumerate(rels)]
+    listing = write_jsonl(root / "both.jsonl", rows)
+    free, multi = tmp_path / "free", tmp_path / "multi"
+    run_build(small_build_config(listing, free, label="none", fields=("text:txt",)))
+    run_build(small_build_config(listing, multi, label="multi", fields=("text:txt",)))
+    for out in (free, multi):
+        report = verify_directory(out)
+        assert report.samples == len(rels) and not report.skipped
+    # Verify decodes what each build wrote: the caption, and the label list when there is one.
+    kinds = {f.name: f.kind for f in verify_fields(read_manifest(multi))}
+    assert kinds["txt"] == "text" and kinds["labels"] == "multi_label" and "cls" not in kinds
+    assert "labels" not in {f.name for f in verify_fields(read_manifest(free))}
