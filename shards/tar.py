@@ -100,8 +100,11 @@ def member_header(name: str, size: int) -> bytes:
 
 
 MAX_MEMBERS_PER_SAMPLE = 16
-_REGULAR = (b"0", b"\0", b"7")
-_EXTENDED = (b"x", b"g", b"L", b"K")
+# Type flags as the ints `header[156]` gives: regular files ("0", NUL, "7") and the
+# extended headers that describe the next member (pax "x"/"g", GNU long names "L"/"K").
+_REGULAR = frozenset(b"0\x007")
+_EXTENDED = frozenset(b"xgLK")
+_PAX, _LONG_NAME = ord("x"), ord("L")
 _ZERO_BLOCK = bytes(BLOCK)
 _SKIP_CHUNK = 1 * 2**20
 _CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
@@ -172,9 +175,11 @@ def _number(field: bytes) -> int:
     first = field[0]
     if first >= 0x80:
         return int.from_bytes(field[1:], "big") if first == 0x80 else -1
-    text = field.rstrip(b"\0 ").lstrip(b" ")
+    text = field.rstrip(b"\0 ")
     if not text.isdigit():  # bytes.isdigit: ASCII digits only, False when empty
-        return -1
+        text = text.lstrip(b" ")
+        if not text.isdigit():
+            return -1
     try:
         return int(text, 8)
     except ValueError:  # an 8 or a 9
@@ -242,49 +247,60 @@ def _skip(stream: BinaryIO, size: int, url: str, what: str, key: str | None) -> 
         size -= len(_read_exact(stream, min(size, _SKIP_CHUNK), url, what, key))
 
 
-def _read_header(stream: BinaryIO, header: bytes, url: str, offset: int) -> bytes:
-    """Complete a short header read, or raise `truncated` at the end of the stream."""
-    while len(header) < BLOCK:
-        more = stream.read(BLOCK - len(header))
+def _read_block(
+    stream: BinaryIO, chunk: bytes, pad: int, url: str, offset: int, after: tuple[str, str]
+) -> bytes:
+    """Complete a short read of `pad` padding bytes and the header at `offset`, or raise
+    `truncated` at the end of the stream; `after` is the (name, key) of the member before."""
+    want = pad + BLOCK
+    while len(chunk) < want:
+        more = stream.read(want - len(chunk))
         if not more:
+            if len(chunk) < pad:
+                detail = f"the stream ended inside the padding of member {after[0]}"
+                raise _error("truncated", url, detail, after[1])
+            got = len(chunk) - pad
             what = (
                 "the stream is empty"
-                if offset == 0 and not header
-                else (
-                    f"the stream ended at byte {offset + len(header)} without the end-of-archive block"
-                )
+                if offset == 0 and not got
+                else f"the stream ended at byte {offset + got} without the end-of-archive block"
             )
             raise _error("truncated", url, what)
-        header += more
-    return header
+        chunk += more
+    return chunk[pad:] if pad else chunk
 
 
 def _iter_members(
     stream: BinaryIO, url: str, limits: ReadLimits
-) -> Iterator[tuple[str, bool, int, int, bool]]:
-    """Yield `(name, is_regular, size, padded_size, bad_name)` for each member.
+) -> Iterator[tuple[str, str, str, bool, int, bool]]:
+    """Yield `(name, key, field, is_regular, size, bad_name)` for each member.
 
-    The caller must read or pass over exactly `padded_size` bytes before advancing.
+    The caller must read or pass over exactly `size` bytes (the member's data) before
+    advancing; the padding after the data is read here with the next header, one read
+    call for both. `key` and `field` split `name` as `split_member_name` does.
     Our own parser instead of `tarfile` because `tarfile` in stream mode ends
     silently on a truncated archive and returns short member data (a truncated
     shard would look complete), and because it loops forever on crafted negative
     offsets before Python 3.13.6 (CVE-2025-8194). This one checks every header's
     checksum and numbers, requires the end-of-archive block, only moves forward,
     and counts members and bytes (seeked-over data too) against `limits` before
-    the caller reads them. `bad_name` is True when the name is not UTF-8: `name`
-    is then a printable stand-in.
+    the caller reads them. `bad_name` is True when the name is not UTF-8 or holds
+    control characters: `name` is then a printable stand-in.
     """
-    read = stream.read
+    read, control = stream.read, _CONTROL_BYTES.search
     max_members, max_bytes, max_header = limits.members, limits.shard_bytes, limits.header_bytes
-    members = consumed = extended = 0
+    members = consumed = extended = pad = 0
     has_extended = False
     long_name: bytes | None = None
     pax_path: bytes | None = None
     pax_size = -1
+    last = ("", "")  # the member before, for a truncation inside its padding
     while True:
-        header = read(BLOCK)
-        if len(header) != BLOCK:
-            header = _read_header(stream, header, url, consumed)
+        header = read(pad + BLOCK)
+        if len(header) != pad + BLOCK:
+            header = _read_block(stream, header, pad, url, consumed, last)
+        elif pad:
+            header = header[pad:]
         offset = consumed
         consumed += BLOCK
         if header == _ZERO_BLOCK:
@@ -294,14 +310,19 @@ def _iter_members(
         members += 1
         if members > max_members:
             raise _error("too_many_members", url, f"more than {max_members} members")
-        if _number(header[148:156]) != header_checksum(header):
+        checksum = header_checksum(header)
+        # Writers format the checksum as 6 octal digits, NUL, space; comparing those bytes
+        # is cheaper than parsing the field, which is read only when they differ.
+        if header[148:156] != b"%06o\0 " % checksum and _number(header[148:156]) != checksum:
             if members == 1:
                 raise _error("not_tar", url, "the first header's checksum does not match")
             raise _error("bad_header", url, f"header checksum mismatch at byte {offset}")
         size = _number(header[124:136])
         if size < 0:
             raise _error("bad_header", url, f"bad size field {header[124:136]!r} at byte {offset}")
-        kind = header[156:157]
+        kind = header[156]
+        pad = -size % BLOCK
+        consumed += size + pad
         if kind in _EXTENDED:
             extended += size
             has_extended = True
@@ -309,16 +330,15 @@ def _iter_members(
                 raise _error(
                     "too_large", url, f"extended header over {max_header} bytes at byte {offset}"
                 )
-            consumed += size + (-size % BLOCK)
             if consumed > max_bytes:
                 raise _error("too_large", url, _past_shard_bytes(max_bytes, offset))
             data = _read_exact(stream, size, url, "an extended header", None)
-            _skip(stream, -size % BLOCK, url, "an extended header's padding", None)
-            if kind == b"x":
+            last = ("an extended header", "")
+            if kind == _PAX:
                 path, size = _parse_pax(data, url)
                 pax_path = pax_path if path is None else path
                 pax_size = pax_size if size < 0 else size
-            elif kind == b"L":
+            elif kind == _LONG_NAME:
                 long_name = data.split(b"\0", 1)[0]
             continue
         end = header.find(0, 0, 100)
@@ -328,20 +348,24 @@ def _iter_members(
             raw = header[345:500].split(b"\0", 1)[0] + b"/" + raw
         if has_extended:
             raw = pax_path if pax_path is not None else long_name if long_name is not None else raw
-            size = pax_size if pax_size >= 0 else size
+            if pax_size >= 0:
+                consumed += pax_size - size + (-pax_size % BLOCK) - pad
+                size, pad = pax_size, -pax_size % BLOCK
             long_name, pax_path, pax_size, extended, has_extended = None, None, -1, 0, False
-        padded = size + (-size % BLOCK)
-        consumed += padded
         if consumed > max_bytes:
             raise _error("too_large", url, _past_shard_bytes(max_bytes, offset))
         try:
             name, bad = raw.decode("utf-8"), False
         except UnicodeDecodeError:
             name, bad = _printable_name(raw), True
-        if not bad and _CONTROL_BYTES.search(raw):
+        if not bad and control(raw):
             # A newline or terminal escape in a key would forge log lines downstream.
             name, bad = _printable_name(raw), True
-        yield name, kind in _REGULAR, size, padded, bad
+        # split_member_name, inlined: this runs for every member of every shard.
+        dot = name.find(".", name.rfind("/") + 1)
+        key, field = (name, "") if dot < 0 else (name[:dot], name[dot + 1 :])
+        last = (f"member {name}", key)
+        yield name, key, field, kind in _REGULAR, size, bad
 
 
 def iter_tar_samples(
@@ -422,8 +446,8 @@ def _iter_samples(
     current: str | None = None
     index = -1
     mask = extra = 0
-    for name, regular, size, padded, bad in _iter_members(stream, url, limits):
-        key, field = split_member_name(name)
+    read = stream.read
+    for name, key, field, regular, size, bad in _iter_members(stream, url, limits):
         bit = _FIELD_BITS.get(field) if regular else None
         if bit is None:
             if key == current:
@@ -432,7 +456,7 @@ def _iter_samples(
                     raise _error(
                         "too_many_fields", url, f"over {MAX_MEMBERS_PER_SAMPLE} members", key
                     )
-            _pass_over(stream, seekable, padded, url, name, key)
+            _pass_over(stream, seekable, size, url, name, key)
             continue
         if key != current:
             if pending is not None:
@@ -464,17 +488,18 @@ def _iter_samples(
                     f"member {name} of {url} has a name that is not UTF-8 or holds control "
                     "characters",
                 )
-            _pass_over(stream, seekable, padded, url, name, key)
+            _pass_over(stream, seekable, size, url, name, key)
             continue
         if size > max_member:
             pending["__error__"] = SampleError(
                 "member_too_large", f"{name} in {url} is {size} bytes (cap {max_member})"
             )
-            _pass_over(stream, seekable, padded, url, name, key)
+            _pass_over(stream, seekable, size, url, name, key)
             continue
-        pending[field] = _read_exact(stream, size, url, f"member {name}", key)
-        if padded != size:
-            _skip(stream, padded - size, url, f"the padding of member {name}", key)
+        data = read(size)
+        if len(data) != size:  # a short read: keep reading until EOF before giving up
+            data += _read_exact(stream, size - len(data), url, f"member {name}", key)
+        pending[field] = data
     if pending is not None:
         yield pending
     return index + 1
