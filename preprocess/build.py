@@ -10,6 +10,7 @@ after checking its checksums.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -69,6 +70,8 @@ class ShardResult:
     Attributes:
         retried: inputs skipped by an earlier run that this run tried again.
         recovered: of those, the inputs now written (their shard was rebuilt).
+        pillow_fallbacks: inputs the fast backend handed to Pillow (not plain JPEG:
+            PNG, CMYK, ...), kept in the shard's marker so a rerun reports them too.
     """
 
     split: str
@@ -77,6 +80,7 @@ class ShardResult:
     reused: bool  # True when a complete shard from an earlier run was kept
     retried: int = 0
     recovered: int = 0
+    pillow_fallbacks: int = 0
 
 
 def image_field(config: ImageConfig) -> str:
@@ -143,7 +147,7 @@ def build_shard(
         # an exception discards those not yet committed. A committed file without
         # its marker is not part of the build: a rerun rewrites it.
         staged = {fmt: stack.enter_context(store.staged(names[fmt])) for fmt in formats}
-        skipped, class_counts = write_formats(
+        skipped, class_counts, fallbacks = write_formats(
             task,
             staged,
             image,
@@ -164,7 +168,7 @@ def build_shard(
     if reused is not None:
         still_skipped = {skip.path for skip in skipped}
         recovered = sum(skip.path not in still_skipped for skip in reused.skipped)
-    result = ShardResult(task.split, info, skipped, False, retried, recovered)
+    result = ShardResult(task.split, info, skipped, False, retried, recovered, fallbacks)
     etags = committed_etags(store, files)
     store.write_bytes_atomic(marker_name(task), _marker_json(result, digest, etags))
     return result
@@ -183,7 +187,7 @@ def reusable_result(
     if committed is None:
         return None
     retried, changed = retry_skips(task, committed.skipped, image, confine_root)
-    return ShardResult(committed.split, committed.info, committed.skipped, not changed, retried)
+    return dataclasses.replace(committed, reused=not changed, retried=retried)
 
 
 def retry_skips(
@@ -240,14 +244,15 @@ def write_formats(
     *,
     class_names: tuple[str, ...] | None = None,
     description: str | None = None,
-) -> tuple[list[Skip], list[int]]:
-    """Write the task's samples to one file per format; returns skips and class counts.
+) -> tuple[list[Skip], list[int], int]:
+    """Write the task's samples to one file per format: skips, class counts, Pillow fallbacks.
 
     Class counts are per single label; a multi-label or label-free shard records none
     (`[]`): the manifest's counts sum to the samples, and the driver counts the
     multi-label classes from the plan (`preprocess.plan.written_label_counts`).
     """
     skipped: list[Skip] = []
+    fallbacks: dict[str, int] = {"pillow": 0}
     class_counts = [0] * num_classes
     single = all(type(planned.label) is int for planned in task.samples)
     if class_names is not None and len(class_names) != num_classes:
@@ -261,7 +266,9 @@ def write_formats(
         try:
             for planned in task.samples:
                 try:
-                    sample = make_sample(planned, task.split, image, field, confine_root)
+                    sample = make_sample(
+                        planned, task.split, image, field, confine_root, fallbacks=fallbacks
+                    )
                 except SampleError as error:
                     size, mtime_ns = _stat_of(planned.path)
                     skipped.append(Skip(planned.rel, error.reason, error.detail, size, mtime_ns))
@@ -279,7 +286,7 @@ def write_formats(
             raise
         for writer in writers:
             writer.close()
-    return skipped, class_counts if single else []
+    return skipped, class_counts if single else [], fallbacks["pillow"]
 
 
 def committed_etags(store: OutputStore, files: dict[str, FileInfo]) -> dict[str, str]:
@@ -336,8 +343,12 @@ def make_sample(
     image: ImageConfig,
     field: str,
     confine_root: str | None = None,
+    *,
+    fallbacks: dict[str, int] | None = None,
 ) -> Sample:
     """Read and process one input into the sample dict written to every format.
+
+    `fallbacks["pillow"]` counts the inputs the fast backend handed to Pillow.
 
     Members: the image, `json` (our metadata, plus the input list's `json` columns),
     then by the label `cls` (single), `labels` (multi-label: a JSON list of class ids)
@@ -348,6 +359,8 @@ def make_sample(
             with the list's `json` columns is over `MAX_FIELD_BYTES` (what the loader reads).
     """
     processed = process_image(read_input(planned, image, confine_root), image)
+    if fallbacks is not None and processed.pillow_fallback:
+        fallbacks["pillow"] += 1
     meta = {
         "source": planned.rel,
         "split": split,
@@ -389,6 +402,8 @@ def _marker_json(result: ShardResult, digest: str, etags: dict[str, str]) -> byt
         "info": asdict(result.info),
         "skipped": [asdict(s) for s in result.skipped],
     }
+    if result.pillow_fallbacks:
+        document["pillow_fallbacks"] = result.pillow_fallbacks
     if etags:  # object stores only, so local markers stay byte-identical across builds
         document["etags"] = etags
     return json.dumps(document, indent=1).encode("utf-8")
@@ -415,6 +430,7 @@ def load_complete_shard(store: OutputStore, task: ShardTask, digest: str) -> Sha
         skipped = [Skip.from_dict(s) for s in document["skipped"]]
         split = str(document["split"])
         etags = dict(document.get("etags", {}))
+        fallbacks = int(document.get("pillow_fallbacks", 0))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     for fmt, file in info.files.items():
@@ -425,4 +441,4 @@ def load_complete_shard(store: OutputStore, task: ShardTask, digest: str) -> Sha
             continue
         if store.sha256(file.name) != file.sha256:
             return None
-    return ShardResult(split, info, skipped, reused=True)
+    return ShardResult(split, info, skipped, reused=True, pillow_fallbacks=fallbacks)

@@ -201,7 +201,7 @@ def test_config_rejects_what_the_fast_backend_cannot_do(monkeypatch: pytest.Monk
     with pytest.raises(ValueError, match="backend"):
         ImageConfig(backend="turbo")
     monkeypatch.setattr(images, "fast_backend_available", lambda: False)
-    with pytest.raises(ValueError, match=r"shardpipe\[fast\]"):
+    with pytest.raises(ValueError, match=r"pip install simplejpeg opencv-python-headless"):
         ImageConfig(backend="fast")
 
 

@@ -170,7 +170,7 @@ def test_importing_the_policy_imports_no_backend():
 def test_missing_fast_backend_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
     monkeypatch.setattr(imagedata._FastModules, "pid", None)  # as in a fresh process
-    with pytest.raises(ImportError, match=r"shardpipe\[fast\]"):
+    with pytest.raises(ImportError, match=r"pip install simplejpeg opencv-python-headless"):
         imagedata.load_fast_backends()
 
 
