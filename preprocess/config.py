@@ -95,7 +95,9 @@ class BuildConfig:
             "quality": about("JPEG/WebP quality 1-100 (ignored for PNG)"),
             "max_pixels": about("skip images whose header declares more pixels, before decoding"),
             "backend": about(
-                "`fast`: libjpeg-turbo + OpenCV for plain JPEGs (pip install 'shardpipe[fast]')",
+                "auto: libjpeg-turbo + OpenCV when --resample is bilinear, Pillow "
+                "otherwise and for inputs they cannot decode (counted); fast: require them; "
+                "pillow: Pillow only",
                 BACKENDS,
             ),
         },
