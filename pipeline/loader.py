@@ -2,7 +2,9 @@
 
 The main process only forwards batches that workers built (and pins them);
 it counts what was consumed so `state_dict()` can resume mid-epoch, and it
-times how long the consumer waited for each batch.
+times how long the consumer waited for each batch. Images come in reused ring
+slots and small fields as bytes (`inline_small_tensors`), so no batch costs it
+a shared-memory file.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_convert
 
-from pipeline.batchring import BatchRing, materialize
+from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.opener import RetryPolicy
@@ -326,6 +328,7 @@ class ShardLoader:
                 persistent_workers=c.persistent_workers and workers > 0,
                 timeout=self.batch_timeout() if workers else 0,  # torch needs workers for it
                 worker_init_fn=seed_worker,
+                collate_fn=inline_small_tensors if workers else None,
             )
         return self._loader
 
@@ -408,6 +411,17 @@ class ShardLoader:
             self.segments, self.consumed = segments[:-1], segments[-1].consumed
         else:
             self.segments, self.consumed = [s for s in segments if s.consumed], 0
+
+
+def inline_small_tensors(batch: tuple) -> tuple:
+    """A worker's batch ready for the queue: small tensors travel as bytes (`InlineTensor`).
+
+    What the DataLoader would do without a `collate_fn` (`default_convert`), then the
+    labels and other small fields wrapped so the main process unpickles a few KiB instead
+    of fetching a shared-memory file per tensor; `materialize` unwraps them.
+    """
+    values, size, keys, worker_stats = default_convert(batch)
+    return tuple(InlineTensor.wrap(value) for value in values), size, keys, worker_stats
 
 
 def resolve_backend(backend: str) -> str:

@@ -257,7 +257,7 @@ def _read_block(
         more = stream.read(want - len(chunk))
         if not more:
             if len(chunk) < pad:
-                detail = f"the stream ended inside the padding of member {after[0]}"
+                detail = f"the stream ended inside the padding of {after[0]}"
                 raise _error("truncated", url, detail, after[1])
             got = len(chunk) - pad
             what = (

@@ -431,3 +431,34 @@ def test_good_shard_reads_the_same_seekable_or_not(stream, fields):
     expected = [{k: v for k, v in s.items() if k == "__key__" or k in wanted} for s in samples]
     assert strip_url(got) == expected
     assert list(iter_tar_samples(io.BytesIO(data), URL, declared=30, **kwargs)) == got
+
+
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+def test_pax_size_sets_the_padding_and_the_byte_count(stream):
+    # The reader reads a member's padding with the next header: it must pad by the pax
+    # size, not the ustar one, and count those bytes against the shard's byte cap.
+    records = pax_record(b"size", b"5")
+    data = archive(
+        pax(records),
+        block(b"a.jpg", 999999) + b"12345" + bytes(507),
+        member(b"a.cls", b"3"),
+        member(b"b.jpg", b"B" * 700),
+    )
+    samples = list(iter_tar_samples(stream(data), URL, limits=ReadLimits(shard_bytes=len(data))))
+    assert [(s["__key__"], s.get("jpg"), s.get("cls")) for s in samples] == [
+        ("a", b"12345", b"3"),
+        ("b", b"B" * 700, None),
+    ]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+@pytest.mark.parametrize("fields", [None, NO_FIELDS], ids=["read", "headers-only"])
+def test_truncated_inside_padding_names_the_member_or_extended_header(stream, fields):
+    kwargs = {} if fields is None else {"fields": fields}
+    first = member(b"a.jpg", b"A" * 700)
+    _, error = read_until_error(stream(first[: BLOCK + 710]), "truncated", **kwargs)
+    assert "padding of member a.jpg" in str(error) and error.key == "a"
+    extended = pax(pax_record(b"path", b"b.jpg"))
+    _, error = read_until_error(stream(first + extended[: BLOCK + 20]), "truncated", **kwargs)
+    assert "padding of an extended header" in str(error)
