@@ -387,3 +387,33 @@ def test_sample_random_is_deterministic_and_keeps_the_random_api():
     assert [rng.random() for _ in range(10)] == ahead
     uniform = [SampleRandom(f"u{key}").random() for key in range(4000)]
     assert abs(np.mean(uniform) - 0.5) < 0.02
+
+
+# --- the fast-upsampling switch (off by default, see FAST_UPSAMPLE) ------------------------
+
+
+def exact_psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def test_fast_upsampling_is_off_and_the_switch_changes_only_chroma_detail(monkeypatch):
+    from pipeline import fast_transforms
+
+    assert fast_transforms.FAST_UPSAMPLE is False  # the default stays the exact decode
+    data = photo_jpeg(341, 256, seed=3)
+    transform = FastRandomResizedCrop()
+    exact = transform(data, SampleRandom("k"))
+    monkeypatch.setattr(fast_transforms, "FAST_UPSAMPLE", True)
+    fast = transform(data, SampleRandom("k"))
+    assert np.array_equal(fast, transform(data, SampleRandom("k")))  # deterministic
+    assert not np.array_equal(fast, exact)  # the switch reaches the decoder
+    assert exact_psnr(fast, exact) > 40  # the study's bar: same box, small chroma error
+
+
+def test_decode_jpeg_scaled_fast_upsample_differs_from_the_exact_decode():
+    data = photo_jpeg(64, 48, seed=1)
+    exact = imagedata.decode_jpeg_scaled(data, 64, 48, 1)
+    fast = imagedata.decode_jpeg_scaled(data, 64, 48, 1, fast_upsample=True)
+    assert exact.shape == fast.shape == (48, 64, 3)
+    assert not np.array_equal(exact, fast) and exact_psnr(exact, fast) > 30
