@@ -15,6 +15,8 @@ from preprocess.sources import LABEL_MODES, InputColumns
 from shards.flags import about, option
 from shards.manifest import LAYOUTS, SHARD_FORMATS
 
+# Where shard tasks run (see `preprocess.pool.resolve_executor`); all write the same bytes.
+EXECUTORS = ("auto", "ray", "local", "inline")
 # Options that change how a build runs but not a byte of what it writes.
 # `input` and `output` are left out too: moving a dataset must not invalidate a
 # build; the plan digest (every path and label) guards the inputs instead.
@@ -55,8 +57,11 @@ class BuildConfig:
         max_skip_fraction: fail the job when more inputs than this are skipped.
         ray_address: None for a local Ray sized to this machine, `auto` or
             `ray://host:port` for a cluster.
-        executor: `ray` (default) or `inline` (one process, no Ray; for debugging).
-        workers: CPUs for a local Ray (None: all).
+        executor: `auto` (default: Ray when a cluster is named by `ray_address` or
+            `RAY_ADDRESS`, else `local`), `ray`, `local` (a process pool on this
+            machine, no start-up of seconds) or `inline` (this process; for
+            debugging). Every executor writes the same bytes.
+        workers: processes of the local pool, or CPUs of a local Ray (None: all).
         overwrite: rebuild everything, replacing an existing output.
         progress: show a progress bar.
         confine_to_input: read nothing outside the input root (the tree, or a list
@@ -143,13 +148,17 @@ class BuildConfig:
         None, "`auto` or ray://host:port for a Ray cluster (default: a local Ray)", "run"
     )
     executor: str = option(
-        "ray",
-        "run shard tasks on Ray, or one after another in this process (for debugging)",
+        "auto",
+        "where shard tasks run: auto is Ray when --ray-address (or RAY_ADDRESS) names a "
+        "cluster, else local, a process pool on this machine that needs no Ray start-up; "
+        "inline runs them one after another in this process (for debugging)",
         "run",
-        ("ray", "inline"),
+        EXECUTORS,
     )
     workers: int | None = option(
-        None, "CPUs for a local Ray (default: all of this machine's)", "run"
+        None,
+        "processes of the local pool, or CPUs of a local Ray (default: all of this machine's)",
+        "run",
     )
     overwrite: bool = option(False, "rebuild everything, replacing the build in --output", "run")
     progress: bool = option(
@@ -194,8 +203,15 @@ class BuildConfig:
             raise ValueError("--val-fraction must be in [0, 1)")
         if not 0.0 <= self.max_skip_fraction <= 1.0:
             raise ValueError("--max-skip-fraction must be in [0, 1]")
-        if self.executor not in ("ray", "inline"):
-            raise ValueError("--executor must be `ray` or `inline`")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}")
+        if self.ray_address and self.executor in ("local", "inline"):
+            raise ValueError(
+                f"--ray-address names a Ray cluster, and --executor {self.executor} does not "
+                "use Ray; pass --executor ray (or auto), or leave --ray-address out"
+            )
+        if self.workers is not None and self.workers < 1:
+            raise ValueError("--workers must be at least 1")
         if self.row_group_size < 1:
             raise ValueError("--row-group-size must be at least 1")
 

@@ -47,7 +47,8 @@ from preprocess.plan import (
     manifest_fields,
     order_spill,
 )
-from preprocess.ray_job import BuildError, iter_inline, iter_ray, start_ray
+from preprocess.pool import ShardExecutor, TailClock, resolve_executor
+from preprocess.ray_job import BuildError, iter_ray, start_ray
 from preprocess.sizing import Probe, probe_inputs, shard_size_for_bytes
 from preprocess.sources import Listing, stream_sources
 from shards.clients import is_client_file, write_client_files
@@ -96,6 +97,11 @@ class BuildSummary:
     left_out_suffixes: dict[str, int] = field(default_factory=dict)
     left_out_suffixes_line: str = ""
     client_files: list[str] = field(default_factory=list)  # `_info.json`, wids indexes
+    executor: str = "inline"  # what ran the shard tasks: ray, local or inline
+    # Wall seconds of the build's own phases, in order (see `PHASES`); `start` ran beside
+    # `plan`, and `wait` is the part of it the build waited for.
+    phases: dict[str, float] = field(default_factory=dict)
+    tail_idle_s: float = 0.0  # worker-seconds idle at the end (`preprocess.pool.TailClock`)
 
     @property
     def images_per_s(self) -> float:
@@ -116,17 +122,26 @@ def run_build(config: BuildConfig) -> BuildSummary:
     started = time.perf_counter()
     store = open_output_store(config.output)
     check_output(store, config)
+    executor = choose_executor(config)
+    clock = PhaseClock()
     with contextlib.ExitStack() as stack:
+        stack.callback(executor.close)
+        # A rerun of a finished build usually has nothing to build: it starts nothing early.
+        if store.info(MANIFEST_NAME) is None:
+            executor.begin()  # starts while the inputs are listed and planned
         listing, plan = plan_build(config, store, stack)
         layout = prepare_output(store, config, plan)
+        clock.lap("plan")
         confine_root = listing.root if config.confine_to_input else None
-        results = run_tasks(plan, config, store.url, confine_root, layout)
+        results, tail_idle = run_tasks(plan, config, store.url, confine_root, layout, executor)
+        clock.lap("encode", executor.wait_s)
         manifest = assemble_manifest(plan, config, results, listing, layout)
         write_errors(store, results, listing)
         enforce_skip_budget(manifest, config, store)
         write_manifest(store, manifest)
         clients = write_client_files(store, manifest)
     remove_plan(store)
+    clock.lap("commit")
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
     for result in results:
@@ -147,7 +162,42 @@ def run_build(config: BuildConfig) -> BuildSummary:
         left_out_suffixes=listing.suffix_counts(),
         left_out_suffixes_line=listing.describe_suffixes(),
         client_files=clients,
+        executor=executor.kind,
+        phases=clock.phases(executor.start_s, executor.wait_s),
+        tail_idle_s=tail_idle,
     )
+
+
+# The build's phases as `BuildSummary.phases` names them: listing + planning (and the
+# output's build record), the executor's start, the part of it the build waited for
+# after planning, the shard tasks, and errors + manifest + client files.
+PHASES = ("plan", "start", "wait", "encode", "commit")
+
+
+class PhaseClock:
+    """Wall seconds of consecutive phases of the driver."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str, less: float = 0.0) -> None:
+        """End phase `name` now; `less` of it is counted elsewhere (the executor's wait)."""
+        now = time.perf_counter()
+        self.laps[name] = max(0.0, now - self.last - less)
+        self.last = now
+
+    def phases(self, start_s: float, wait_s: float) -> dict[str, float]:
+        """Every phase of `PHASES`, in order."""
+        laps = {**self.laps, "start": start_s, "wait": wait_s}
+        return {name: laps.get(name, 0.0) for name in PHASES}
+
+
+def choose_executor(config: BuildConfig) -> ShardExecutor:
+    """The executor of `config.executor` (`auto` resolved), not started yet."""
+    kind = resolve_executor(config.executor, config.ray_address)
+    # The driver's own start_ray and iter_ray, looked up now: a test may refuse them.
+    return ShardExecutor(kind, config.workers, config.ray_address, start_ray, iter_ray)
 
 
 def check_output(store: OutputStore, config: BuildConfig) -> None:
@@ -333,13 +383,17 @@ def run_tasks(
     output: str,
     confine_root: str | None = None,
     layout: str = LAYOUT_FLAT,
-) -> list[ShardResult]:
-    """Run every shard task, writing to `output` (absolute); returns results in plan order.
+    executor: ShardExecutor | None = None,
+) -> tuple[list[ShardResult], float]:
+    """Run every shard task, writing to `output` (absolute).
 
-    `confine_root` is the resolved input root that tasks confine reads to, or None.
-    Shards an earlier run committed are checked here first (`reuse_committed`), so a
-    rerun with nothing to do starts no executor at all.
+    Returns the results in plan order, and the worker-seconds idle at the end
+    (`TailClock`). `confine_root` is the resolved input root that tasks confine reads
+    to, or None. Shards an earlier run committed are checked here first
+    (`reuse_committed`), so a rerun with nothing to do waits for no executor at all.
+    `executor` defaults to `config.executor`'s, started here if it must run.
     """
+    executor = executor or choose_executor(config)
     build_kwargs = {
         "output": output,
         "shaping": config.output_shaping(),
@@ -354,21 +408,21 @@ def run_tasks(
     pieces = dispatch_order(plan.shards)
     by_name = reuse_committed(pieces, build_kwargs)
     pieces = [piece for piece in pieces if (piece.split, piece.index) not in by_name]
+    tail_idle = 0.0
     if pieces:
         # A local output's tasks read their pieces from `_build/plan/`; an object store's
         # plan is on this machine only, so each piece is loaded here as its task is sent.
         tasks = map(load_task, pieces) if is_remote(output) else pieces
-        if config.executor == "inline":
-            stream = iter_inline(tasks, build_kwargs)
-        else:
-            start_ray(config.ray_address, config.workers)  # before the bar: its own step
-            stream = iter_ray(tasks, build_kwargs, config.ray_address, config.workers)
+        stream = executor.iter_results(tasks, build_kwargs)  # started: before the bar
+        tail = TailClock(executor.slots())
         done = sum(r.info.samples + len(r.skipped) for r in by_name.values())
         with progress_bar(plan.inputs, config.progress, done) as bar:
             for result in stream:
+                tail.record()
                 by_name[(result.split, result.info.index)] = result
                 bar.update(result.info.samples + len(result.skipped))
-    return [by_name[(piece.split, piece.index)] for piece in plan.shards]
+        tail_idle = tail.idle_s()
+    return [by_name[(piece.split, piece.index)] for piece in plan.shards], tail_idle
 
 
 # The driver checks committed shards itself up to this many bytes hashed (about a second):

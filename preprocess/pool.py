@@ -1,0 +1,361 @@
+"""Executors of the build's shard tasks: which one runs, its start in the background, a local pool.
+
+`resolve_executor` turns `--executor auto` into `local` (a process pool on this
+machine) or `ray` (a cluster). `BackgroundStart` runs an executor's start-up in a
+thread while the driver lists and plans. `LocalPool` and `iter_local` run the
+shard tasks in worker processes, exactly `workers` in flight, as `iter_ray` does
+on Ray; every executor writes the same bytes (`build_shard` is deterministic).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from typing import Generic, TypeVar
+
+from preprocess.build import ShardResult
+from preprocess.plan import ShardPiece, ShardTask
+from preprocess.ray_job import (
+    TASK_RETRIES,
+    BuildError,
+    build_with_options,
+    exit_on_sigterm,
+    iter_inline,
+    ray_slots,
+)
+from shards.io import open_output_store
+
+# forkserver: workers fork from a clean single-threaded server that imported the image stack
+# once, so starting one costs milliseconds, and no lock held by a driver thread is inherited.
+# A driver without other Python threads forks its workers itself (`start_method`), sooner.
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+PRELOAD = ["preprocess.pool", "cv2", "simplejpeg"]  # a module that does not import is skipped
+# A worker whose driver died (SIGKILL, a lost terminal) stops within this many seconds, so
+# a rerun never meets a writer of the killed build.
+ORPHAN_CHECK_S = 0.2
+
+T = TypeVar("T")
+
+
+def resolve_executor(executor: str, ray_address: str | None) -> str:
+    """`ray`, `local` or `inline`: what `--executor` means for this job.
+
+    `auto` is Ray when a cluster is named (`--ray-address`, or `RAY_ADDRESS` as under
+    `ray job submit`), else the local pool, which needs no start-up of seconds.
+    """
+    if executor != "auto":
+        return executor
+    return "ray" if ray_address or os.environ.get("RAY_ADDRESS") else "local"
+
+
+def local_workers(workers: int | None) -> int:
+    """Processes of the local pool: `workers`, else the CPUs this process may run on."""
+    if workers is not None:
+        return workers
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class BackgroundStart(Generic[T]):
+    """Runs `start()` in a thread of its own while the driver goes on (listing, planning).
+
+    `result()` waits for it and returns its value, or raises its error, in the caller's
+    thread; nothing is logged from the thread, so an error surfaces once, where it is raised.
+    """
+
+    def __init__(self, start: Callable[[], T], name: str, since: float | None = None) -> None:
+        self.since = time.perf_counter() if since is None else since
+        self.seconds = 0.0  # how long the start took, from `since`
+        self.waited = 0.0  # how long `result()` blocked on it
+        self._start = start
+        self._future: Future = Future()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._future.set_result(self._start())
+        except BaseException as error:  # handed to the caller's thread, not handled here
+            self._future.set_exception(error)
+        finally:
+            self.seconds = time.perf_counter() - self.since
+
+    def result(self) -> T:
+        began = time.perf_counter()
+        self._thread.join()
+        self.waited += time.perf_counter() - began
+        return self._future.result()
+
+    def join(self) -> T | None:
+        """Wait for the start; its value, or None when it failed (the error is dropped)."""
+        self._thread.join()
+        return None if self._future.exception() else self._future.result()
+
+
+def start_method() -> str:
+    """`fork` when the driver runs no other Python thread and no Ray, else `START_METHOD`.
+
+    A fork copies the driver with its imports done, in milliseconds instead of the ~0.5 s
+    a forkserver takes to import the image stack. It is unsafe when another thread may
+    hold a lock the child inherits: a Python thread (logging, imports, a progress bar) or
+    Ray's gRPC threads. The native pools the driver does hold (OpenBLAS, jemalloc, Arrow,
+    OpenCV) reset themselves in a forked child, as PyTorch's forked loader workers rely on.
+    """
+    if sys.platform != "linux" or threading.active_count() != 1:
+        return START_METHOD
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return START_METHOD
+    return "fork"
+
+
+def init_worker() -> None:
+    """In each pool worker: the driver alone handles Ctrl-C; exit when the driver is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch = threading.Thread(target=exit_when_orphaned, args=(os.getppid(),), daemon=True)
+    watch.start()
+
+
+def exit_when_orphaned(parent: int) -> None:
+    """Stop this worker once its parent has died: the driver, or its forkserver.
+
+    A forkserver exits with its driver. A killed driver leaves no one to collect results,
+    and a worker writing on would race the rerun that resumes the build; the temp files
+    it leaves are swept by that rerun.
+    """
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    os._exit(1)
+
+
+def warm_worker() -> int:
+    """Import the image stack in a worker before its first shard; returns its pid."""
+    from preprocess.images import fast_backend_available
+
+    fast_backend_available()
+    return os.getpid()
+
+
+class LocalPool:
+    """`workers` processes on this machine that run shard tasks (`iter_local`).
+
+    The constructor launches every process (`method`: a start method, see
+    `start_method`) and returns; `ready` waits until each has imported the image stack.
+    A pool broken by a dead worker is replaced by `restart`, never by a fork.
+    """
+
+    def __init__(self, workers: int, method: str = START_METHOD) -> None:
+        if workers < 1:
+            raise ValueError("--workers must be at least 1")
+        self.workers = workers
+        self.executor, self.warming = self._launch(method)
+
+    def _launch(self, method: str) -> tuple[ProcessPoolExecutor, list[Future]]:
+        context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            context.set_forkserver_preload(PRELOAD)
+        executor = ProcessPoolExecutor(self.workers, context, initializer=init_worker)
+        # One warm-up per worker launches them all now, not as the first shards arrive.
+        return executor, [executor.submit(warm_worker) for _ in range(self.workers)]
+
+    def ready(self) -> LocalPool:
+        """Wait for every worker's warm-up (an error of one is raised here); returns self."""
+        for future in self.warming:
+            future.result()
+        return self
+
+    def submit(self, task: ShardPiece | ShardTask, build_kwargs: dict) -> Future:
+        return self.executor.submit(build_with_options, task, build_kwargs)
+
+    def restart(self) -> None:
+        """Replace a pool broken by a worker that died (its futures all failed)."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.executor, self.warming = self._launch(START_METHOD)
+
+    def close(self) -> None:
+        """Cancel what has not started and wait for the shards in flight (they commit)."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def iter_local(
+    tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict, pool: LocalPool
+) -> Iterator[ShardResult]:
+    """Run tasks on `pool` and yield results as they complete (not in task order).
+
+    Exactly `pool.workers` tasks are in flight, taken from `tasks` in its order (largest
+    first, see `preprocess.job.dispatch_order`), so none waits behind a queue of others.
+    A task whose worker died (killed for memory, a crash in a codec) runs again, up to
+    `TASK_RETRIES` times, as Ray retries it; errors a task raises propagate unchanged.
+    """
+    queue = iter(tasks)
+    pending: dict[Future, ShardPiece | ShardTask] = {}
+    deaths: dict[tuple[str, int], int] = {}
+    retry: list[ShardPiece | ShardTask] = []
+    broken = False
+    try:
+        while True:
+            if broken and not pending:
+                pool.restart()  # every future of the broken pool has failed: none is lost
+                broken = False
+            while not broken and len(pending) < pool.workers:
+                task = retry.pop(0) if retry else next(queue, None)
+                if task is None:
+                    break
+                pending[pool.submit(task, build_kwargs)] = task
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = pending.pop(future)
+                try:
+                    result = future.result()
+                except BrokenProcessPool as error:
+                    broken = True
+                    retry.append(count_death(task, deaths, error))
+                    continue
+                yield result
+    finally:
+        for future in pending:
+            future.cancel()
+    if deaths:
+        # A dead worker's temp files are orphans; with every task done no writer is left.
+        open_output_store(build_kwargs["output"]).remove_stale_temps()
+
+
+def count_death(
+    task: ShardPiece | ShardTask, deaths: dict[tuple[str, int], int], error: BaseException
+) -> ShardPiece | ShardTask:
+    """Count one dead worker against `task`; past `TASK_RETRIES` the build stops."""
+    name = (task.split, task.index)
+    deaths[name] = deaths.get(name, 0) + 1
+    if deaths[name] > TASK_RETRIES:
+        raise BuildError(
+            f"shard {task.split}-{task.index:06d}: a worker process died each of the "
+            f"{deaths[name]} times it was being built ({error}); it was probably killed for "
+            "memory, or an image codec crashed on one of its inputs. Finished shards are "
+            "kept: rerun the same command to resume, with fewer --workers if memory ran out."
+        ) from error
+    return task
+
+
+class TailClock:
+    """How long workers sat idle at the end of the build: the cost of a straggler shard.
+
+    With exactly `slots` tasks in flight, the last `slots` results each free a worker that
+    stays idle until the final one arrives; slots that never got a task idle throughout.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self.started = time.perf_counter()
+        self.arrivals: list[float] = []
+
+    def record(self) -> None:
+        self.arrivals.append(time.perf_counter())
+
+    def idle_s(self) -> float:
+        """Worker-seconds idle after each worker's last task (0 for no task or one slot)."""
+        if not self.arrivals:
+            return 0.0
+        end = self.arrivals[-1]
+        used = min(self.slots, len(self.arrivals))
+        tail = sum(end - arrival for arrival in self.arrivals[-used:])
+        return tail + (self.slots - used) * (end - self.started)
+
+
+def start_pool(workers: int, method: str) -> LocalPool:
+    """A `LocalPool` with every worker warm."""
+    return LocalPool(workers, method).ready()
+
+
+class ShardExecutor:
+    """Where this build's shard tasks run: `ray`, `local` or `inline` (`resolve_executor`).
+
+    `begin` starts it in the background (`BackgroundStart`) while the driver lists and
+    plans; `iter_results` waits for that start, then runs the tasks. `start_ray` and
+    `iter_ray` are the driver's (`preprocess.job`), so a test can refuse Ray there.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        workers: int | None,
+        ray_address: str | None,
+        start_ray: Callable[[str | None, int | None], None],
+        iter_ray: Callable[..., Iterator[ShardResult]],
+    ) -> None:
+        self.kind = kind
+        self.workers = workers
+        self.ray_address = ray_address
+        self.start_ray = start_ray
+        self.iter_ray = iter_ray
+        self.starting: BackgroundStart | None = None
+        self.pool: LocalPool | None = None
+
+    def begin(self) -> None:
+        """Start in the background, once; an inline executor has nothing to start."""
+        if self.kind == "inline" or self.starting is not None:
+            return
+        since = time.perf_counter()
+        if self.kind == "ray":
+            start: Callable[[], LocalPool | None] = partial(
+                self.start_ray, self.ray_address, self.workers
+            )
+        elif (method := start_method()) == "fork":
+            # Forked here, before the start's thread exists; the warm-ups run meanwhile.
+            start = LocalPool(local_workers(self.workers), method).ready
+        else:
+            start = partial(start_pool, local_workers(self.workers), method)
+        self.starting = BackgroundStart(start, f"start {self.kind} executor", since)
+
+    def iter_results(
+        self, tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict
+    ) -> Iterator[ShardResult]:
+        """Wait for the start (begun now if it was not: its error is raised here), then run."""
+        if self.kind == "inline":
+            return iter_inline(tasks, build_kwargs)
+        self.begin()
+        assert self.starting is not None
+        self.pool = self.starting.result()
+        if self.kind == "ray":
+            exit_on_sigterm()  # Ray could not set it from the start's thread
+            return self.iter_ray(tasks, build_kwargs, self.ray_address, self.workers)
+        assert self.pool is not None
+        return iter_local(tasks, build_kwargs, self.pool)
+
+    def slots(self) -> int:
+        """Tasks run at once, once started."""
+        if self.kind == "ray":
+            return ray_slots()
+        return self.pool.workers if self.pool is not None else 1
+
+    @property
+    def start_s(self) -> float:
+        """How long the start took (in the background, mostly while the driver planned)."""
+        return self.starting.seconds if self.starting is not None else 0.0
+
+    @property
+    def wait_s(self) -> float:
+        """How long the driver waited for the start after planning."""
+        return self.starting.waited if self.starting is not None else 0.0
+
+    def close(self) -> None:
+        """Wait for a start still running and stop the pool (the shards in flight finish).
+
+        A start that failed and was never waited for (planning failed first) is dropped:
+        the planning error is the one to report.
+        """
+        if self.starting is None:
+            return
+        pool = self.starting.join()
+        if isinstance(pool, LocalPool):
+            pool.close()
