@@ -231,10 +231,26 @@ def format_summary(summary) -> str:
             f"shards built {summary.shards_built}, reused {summary.shards_reused}; "
             f"wall {summary.seconds:.1f} s, {summary.images_per_s:.0f} images/s"
         )
+        if summary.phases:
+            lines.append(_phases_line(summary))
     lines.append(f"manifest: {summary.output / 'manifest.json'}")
     if summary.client_files:
         lines.append(f"for timm and wids: {', '.join(summary.client_files)}")
     return "\n".join(lines)
+
+
+def _phases_line(summary) -> str:
+    """`phases: plan 0.2 s, local start 0.0 s (0.0 s waited), encode 3.1 s, commit 0.0 s; ...`.
+
+    The executor's start runs beside planning: only its `waited` part adds to the wall time.
+    """
+    phases = summary.phases
+    start = f"{summary.executor} start {phases['start']:.2f} s ({phases['wait']:.2f} s waited)"
+    idle = f"workers idle at the end {summary.tail_idle_s:.2f} s"
+    return (
+        f"phases: plan {phases['plan']:.2f} s, {start}, encode {phases['encode']:.2f} s, "
+        f"commit {phases['commit']:.2f} s; {idle}"
+    )
 
 
 # A dry run names the classes one by one up to this many; beyond, it summarises them.
