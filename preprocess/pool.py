@@ -193,58 +193,76 @@ def iter_local(
 
     Exactly `pool.workers` tasks are in flight, taken from `tasks` in its order (largest
     first, see `preprocess.job.dispatch_order`), so none waits behind a queue of others.
-    A task whose worker died (killed for memory, a crash in a codec) runs again, up to
-    `TASK_RETRIES` times, as Ray retries it; errors a task raises propagate unchanged.
+    A worker that dies (killed for memory, a crash in a codec) breaks the pool, failing
+    every task in flight: those run again one at a time on a new pool, so a death is
+    blamed on the one task that caused it, which is tried at most `TASK_RETRIES` more
+    times, as Ray retries it. Errors a task raises propagate unchanged.
     """
     queue = iter(tasks)
     pending: dict[Future, ShardPiece | ShardTask] = {}
-    deaths: dict[tuple[str, int], int] = {}
-    retry: list[ShardPiece | ShardTask] = []
-    broken = False
+    suspects: list[ShardPiece | ShardTask] = []  # in flight when a worker died
+    deaths: dict[tuple[str, int], int] = {}  # deaths of a task that ran alone
+    broken = died = False
     try:
         while True:
             if broken and not pending:
                 pool.restart()  # every future of the broken pool has failed: none is lost
                 broken = False
-            while not broken and len(pending) < pool.workers:
-                task = retry.pop(0) if retry else next(queue, None)
-                if task is None:
-                    break
-                pending[pool.submit(task, build_kwargs)] = task
+            if not broken:
+                fill(pool, pending, suspects, queue, build_kwargs)
             if not pending:
                 break
+            in_flight = len(pending)
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 task = pending.pop(future)
                 try:
                     result = future.result()
                 except BrokenProcessPool as error:
-                    broken = True
-                    retry.append(count_death(task, deaths, error))
+                    broken = died = True
+                    if in_flight == 1:  # it ran alone: the death was its own
+                        count_death(task, deaths, error)
+                    suspects.append(task)
                     continue
                 yield result
     finally:
         for future in pending:
             future.cancel()
-    if deaths:
+    if died:
         # A dead worker's temp files are orphans; with every task done no writer is left.
         open_output_store(build_kwargs["output"]).remove_stale_temps()
 
 
+def fill(
+    pool: LocalPool,
+    pending: dict[Future, ShardPiece | ShardTask],
+    suspects: list[ShardPiece | ShardTask],
+    queue: Iterator[ShardPiece | ShardTask],
+    build_kwargs: dict,
+) -> None:
+    """Submit tasks up to `pool.workers` in flight; a suspect only alone (see `iter_local`)."""
+    if suspects:
+        if not pending:
+            task = suspects.pop(0)
+            pending[pool.submit(task, build_kwargs)] = task
+        return
+    while len(pending) < pool.workers and (task := next(queue, None)) is not None:
+        pending[pool.submit(task, build_kwargs)] = task
+
+
 def count_death(
     task: ShardPiece | ShardTask, deaths: dict[tuple[str, int], int], error: BaseException
-) -> ShardPiece | ShardTask:
+) -> None:
     """Count one dead worker against `task`; past `TASK_RETRIES` the build stops."""
     name = (task.split, task.index)
     deaths[name] = deaths.get(name, 0) + 1
     if deaths[name] > TASK_RETRIES:
         raise BuildError(
             f"shard {task.split}-{task.index:06d}: a worker process died each of the "
-            f"{deaths[name]} times it was being built ({error}); it was probably killed for "
+            f"{deaths[name]} times it was built alone ({error}); it was probably killed for "
             "memory, or an image codec crashed on one of its inputs. Finished shards are "
             "kept: rerun the same command to resume, with fewer --workers if memory ran out."
         ) from error
-    return task
 
 
 class TailClock:
