@@ -198,6 +198,8 @@ class InlineTensor:
             isinstance(value, torch.Tensor)
             and value.dtype in _INLINE_DTYPES
             and value.device.type == "cpu"
+            and value.layout == torch.strided  # not sparse
+            and not value.is_nested
             and not value.requires_grad
             and value.nbytes <= INLINE_BYTES
         ):

@@ -15,11 +15,13 @@ def test_small_tensors_travel_as_bytes_and_come_back_equal():
     labels = torch.arange(256, dtype=torch.int64)
     big = torch.zeros(INLINE_BYTES + 1, dtype=torch.uint8)
     brain = torch.ones(4, dtype=torch.bfloat16)  # no numpy twin: stays a tensor
+    sparse = torch.eye(3).to_sparse()
     values, size, keys, stats = inline_small_tensors(
-        ((labels, big, brain, ["a", "b"]), 2, None, {"worker": 0})
+        ((labels, big, brain, sparse, ["a", "b"]), 2, None, {"worker": 0})
     )
     assert isinstance(values[0], InlineTensor)
-    assert values[1] is big and values[2] is brain and values[3] == ["a", "b"]
+    assert values[1] is big and values[2] is brain and values[3] is sparse
+    assert values[4] == ["a", "b"]
     assert (size, keys, stats) == (2, None, {"worker": 0})
     sent = pickle.loads(pickle.dumps(values[0]))
     back = materialize(sent)
