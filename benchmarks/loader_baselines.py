@@ -180,9 +180,18 @@ class PilRandomResizedCrop:
         return torch.as_tensor(array).permute(2, 0, 1)  # a view, as PILToTensor returns
 
 
+def train_tars(shard_dir: Path) -> list[Path]:
+    """The train tar shards of a build in either layout: `tar/` (the default) or flat.
+
+    Globbed rather than read from the manifest: the peers' venv has no shardpipe.
+    """
+    directory = shard_dir / "tar" if (shard_dir / "tar").is_dir() else shard_dir
+    return sorted(directory.glob("train-*.tar"))
+
+
 def iter_tar_dir(shard_dir: Path) -> Iterator[tuple[bytes, int]]:
-    """(jpg bytes, label) of every sample of the `train-*.tar` shards, with stdlib tarfile."""
-    for path in sorted(shard_dir.glob("train-*.tar")):
+    """(jpg bytes, label) of every sample of the train tar shards, with stdlib tarfile."""
+    for path in train_tars(shard_dir):
         fields: dict[str, dict[str, bytes]] = {}
         with tarfile.open(path) as archive:
             for member in archive:
@@ -305,7 +314,7 @@ def convert_litdata(workdir: Path) -> Path:
 
     out = workdir / "litdata"
     if not (out / "index.json").exists():
-        inputs = [str(p) for p in sorted((workdir / "shards").glob("train-*.tar"))]
+        inputs = [str(p) for p in train_tars(workdir / "shards")]
         litdata.optimize(
             fn=litdata_samples,
             inputs=inputs,

@@ -3,7 +3,7 @@
 timm needs torchvision, which pins another torch than ours (`torch==2.14.1
 torchvision==0.29.1`, a multi-GB CUDA build), so this script makes a virtual
 environment of its own (default `/tmp/shardpipe-timm-venv`, kept for reruns),
-builds a small dataset with this checkout (`--format-dirs` layout), and runs
+builds a small dataset with this checkout (the default `by_format` layout), and runs
 `timm.data.create_dataset("wds/...", root=OUT, split=...)` there for `train`,
 `val` and `validation`, iterating each split whole. It prints one JSON line per
 split and exits 1 when a split is missing samples or fails.
@@ -67,7 +67,6 @@ def build_sample(output: Path) -> None:
     from preprocess.images import ImageConfig
     from preprocess.job import run_build
     from preprocess.sample import make_sample
-    from shards.manifest import LAYOUT_BY_FORMAT
 
     make_sample(output.parent / "images", 96, classes=4, seed=1, workers=1)
     config = BuildConfig(
@@ -78,7 +77,6 @@ def build_sample(output: Path) -> None:
         val_fraction=0.25,
         executor="inline",
         progress=False,
-        layout=LAYOUT_BY_FORMAT,
     )
     run_build(config)
 

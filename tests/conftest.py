@@ -41,17 +41,28 @@ def small_build_config(input_dir, output_dir, **overrides) -> BuildConfig:
     return BuildConfig(**options)
 
 
-def shard_path(output, split: str, index: int, fmt: str = "tar", layout=DEFAULT_LAYOUT) -> Path:
-    """The file of one shard of a build in `output` (by default a build's default layout).
+# Tests name the shard files of a build through these (or the manifest), never by a
+# literal path, so they follow the default layout; a test of the flat layout of older
+# builds passes `layout` itself.
 
-    Tests name shard files through this (or the manifest), never by a literal path,
-    so they follow the layout; a test of the flat layout passes `layout` itself.
-    """
-    return Path(output) / shard_name(split, index, fmt, layout)
+
+def shard_key(split: str, index: int, fmt: str = "tar", layout=DEFAULT_LAYOUT) -> str:
+    """A shard's name relative to its output, as the manifest names it: `tar/train-000001.tar`."""
+    return shard_name(split, index, fmt, layout)
+
+
+def shard_path(output, split: str, index: int, fmt: str = "tar", layout=DEFAULT_LAYOUT) -> Path:
+    """The file of one shard of a build in the directory `output`."""
+    return Path(output) / shard_key(split, index, fmt, layout)
+
+
+def shard_url(base: str, split: str, index: int, fmt: str = "tar", layout=DEFAULT_LAYOUT) -> str:
+    """`shard_path` for a URL (`s3://b/out`, `http://host:port`; `""` gives a server path)."""
+    return f"{base.rstrip('/')}/{shard_key(split, index, fmt, layout)}"
 
 
 def shard_files(output, fmt: str = "tar", split: str = "*", layout=DEFAULT_LAYOUT) -> list[Path]:
-    """The shard files of format `fmt` (of one split, or all) in `output`, sorted by name."""
+    """The shard files of format `fmt` (of one split, or all) in the directory `output`, sorted."""
     return sorted((Path(output) / format_dir(fmt, layout)).glob(f"{split}-*.{fmt}"))
 
 

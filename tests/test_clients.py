@@ -15,7 +15,6 @@ import pytest
 
 from preprocess.job import run_build
 from preprocess.sample import make_sample
-from shards.manifest import LAYOUT_BY_FORMAT
 from tests.conftest import small_build_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,12 +28,9 @@ def ours_snippets(text: str) -> list[str]:
 
 @pytest.fixture
 def in_built(tmp_path, monkeypatch):
-    """A working directory holding `shards/`, built as MIGRATION.md says (--format-dirs)."""
+    """A working directory holding `shards/`, built as MIGRATION.md says (the default layout)."""
     make_sample(tmp_path / "images", 48, classes=3, seed=2, workers=1)
-    config = small_build_config(
-        tmp_path / "images", tmp_path / "shards", shard_size=16, layout=LAYOUT_BY_FORMAT
-    )
-    run_build(config)
+    run_build(small_build_config(tmp_path / "images", tmp_path / "shards", shard_size=16))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

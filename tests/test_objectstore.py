@@ -27,7 +27,7 @@ from preprocess.job import run_build  # noqa: E402
 from preprocess.ray_job import BuildError  # noqa: E402
 from shards.parquet import ParquetShardWriter, iter_parquet_samples  # noqa: E402
 from shards.tar import iter_tar_samples  # noqa: E402
-from tests.conftest import small_build_config  # noqa: E402
+from tests.conftest import shard_key, shard_path, shard_url, small_build_config  # noqa: E402
 from tests.objectstore import FaultProxy, MotoS3  # noqa: E402
 from tests.pipeline.conftest import loader_for  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_loader_reads_the_manifest_and_shards_from_s3_like_the_local_copy(
     )
     assert remote == local  # same samples, same order: the source does not matter
     assert len(remote) == len(set(remote)) == built_shards.manifest.splits["train"].samples
-    assert loader.source.shards[0].url == f"{s3_shards}/train-000000.{fmt}"
+    assert loader.source.shards[0].url == shard_url(s3_shards, "train", 0, fmt)
     assert not loader.stats.skipped
 
 
@@ -123,8 +123,8 @@ def test_tar_shards_stream_in_ranged_reads_instead_of_a_whole_download(
     block = 8 * 2**10  # the real block (8 MiB) exceeds these small test shards
     monkeypatch.setattr(pipeline.opener, "FSSPEC_SEQUENTIAL_CACHE", ("readahead", block))
     monkeypatch.setattr(pipeline.opener, "FSSPEC_BUFFER_SIZE", block)
-    url = f"{s3_shards}/train-000000.tar"
-    size = (built_shards.output / "train-000000.tar").stat().st_size
+    url = shard_url(s3_shards, "train", 0)
+    size = shard_path(built_shards.output, "train", 0).stat().st_size
     assert size > 8 * block
     options = moto_s3.storage_options(proxy.endpoint)
     with open_stream(url, FAST, storage_options=options) as stream:
@@ -220,14 +220,14 @@ def test_a_permanently_failing_shard_is_retried_then_skipped_counted_and_named(
     assert not set(remote) - set(local)
     gets = proxy.count(r"/train-000001\.tar$")
     assert gets > 0 and gets % FAST.attempts == 0  # exactly the retry budget per piece
-    message = f"cannot read shard {s3_shards}/train-000001.tar ({FAST.attempts} attempt(s))"
+    message = f"cannot read shard {shard_url(s3_shards, 'train', 1)} ({FAST.attempts} attempt(s))"
     assert message in caplog.text
 
 
 def test_past_the_retry_budget_the_error_names_the_url_and_the_last_failure(
     moto_s3, s3_shards, proxy
 ):
-    url = f"{s3_shards}/train-000002.tar"
+    url = shard_url(s3_shards, "train", 2)
     proxy.cut(r"/train-000002\.tar$", times=10_000, after_bytes=2000)
     options = moto_s3.storage_options(proxy.endpoint)
     with (
@@ -259,7 +259,8 @@ def test_with_every_shard_failing_the_loader_stops_with_a_clear_error(
             storage_options=moto_s3.storage_options(proxy.endpoint),
         )
     # The first unreadable shard already exceeds the skip budget and stops the loader.
-    assert f"cannot read shard {s3_shards}/train-0000" in caplog.text
+    any_train_shard = shard_url(s3_shards, "train", 0).removesuffix("00.tar")  # train-0000..
+    assert f"cannot read shard {any_train_shard}" in caplog.text
 
 
 def test_credentials_never_appear_in_logs_or_errors(moto_s3, s3_shards, proxy, caplog):
@@ -270,8 +271,11 @@ def test_credentials_never_appear_in_logs_or_errors(moto_s3, s3_shards, proxy, c
         assert keys
         proxy.fail(r"/train-000003\.tar$", times=10_000, status=503)
         proxy.stall(r"/train-000004\.tar$", times=10_000)
-        for name in ("train-000003.tar", "train-000004.tar", "absent.tar"):
-            url = f"{s3_shards}/{name}"
+        for url in (
+            shard_url(s3_shards, "train", 3),
+            shard_url(s3_shards, "train", 4),
+            f"{s3_shards}/absent.tar",
+        ):
             with (
                 pytest.raises(ShardReadError) as info,
                 open_stream(url, FAST, storage_options=options) as f,
@@ -363,12 +367,16 @@ def test_resume_on_s3_rebuilds_only_missing_or_changed_shards_without_downloadin
 ):
     copy_prefix(moto_s3, s3_build, bucket, "out")
     # A crash before train-000002 was committed; train-000004.tar changed behind our back.
-    for key in ("train-000002.tar", "train-000002.parquet", "_build/train-000002.json"):
+    for key in (
+        shard_key("train", 2),
+        shard_key("train", 2, "parquet"),
+        "_build/train-000002.json",
+    ):
         moto_s3.delete(bucket, f"out/{key}")
     moto_s3.delete(bucket, "out/manifest.json")
-    original = moto_s3.get(bucket, "out/train-000004.tar")
+    original = moto_s3.get(bucket, f"out/{shard_key('train', 4)}")
     moto_s3.client().put_object(
-        Bucket=bucket, Key="out/train-000004.tar", Body=bytes(len(original))
+        Bucket=bucket, Key=f"out/{shard_key('train', 4)}", Body=bytes(len(original))
     )
     use_endpoint(monkeypatch, proxy.endpoint)
     summary = run_build(small_build_config(sample_dir, f"s3://{bucket}/out"))
@@ -377,7 +385,7 @@ def test_resume_on_s3_rebuilds_only_missing_or_changed_shards_without_downloadin
     # Kept shards were checked by size and ETag (HEAD), never downloaded; the changed
     # one was downloaded once to hash it, then rebuilt.
     downloads = Counter(r.path for r in proxy.requests if r.method == "GET" and r.range)
-    assert set(downloads) == {f"/{bucket}/out/train-000004.tar"}
+    assert set(downloads) == {f"/{bucket}/out/{shard_key('train', 4)}"}
     for name, data in local_files(built_shards.output).items():
         if not name.startswith("_build/"):
             assert moto_s3.get(bucket, f"out/{name}") == data, name
@@ -394,11 +402,16 @@ def test_a_failed_upload_leaves_no_object_or_marker_and_the_rerun_completes(
         run_build(small_build_config(sample_dir, output))
     keys = {k.removeprefix("out/") for k in moto_s3.keys(bucket, "out/")}
     assert "manifest.json" not in keys and "_build/config.json" in keys
-    assert not {"train-000003.tar", "train-000003.parquet", "_build/train-000003.json"} & keys
+    assert (
+        not {shard_key("train", 3), shard_key("train", 3, "parquet"), "_build/train-000003.json"}
+        & keys
+    )
     markers = {k[len("_build/") : -len(".json")] for k in keys if k.startswith("_build/")}
     markers.discard("config")
+    committed = [marker.rsplit("-", 1) for marker in markers]
     for fmt in ("tar", "parquet"):  # every final-named object belongs to a committed shard
-        assert {k[: -len(fmt) - 1] for k in keys if k.endswith(f".{fmt}")} == markers
+        expected = {shard_key(split, int(index), fmt) for split, index in committed}
+        assert {k for k in keys if k.endswith(f".{fmt}")} == expected
     assert markers  # the build got somewhere before the failure
     proxy.clear()
     summary = run_build(small_build_config(sample_dir, output))

@@ -6,7 +6,7 @@ uint8 images and a list of captions -> `CudaPrefetcher` (normalized images on th
 captions passed through) -> a tiny image encoder, a toy text encoder (hashed bag of words
 + a linear layer) -> the symmetric InfoNCE loss. Runs on a CPU in seconds:
 
-    python docs/examples/contrastive.py 'data/shards/train-{000000..000009}.tar' --steps 20
+    python docs/examples/contrastive.py 'data/shards/tar/train-{000000..000009}.tar' --steps 20
 
 A real run swaps the toy encoders for open_clip's, and the hashing for a tokenizer given
 as a field transform (`Field("tokens", "text", source="txt", transform=Tokenize(77))`,

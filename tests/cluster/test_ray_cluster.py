@@ -30,7 +30,7 @@ from tests.cluster.raycluster import (
     TaskWatch,
     dashboard_available,
 )
-from tests.conftest import small_build_config
+from tests.conftest import shard_files, shard_path, small_build_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.distributed, pytest.mark.slow]
 
@@ -172,9 +172,11 @@ def test_killed_driver_rerun_builds_only_missing_shards(sample_dir, reference, c
     committed = len(markers(out))
     total = shard_count(reference)
     assert 3 <= committed < total
-    shard_files = {p.stem for p in out.glob("*.tar")} | {p.stem for p in out.glob("*.parquet")}
-    assert {p.stem for p in markers(out)} <= shard_files
-    for tar in out.glob("*.tar"):  # anything under a final name is a complete tar
+    shard_stems = {p.stem for p in shard_files(out, "tar")} | {
+        p.stem for p in shard_files(out, "parquet")
+    }
+    assert {p.stem for p in markers(out)} <= shard_stems
+    for tar in shard_files(out, "tar"):  # anything under a final name is a complete tar
         with open(tar, "rb") as stream:
             list(iter_tar_samples(stream, str(tar)))
     stdout = run_command(command, cluster)
@@ -188,14 +190,15 @@ def test_stale_temps_and_markers_are_repaired_on_the_cluster(
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     (out / "manifest.json").unlink()
-    (out / ".train-000001.tar.tmp-4242-deadbeef").write_bytes(b"half a shard")  # crashed writer
-    (out / "train-000002.tar").write_bytes(b"garbage")  # marker no longer matches the file
+    crashed = shard_path(out, "train", 1).with_name(".train-000001.tar.tmp-4242-deadbeef")
+    crashed.write_bytes(b"half a shard")  # a crashed writer's temp, beside its shard
+    shard_path(out, "train", 2).write_bytes(b"garbage")  # marker no longer matches the file
     stale = out / "_build" / "val-000000.json"  # marker of another build's shard
     stale.write_text(stale.read_text().replace('"digest": "', '"digest": "0'))
     (out / "_build" / "train-000003.json").unlink()  # shard written, never committed
     stdout = run_command(build_command(sample_dir, out, cluster.address), cluster)
     assert summary_line(3, shard_count(reference) - 3) in stdout
-    assert not [p for p in out.iterdir() if is_temp_name(p.name)]
+    assert not [p for p in out.rglob("*") if is_temp_name(p.name)]
     assert all_files(out) == all_files(reference)
 
 

@@ -29,6 +29,7 @@ from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
 from preprocess.job import run_build
 from preprocess.sample import make_sample
+from tests.conftest import shard_files
 from tests.httpserver import LocalHTTPServer
 from tests.trainers.conftest import REPO, base_args, read_rows, read_trace, subprocess_env
 from trainers.checkpoint import checkpoint_dir
@@ -337,7 +338,9 @@ def test_two_nodes_take_equal_steps_on_disjoint_samples_read_over_http(served, s
         ]
         assert sorted(seen) == val_keys  # every val sample exactly once across ranks
     assert {r["val_samples"] for r in read_rows(straight, "eval")} == {len(val_keys)}
-    shard_paths = {"/" + p.name for p in served.root.glob("*.tar")}
+    shard_paths = {
+        "/" + p.relative_to(served.root).as_posix() for p in shard_files(served.root, "tar")
+    }
     assert shard_paths <= {r.path for r in served.server.requests}  # read over HTTP
 
 

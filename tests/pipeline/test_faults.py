@@ -16,6 +16,7 @@ import pytest
 from pipeline.dataset import LoaderDataError
 from pipeline.loader import LoaderConfig, build_loader
 from shards.tar import TarShardWriter, iter_tar_samples
+from tests.conftest import shard_files, shard_path, shard_url
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
 
@@ -46,7 +47,7 @@ def test_undecodable_samples_are_skipped_counted_and_refilled(shard_copy):
             sample["jpg"] = b"\xff\xd8\xff\xe0 definitely not a jpeg"
         return sample
 
-    rewrite_tar(shard_copy / "train-000000.tar", garble)
+    rewrite_tar(shard_path(shard_copy, "train", 0), garble)
     loader, batches = full_epoch(shard_copy, max_skip_fraction=0.5)
     assert [len(b) for b in batches] == [len(b) for b in reference]  # same batch count and sizes
     assert sum(loader.stats.skipped.values()) == 2
@@ -55,7 +56,7 @@ def test_undecodable_samples_are_skipped_counted_and_refilled(shard_copy):
 
 def test_truncated_shard_costs_only_its_unread_rest(shard_copy):
     reference = full_epoch(shard_copy)[1]
-    target = shard_copy / "train-000001.tar"
+    target = shard_path(shard_copy, "train", 1)
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
     loader, batches = full_epoch(shard_copy, max_skip_fraction=1.0)
     assert [len(b) for b in batches] == [len(b) for b in reference]
@@ -65,7 +66,7 @@ def test_truncated_shard_costs_only_its_unread_rest(shard_copy):
 
 
 def test_garbage_shard_past_the_budget_stops_with_a_clear_error(shard_copy):
-    for tar in shard_copy.glob("train-*.tar"):
+    for tar in shard_files(shard_copy, "tar", "train"):
         tar.write_bytes(b"<html>503 Service Unavailable</html>" * 100)
     with pytest.raises(LoaderDataError, match="preprocess verify"):
         full_epoch(shard_copy)
@@ -136,10 +137,11 @@ def test_planted_pickle_members_are_never_unpickled(shard_copy, tmp_path, monkey
         sample.update({"pkl": payload, "pyd": payload, "pth": payload})
         return sample
 
-    for tar in shard_copy.glob("train-*.tar"):
+    for tar in shard_files(shard_copy, "tar", "train"):
         rewrite_tar(tar, plant)
     (shard_copy / "manifest.json").unlink()  # counts now come from the shards themselves
-    loader = loader_for(str(shard_copy / "train-{000000..000005}.tar"), num_workers=2)
+    pattern = shard_path(shard_copy, "train", 0).parent / "train-{000000..000005}.tar"
+    loader = loader_for(str(pattern), num_workers=2)
     assert epoch_keys(loader)
     assert not marker.exists()
 
@@ -160,8 +162,8 @@ def test_flaky_http_server_is_retried_and_the_epoch_completes(shard_dir):
     local = Counter(k for b in full_epoch(shard_dir)[1] for k in b)
     server = LocalHTTPServer(shard_dir)
     with server as base:
-        server.fail("/train-000000.tar", count=2, status=503)
-        server.close_after("/train-000001.tar", 3000, times=1)
+        server.fail(shard_url("", "train", 0), count=2, status=503)
+        server.close_after(shard_url("", "train", 1), 3000, times=1)
         loader = loader_for(
             f"{base}/manifest.json",
             epoch_rule="uneven",
@@ -195,7 +197,7 @@ def test_parquet_shards_stream_over_http_with_range_requests(shard_dir):
 
 
 def test_an_unreadable_shard_counts_against_the_skip_budget(shard_copy):
-    target = shard_copy / "train-000002.tar"
+    target = shard_path(shard_copy, "train", 2)
     target.write_bytes(b"garbage" * 100)
     with pytest.raises(LoaderDataError, match="over its budget"):
         full_epoch(shard_copy, max_skip_fraction=0.01)

@@ -24,6 +24,7 @@ from pipeline.opener import RetryPolicy
 from pipeline.sources import is_manifest_source, manifest_base
 from shards.manifest import ManifestError, read_manifest, write_manifest
 from shards.tar import BLOCK, header_checksum, member_header
+from tests.conftest import shard_files, shard_path, shard_url
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
 
@@ -117,7 +118,7 @@ def test_nonsense_counts_are_one_manifest_error_naming_the_field(shards, count):
 def test_shard_names_cannot_escape_the_manifest_directory(shards, tmp_path, name):
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "secret.tar").write_bytes((shards / "train-000000.tar").read_bytes())
+    (outside / "secret.tar").write_bytes(shard_path(shards, "train", 0).read_bytes())
 
     def change(document):
         train_shard(document, 1)["files"]["tar"]["name"] = name
@@ -129,7 +130,7 @@ def test_shard_names_cannot_escape_the_manifest_directory(shards, tmp_path, name
 
 def test_a_tampered_shard_is_read_as_good_unless_checksums_are_verified(shards):
     reference = manifest_keys(shards)
-    target = shards / "train-000002.tar"
+    target = shard_path(shards, "train", 2)
     data = bytearray(target.read_bytes())
     data[-1] ^= 0x01  # one flipped bit in the archive's end padding: every sample still reads
     target.write_bytes(bytes(data))
@@ -147,7 +148,7 @@ def test_checksums_in_a_side_table_are_read_when_verifying_and_catch_a_tampered_
     # The loader leaves a side table's sha256 column unread unless it verifies.
     write_manifest(shards, read_manifest(shards), inline_max_shards=0)
     assert "table" in json.loads((shards / "manifest.json").read_text())["splits"]["train"]
-    target = shards / "train-000001.tar"
+    target = shard_path(shards, "train", 1)
     data = bytearray(target.read_bytes())
     data[-1] ^= 0x01
     target.write_bytes(bytes(data))
@@ -174,7 +175,7 @@ def tar_with_member(name: bytes, data: bytes) -> bytes:
 
 def test_a_non_utf8_member_name_is_one_counted_skip_also_in_workers(shards):
     reference = manifest_keys(shards)
-    target = shards / "train-000000.tar"
+    target = shard_path(shards, "train", 0)
     original = target.read_bytes()
     first = tar_with_member(b"caf\xe9.cls", b"1")
     target.write_bytes(first + original)
@@ -205,7 +206,7 @@ def write_parquet(path: Path, table: pa.Table) -> None:
     ids=["key-not-string", "image-as-string"],
 )
 def test_parquet_shards_off_contract_are_a_shard_error_not_a_crash(tmp_path, shard_dir, table):
-    good = sorted(shard_dir.glob("train-*.parquet"))[:2]
+    good = shard_files(shard_dir, "parquet", "train")[:2]
     for path in good:
         shutil.copy(path, tmp_path / path.name)
     write_parquet(tmp_path / "train-999999.parquet", table)
@@ -223,7 +224,7 @@ def test_a_parquet_shard_without_labels_counts_but_is_a_named_schema_error_when_
 ):
     # Label-free shards are valid (image-text pairs), so counting accepts them; a loader
     # that asks for labels meets one `schema` error naming the shard, not a crash.
-    good = sorted(shard_dir.glob("train-*.parquet"))[:2]
+    good = shard_files(shard_dir, "parquet", "train")[:2]
     for path in good:
         shutil.copy(path, tmp_path / path.name)
     write_parquet(tmp_path / "train-999999.parquet", pa.table({"__key__": ["a"], "jpg": [b"x"]}))
@@ -238,7 +239,7 @@ def test_a_parquet_shard_without_labels_counts_but_is_a_named_schema_error_when_
 
 
 def test_a_corrupt_shard_without_manifest_is_left_out_and_named(tmp_path, shard_dir, caplog):
-    for path in sorted(shard_dir.glob("train-00000[0-2].tar")):
+    for path in shard_files(shard_dir, "tar", "train")[:3]:
         shutil.copy(path, tmp_path / path.name)
     (tmp_path / "train-000001.tar").write_bytes(b"<html>404</html>" * 64)
     pattern = str(tmp_path / "train-{000000..000002}.tar")
@@ -257,7 +258,7 @@ def test_every_shard_corrupt_without_manifest_is_one_clear_error(tmp_path):
 
 
 def test_credentials_never_reach_logs_records_keys_or_stats(shards, caplog):
-    (shards / "train-000001.tar").write_bytes(b"garbage" * 200)  # a bad shard to report
+    shard_path(shards, "train", 1).write_bytes(b"garbage" * 200)  # a bad shard to report
     with LocalHTTPServer(shards) as base:
         secret_base = base.replace("http://", "http://alice:hunter2@")
         with caplog.at_level(logging.DEBUG):
@@ -295,7 +296,7 @@ def test_a_presigned_manifest_url_is_recognised(shard_dir):
 
 
 def test_a_bad_shard_past_the_budget_names_the_shard(shards):
-    (shards / "train-000003.tar").write_bytes(b"\0" * 100 + b"junk" * 300)
+    shard_path(shards, "train", 3).write_bytes(b"\0" * 100 + b"junk" * 300)
     with pytest.raises(LoaderDataError, match="train-000003.tar"):
         full_epoch(shards, max_skip_fraction=0.0)
 
@@ -303,7 +304,7 @@ def test_a_bad_shard_past_the_budget_names_the_shard(shards):
 @pytest.mark.timeout(30)
 def test_a_fifo_under_a_shard_name_is_refused_not_waited_on(shards):
     reference = manifest_keys(shards)
-    target = shards / "train-000001.tar"
+    target = shard_path(shards, "train", 1)
     planned = json.loads((shards / "manifest.json").read_text())
     target.unlink()
     os.mkfifo(target)
@@ -319,7 +320,7 @@ def test_a_crawling_server_costs_one_named_shard_in_workers(shard_dir):
     reference = manifest_keys(shard_dir)
     planned = json.loads((shard_dir / "manifest.json").read_text())
     server = LocalHTTPServer(shard_dir)
-    server.drip("/train-000001.tar", interval=0.05, times=10)
+    server.drip(shard_url("", "train", 1), interval=0.05, times=10)
     with server as base:
         loader, keys = full_epoch(
             f"{base}/manifest.json",
@@ -337,7 +338,7 @@ def test_a_crawling_server_costs_one_named_shard_in_workers(shard_dir):
 def test_an_endless_server_is_read_only_up_to_the_manifests_bytes(shard_dir):
     reference = manifest_keys(shard_dir)
     server = LocalHTTPServer(shard_dir)
-    server.endless("/train-000001.tar", times=10)
+    server.endless(shard_url("", "train", 1), times=10)
     with server as base:
         loader, keys = full_epoch(f"{base}/manifest.json", num_workers=2)
     assert Counter(keys) == reference and not loader.stats.bad_shards

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from shards.manifest import read_manifest
+from tests.conftest import shard_files
 from tests.pipeline.conftest import epoch_keys, loader_for
 
 
@@ -188,7 +189,7 @@ def test_eval_reads_every_sample_once_in_order_with_a_partial_last_batch(shard_d
 def test_shard_urls_without_manifest_are_counted_from_the_shards(shard_dir, tmp_path):
     import shutil
 
-    for tar in shard_dir.glob("train-*.tar"):
+    for tar in shard_files(shard_dir, "tar", "train"):
         shutil.copy(tar, tmp_path / tar.name)
     count = len(list(tmp_path.glob("*.tar")))
     pattern = str(tmp_path / f"train-{{000000..{count - 1:06d}}}.tar")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from preprocess.job import run_build
-from tests.conftest import small_build_config
+from tests.conftest import shard_path, small_build_config
 from tests.pipeline.conftest import epoch_keys, loader_for
 
 
@@ -86,4 +86,4 @@ def test_epoch_samples_without_resampling_and_balance_without_counts_are_refused
     with pytest.raises(ValueError, match="resampled"):
         loader_for(shard_dir, epoch_samples=10)
     with pytest.raises(ValueError, match="class counts"):
-        loader_for(str(shard_dir / "train-000000.tar"), class_balance=True)
+        loader_for(str(shard_path(shard_dir, "train", 0)), class_balance=True)

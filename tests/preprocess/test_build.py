@@ -22,7 +22,14 @@ from preprocess.sources import list_sources
 from shards.manifest import read_manifest
 from shards.parquet import iter_parquet_samples
 from shards.tar import iter_tar_samples
-from tests.conftest import SAMPLE_CLASSES, SAMPLE_COUNT, small_build_config
+from tests.conftest import (
+    SAMPLE_CLASSES,
+    SAMPLE_COUNT,
+    shard_files,
+    shard_key,
+    shard_path,
+    small_build_config,
+)
 
 
 def all_files(directory: Path) -> dict[str, bytes]:
@@ -56,7 +63,8 @@ def test_manifest_describes_every_input_once(built_shards):
         assert sum(split.class_counts) == split.samples
         assert [s.index for s in split.shards] == list(range(len(split.shards)))
         assert all(s.samples <= 32 for s in split.shards)
-        assert split.patterns()["tar"].startswith(f"{split.name}-{{000000..")
+        first = shard_key(split.name, 0)  # the pattern names the directory the shards are in
+        assert split.patterns()["tar"].startswith(first.replace("000000.tar", "{000000.."))
 
 
 def test_tar_and_parquet_hold_identical_samples(built_shards):
@@ -72,7 +80,7 @@ def test_splits_are_disjoint_and_labels_match_class_dirs(built_shards):
     train = {k for k, _, _ in read_split(out, "train", "tar")}
     val = {k for k, _, _ in read_split(out, "val", "tar")}
     assert not train & val
-    with open(next(out.glob("train-000000.parquet")), "rb") as f:
+    with open(shard_path(out, "train", 0, "parquet"), "rb") as f:
         table = pq.read_table(f, columns=["cls", "source"])
     for label, source in zip(
         table.column("cls").to_pylist(), table.column("source").to_pylist(), strict=True
@@ -105,7 +113,7 @@ def test_stock_webdataset_reads_our_tars(built_shards):
 
 def test_images_are_resized_rgb_jpegs_with_metadata(built_shards):
     out = built_shards.output
-    url = str(out / "train-000000.tar")
+    url = str(shard_path(out, "train", 0))
     with open(url, "rb") as stream:
         sample = next(iter_tar_samples(stream, url))
     meta = json.loads(sample["json"])
@@ -131,8 +139,8 @@ def test_ray_build_matches_inline_build(sample_dir, built_shards, tmp_path):
 def test_rerun_reuses_complete_shards_and_rebuilds_damaged_ones(sample_dir, built_shards, tmp_path):
     out = tmp_path / "resume"
     first = run_build(small_build_config(sample_dir, out))
-    (out / "train-000001.tar").write_bytes(b"garbage")  # damaged
-    (out / "train-000002.parquet").unlink()  # missing
+    shard_path(out, "train", 1).write_bytes(b"garbage")  # damaged
+    shard_path(out, "train", 2, "parquet").unlink()  # missing
     (out / "_build" / "val-000000.json").unlink()  # never committed
     (out / "manifest.json").unlink()
     second = run_build(small_build_config(sample_dir, out))
@@ -151,7 +159,7 @@ def test_changed_options_against_existing_output_are_refused_with_a_diff(
     assert "--overwrite" in str(info.value)
     rebuilt = run_build(small_build_config(sample_dir, out, shard_size=16, overwrite=True))
     assert all(s.samples <= 16 for s in rebuilt.manifest.splits["train"].shards)
-    assert not list(out.glob("*.tmp*")) and not list(out.glob(".*"))
+    assert not list(out.rglob("*.tmp*")) and not list(out.rglob(".*"))
 
 
 def test_output_holding_other_files_is_refused(sample_dir, tmp_path):
@@ -181,12 +189,14 @@ def test_disk_full_stops_the_job_and_leaves_no_partial_file(sample_dir, tmp_path
     out = tmp_path / "full"
     with pytest.raises(OSError, match="No space left"):
         run_build(small_build_config(sample_dir, out))
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.rglob("*"))  # the format directories too
     assert "manifest.json" not in names
     assert not [n for n in names if n.startswith(".")]  # temp files removed
     markers = {p.stem for p in (out / "_build").glob("*-*.json")}
-    shard_files = {p.stem for p in out.glob("*.tar")} | {p.stem for p in out.glob("*.parquet")}
-    assert shard_files == markers  # every final-named file is a committed shard
+    shard_stems = {p.stem for p in shard_files(out, "tar")} | {
+        p.stem for p in shard_files(out, "parquet")
+    }
+    assert shard_stems == markers  # every final-named file is a committed shard
     monkeypatch.undo()
     summary = run_build(small_build_config(sample_dir, out))
     assert summary.shards_reused == len(markers)
@@ -233,7 +243,7 @@ def test_build_killed_midway_resumes_with_nothing_lost_or_doubled(
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (out / "manifest.json").exists()
-    for tar in out.glob("*.tar"):  # anything under a final name is a complete tar
+    for tar in shard_files(out, "tar"):  # anything under a final name is a complete tar
         with open(tar, "rb") as stream:
             list(iter_tar_samples(stream, str(tar)))
     committed = len(list((out / "_build").glob("*-*.json")))
@@ -265,7 +275,7 @@ def test_cli_build_verify_info_and_console_script(sample_dir, tmp_path):
     )
     assert code == 0
     manifest = read_manifest(out)
-    assert manifest.formats == ["tar"] and not list(out.glob("*.parquet"))
+    assert manifest.formats == ["tar"] and not list(shard_files(out, "parquet"))
     assert main(["verify", str(out)]) == 0
     script = Path(sys.executable).parent / "preprocess"
     info = subprocess.run([str(script), "info", str(out)], capture_output=True, text=True)
@@ -283,7 +293,7 @@ def test_verify_names_the_first_bad_shard(built_shards, tmp_path, damage, capsys
     for name, data in all_files(built_shards.output).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
-    target = out / "train-000001.tar"
+    target = shard_path(out, "train", 1)
     if damage == "flip":
         data = bytearray(target.read_bytes())
         data[len(data) // 3] ^= 0x01
@@ -293,7 +303,7 @@ def test_verify_names_the_first_bad_shard(built_shards, tmp_path, damage, capsys
     elif damage == "missing":
         target.unlink()
     else:
-        other = out / "train-000002.tar"
+        other = shard_path(out, "train", 2)
         a, b = target.read_bytes(), other.read_bytes()
         target.write_bytes(b)
         other.write_bytes(a)

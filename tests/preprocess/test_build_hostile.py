@@ -22,7 +22,7 @@ from preprocess.config import BuildConfig
 from preprocess.job import run_build
 from preprocess.plan import build_plan
 from preprocess.sources import InputError, scan_sources
-from tests.conftest import small_build_config
+from tests.conftest import shard_files, small_build_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,7 +57,7 @@ def written_sources(out: Path) -> set[str]:
     import tarfile
 
     sources = set()
-    for shard in sorted(out.glob("*.tar")):
+    for shard in shard_files(out, "tar"):
         with tarfile.open(shard) as tar:
             for member in tar.getmembers():
                 if member.name.endswith(".json"):
@@ -66,7 +66,7 @@ def written_sources(out: Path) -> set[str]:
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
-    names = [*out.glob("*.tar"), *out.glob("*.parquet"), out / "manifest.json"]
+    names = [*shard_files(out, "tar"), *shard_files(out, "parquet"), out / "manifest.json"]
     return {p.name: p.read_bytes() for p in sorted(names)}
 
 

@@ -16,7 +16,7 @@ from preprocess.job import run_build
 from preprocess.plan import sample_key
 from preprocess.ray_job import BuildError
 from preprocess.sources import InputError
-from tests.conftest import small_build_config
+from tests.conftest import shard_files, small_build_config
 from tests.oddimages import make_odd_images
 
 
@@ -194,5 +194,9 @@ def test_inputs_in_an_object_store_are_listed_through_fsspec(sample_dir, built_s
     finally:
         memory.rm("/images", recursive=True)
         memory.rm("/lists", recursive=True)
-    for shard in (built_shards.output).glob("*-*.*"):
-        assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes(), shard.name
+    built = built_shards.output
+    shards = [*shard_files(built, "tar"), *shard_files(built, "parquet")]
+    assert len(shards) == 2 * sum(len(s.shards) for s in built_shards.manifest.splits.values())
+    for shard in shards:
+        name = shard.relative_to(built)
+        assert (tmp_path / "out" / name).read_bytes() == shard.read_bytes(), name

@@ -15,6 +15,7 @@ from pipeline.loader import LoaderConfig, build_loader
 from preprocess.cli import main
 from preprocess.verify import VerifyError, verify_directory
 from shards.tar import TarShardWriter, iter_tar_samples
+from tests.conftest import shard_key
 
 
 def eps_bytes() -> bytes:
@@ -68,7 +69,7 @@ def tar_only(built_shards, tmp_path):
 
 
 def test_verify_fails_on_what_the_loader_skips_and_counts_it_the_same(tar_only, capsys):
-    replace_images(tar_only, "train-000000.tar", {0: eps_bytes(), 3: PSD_BYTES, 5: cut_in_half})
+    replace_images(tar_only, shard_key("train", 0), {0: eps_bytes(), 3: PSD_BYTES, 5: cut_in_half})
     with pytest.raises(VerifyError) as raised:
         verify_directory(tar_only)
     message = str(raised.value)

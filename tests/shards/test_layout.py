@@ -20,7 +20,7 @@ import pytest
 from pipeline import LoaderConfig, build_loader
 from pipeline.sources import resolve_source
 from preprocess.cli import main as preprocess_main
-from preprocess.job import rewrite_client_files, run_build
+from preprocess.job import DEFAULT_LAYOUT, rewrite_client_files, run_build
 from preprocess.ray_job import BuildError
 from preprocess.sample import make_sample
 from preprocess.verify import describe, verify_directory
@@ -55,9 +55,9 @@ def build(images: Path, output: Path, layout: str | None = None):
 
 @pytest.fixture(scope="module")
 def by_format(images, tmp_path_factory):
-    """A by_format build: (summary, output directory)."""
+    """A build with no layout asked for, so by_format: (summary, output directory)."""
     output = tmp_path_factory.mktemp("by-format") / "out"
-    return build(images, output, LAYOUT_BY_FORMAT), output
+    return build(images, output), output
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,9 @@ def output_files(output: Path) -> dict[str, bytes]:
 # --- the layout on disk -------------------------------------------------------------------
 
 
-def test_by_format_puts_each_format_in_a_directory_of_its_own(by_format):
+def test_by_format_is_the_default_and_puts_each_format_in_a_directory_of_its_own(by_format):
+    assert DEFAULT_LAYOUT == LAYOUT_BY_FORMAT
+    assert small_build_config("in", "out").layout is None  # a rerun keeps its build's
     summary, out = by_format
     manifest = summary.manifest
     assert {p.name for p in (out / "tar").iterdir()} == {
@@ -360,16 +362,18 @@ def build_shards_args(images: Path, out: Path) -> list[str]:
     return [*args, "--shard-size", "16", "--executor", "inline", "--no-progress"]
 
 
-def test_build_shards_layout_by_format_through_the_command_line(images, tmp_path, capsys):
+def test_build_shards_writes_by_format_by_default_through_the_command_line(
+    images, tmp_path, capsys
+):
     out = tmp_path / "out"
     args = build_shards_args(images, out)
-    assert preprocess_main([*args, "--layout", "by_format"]) == 0
+    assert preprocess_main(args) == 0
     printed = capsys.readouterr().out
     assert "files left out by extension: .tga: 1" in printed
     assert f"for timm and wids: {INFO_NAME}, train.wids.json" in printed
     assert (out / "tar" / "train-000000.tar").is_file()
     assert read_manifest(out).layout == LAYOUT_BY_FORMAT
-    assert preprocess_main(args) == 0  # a rerun without --layout keeps the build's own
+    assert preprocess_main([*args, "--layout", "by_format"]) == 0  # asked for: the same
     assert "nothing to do" in capsys.readouterr().out
     assert preprocess_main([*args, "--layout", "flat"]) == 1  # another layout: refused
     error = capsys.readouterr().err.strip()

@@ -25,6 +25,7 @@ from preprocess.job import run_build
 from preprocess.sample import make_sample
 from shards import manifest as manifest_module
 from shards.manifest import (
+    LAYOUT_FLAT,
     MANIFEST_NAME,
     FileInfo,
     LocalTableReader,
@@ -50,10 +51,16 @@ TAR1 = f"{SHARD1}.files.tar"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """A real dataset: 12 images in 3 classes, shards of 4, tar and Parquet."""
+    """A real dataset: 12 images in 3 classes, shards of 4, tar and Parquet.
+
+    Flat on purpose: these are the rules of the version-2 manifest every earlier build
+    wrote, which readers keep accepting; `tests/shards/test_layout.py` adds the rules
+    of the default `by_format` layout (version 3).
+    """
     root = tmp_path_factory.mktemp("manifest")
     make_sample(root / "images", 12, classes=3, seed=7, workers=1)
-    run_build(small_build_config(root / "images", root / "out", shard_size=4))
+    config = small_build_config(root / "images", root / "out", shard_size=4, layout=LAYOUT_FLAT)
+    run_build(config)
     return root / "out"
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from preprocess.build import build_shard
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
+from preprocess.job import DEFAULT_LAYOUT
 from preprocess.plan import build_plan
 from preprocess.sample import make_sample
 from preprocess.sources import list_sources
@@ -28,6 +29,7 @@ from shards.errors import ReadLimits, ShardError
 from shards.formats import get_format
 from shards.parquet import FORMAT_VERSION, ParquetShardWriter
 from shards.sample import IMAGE_FIELDS, check_key
+from tests.conftest import shard_files
 
 PARQUET = get_format("parquet")
 TAR = get_format("tar")
@@ -58,8 +60,9 @@ def built(tmp_path_factory):
             8,
             class_names=tuple(plan.classes),
             description=DESCRIPTION,
+            layout=DEFAULT_LAYOUT,
         )
-    files = sorted(str(p) for p in (root / "out").glob("*.parquet"))
+    files = [str(p) for p in shard_files(root / "out", "parquet")]
     assert len(files) >= 3
     return root / "out", list(plan.classes), files
 
@@ -101,7 +104,7 @@ def test_tar_and_parquet_shards_hold_the_same_samples(built):
     out, _, files = built
     from_parquet = [(key, label, image) for key, label, image, _ in our_rows(files)]
     from_tar = []
-    for url in sorted(str(p) for p in out.glob("*.tar")):
+    for url in sorted(str(p) for p in shard_files(out, "tar")):
         with open(url, "rb") as stream:
             from_tar += [
                 (s["__key__"], int(s["cls"]), s["jpg"]) for s in TAR.iter_samples(stream, url)
@@ -130,7 +133,7 @@ def test_polars_reads_a_file_list_and_a_glob(built):
     assert frame["__key__"].to_list() == [row[0] for row in rows]
     assert frame["cls"].to_list() == [row[1] for row in rows]
     assert frame["jpg"].struct.field("bytes").to_list() == [row[2] for row in rows]
-    lazy = pl.scan_parquet(str(out / "*.parquet"))
+    lazy = pl.scan_parquet(str(Path(files[0]).parent / "*.parquet"))
     counts = lazy.group_by("cls").len().sort("cls").collect()
     expected = [sum(row[1] == c for row in rows) for c in range(CLASSES)]
     assert counts["len"].to_list() == expected
