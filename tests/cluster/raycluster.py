@@ -141,7 +141,8 @@ def disconnect_driver(address: str) -> None:
 
 
 def open_files_in(pid: int, directory: Path) -> list[Path]:
-    """Files that process `pid` holds open directly inside `directory`."""
+    """Files that process `pid` holds open in `directory` or a directory of it (a build's
+    format directories, `tar/` and `parquet/`)."""
     directory = directory.resolve()
     found = []
     try:
@@ -153,7 +154,7 @@ def open_files_in(pid: int, directory: Path) -> list[Path]:
             target = Path(os.readlink(fd))
         except OSError:
             continue
-        if target.parent == directory:
+        if directory in (target.parent, target.parent.parent):
             found.append(target)
     return found
 
