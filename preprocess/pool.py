@@ -27,7 +27,6 @@ from preprocess.ray_job import (
     TASK_RETRIES,
     BuildError,
     build_with_options,
-    exit_on_sigterm,
     iter_inline,
     ray_slots,
 )
@@ -298,9 +297,9 @@ def start_pool(workers: int, method: str) -> LocalPool:
 class ShardExecutor:
     """Where this build's shard tasks run: `ray`, `local` or `inline` (`resolve_executor`).
 
-    `begin` starts it in the background (`BackgroundStart`) while the driver lists and
-    plans; `iter_results` waits for that start, then runs the tasks. `start_ray` and
-    `iter_ray` are the driver's (`preprocess.job`), so a test can refuse Ray there.
+    `start_while` starts it while the driver lists and plans; `iter_results` waits for
+    that start (or starts it then) and runs the tasks. `start_ray` and `iter_ray` are the
+    driver's (`preprocess.job`), so a test can refuse Ray there.
     """
 
     def __init__(
@@ -318,22 +317,54 @@ class ShardExecutor:
         self.iter_ray = iter_ray
         self.starting: BackgroundStart | None = None
         self.pool: LocalPool | None = None
+        self.ray_s: float | None = None  # how long Ray took to start, once started
+        self.ray_done = 0.0
+        self.ray_wait_s = 0.0
 
-    def begin(self) -> None:
-        """Start in the background, once; an inline executor has nothing to start."""
-        if self.kind == "inline" or self.starting is not None:
+    def start_while(self, plan: Callable[[], T]) -> T:
+        """Start the executor while `plan()` runs; returns what `plan()` returns.
+
+        Ray starts in the main thread: it ties the lives of the processes it starts to
+        the thread that started them, so a start in a thread that ends kills them. Ray
+        starts here while `plan()` runs in a thread; the local pool starts in the
+        background while `plan()` runs here. An error of `plan()` wins over the start's.
+        """
+        if self.kind == "inline":
+            return plan()
+        if self.kind == "local":
+            self.begin_pool()
+            return plan()
+        planning = BackgroundStart(plan, "plan")
+        try:
+            self.start_ray_now()
+        except BaseException:
+            planning.join()  # done writing its files before they are cleaned up
+            planning.result()  # a planning error is the one to report
+            raise
+        result = planning.result()
+        self.ray_wait_s = max(0.0, self.ray_done - (planning.since + planning.seconds))
+        return result
+
+    def begin_pool(self) -> None:
+        """Launch the local pool in the background, once."""
+        if self.starting is not None:
             return
         since = time.perf_counter()
-        if self.kind == "ray":
-            start: Callable[[], LocalPool | None] = partial(
-                self.start_ray, self.ray_address, self.workers
-            )
-        elif (method := start_method()) == "fork":
+        if (method := start_method()) == "fork":
             # Forked here, before the start's thread exists; the warm-ups run meanwhile.
-            start = LocalPool(local_workers(self.workers), method).ready
+            start: Callable[[], LocalPool] = LocalPool(local_workers(self.workers), method).ready
         else:
             start = partial(start_pool, local_workers(self.workers), method)
-        self.starting = BackgroundStart(start, f"start {self.kind} executor", since)
+        self.starting = BackgroundStart(start, "start local pool", since)
+
+    def start_ray_now(self) -> None:
+        """Start Ray in this (the main) thread, once."""
+        if self.ray_s is not None:
+            return
+        began = time.perf_counter()
+        self.start_ray(self.ray_address, self.workers)
+        self.ray_done = time.perf_counter()
+        self.ray_s = self.ray_done - began
 
     def iter_results(
         self, tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict
@@ -341,13 +372,14 @@ class ShardExecutor:
         """Wait for the start (begun now if it was not: its error is raised here), then run."""
         if self.kind == "inline":
             return iter_inline(tasks, build_kwargs)
-        self.begin()
+        if self.kind == "ray":
+            if self.ray_s is None:  # not started while planning: all of it is waited for
+                self.start_ray_now()
+                self.ray_wait_s = self.ray_s or 0.0
+            return self.iter_ray(tasks, build_kwargs, self.ray_address, self.workers)
+        self.begin_pool()
         assert self.starting is not None
         self.pool = self.starting.result()
-        if self.kind == "ray":
-            exit_on_sigterm()  # Ray could not set it from the start's thread
-            return self.iter_ray(tasks, build_kwargs, self.ray_address, self.workers)
-        assert self.pool is not None
         return iter_local(tasks, build_kwargs, self.pool)
 
     def slots(self) -> int:
@@ -358,12 +390,16 @@ class ShardExecutor:
 
     @property
     def start_s(self) -> float:
-        """How long the start took (in the background, mostly while the driver planned)."""
+        """How long the start took (mostly while the driver planned)."""
+        if self.kind == "ray":
+            return self.ray_s or 0.0
         return self.starting.seconds if self.starting is not None else 0.0
 
     @property
     def wait_s(self) -> float:
-        """How long the driver waited for the start after planning."""
+        """How long the driver waited for the start, beyond planning."""
+        if self.kind == "ray":
+            return self.ray_wait_s
         return self.starting.waited if self.starting is not None else 0.0
 
     def close(self) -> None:

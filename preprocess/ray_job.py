@@ -2,8 +2,8 @@
 
 One task per shard, exactly one per CPU in flight (taken largest first, so no
 shard waits in Ray's queue behind others while a CPU idles at the end) and the
-driver's memory stays flat however many shards there are. `start_ray` may run in
-a background thread while the driver plans (`preprocess.pool.BackgroundStart`). Tasks are retried by Ray when a worker or
+driver's memory stays flat however many shards there are. `start_ray` runs in the
+main thread while the driver plans in another (`preprocess.pool.ShardExecutor`). Tasks are retried by Ray when a worker or
 node dies (`max_retries`); a data error never fails a task (it is a skip) and
 an environment error fails the job at once rather than being retried. A task
 killed with its node leaves its temp files behind: they are swept once every
@@ -14,12 +14,8 @@ for an object-store output, the `ShardTask` the driver loaded from it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -100,9 +96,7 @@ def start_ray(address: str | None, workers: int | None) -> None:
 
     Ray's own start-up lines (INFO lines, the token-authentication notice) are held
     back; its warnings show again once it runs. Does nothing when Ray is up already.
-    From a thread other than the main one (a start in the background) Ray cannot set
-    its SIGTERM handler: its notice about that is held back too, and the main thread
-    calls `exit_on_sigterm` once it has joined the start.
+    Call it from the main thread: Ray's processes die with the thread that started them.
 
     Raises:
         BuildError: no Ray cluster answers at the address.
@@ -116,16 +110,13 @@ def start_ray(address: str | None, workers: int | None) -> None:
     where = redact_url(address) if address else f"local, {workers or os.cpu_count()} CPUs"
     log.info("starting Ray (%s) ...", where)
     started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        if threading.current_thread() is not threading.main_thread():
-            stack.enter_context(held_back(logging.getLogger("ray._private.worker"), "SIGTERM"))
-        try:
-            init_ray(address, workers)
-        except ConnectionError as error:
-            raise BuildError(
-                f"could not join the Ray cluster at {where}: {error}. Check --ray-address "
-                "(and RAY_ADDRESS), or leave both out to build on this machine."
-            ) from error
+    try:
+        init_ray(address, workers)
+    except ConnectionError as error:
+        raise BuildError(
+            f"could not join the Ray cluster at {where}: {error}. Check --ray-address "
+            "(and RAY_ADDRESS), or leave both out to build on this machine."
+        ) from error
     logging.getLogger("ray").setLevel(logging.WARNING)
     log.info("Ray started in %.1f s", time.perf_counter() - started)
 
@@ -144,42 +135,6 @@ def init_ray(address: str | None, workers: int | None) -> None:
             include_dashboard=False,
             logging_level="ERROR",
         )
-
-
-class DropPrefix(logging.Filter):
-    """Drops the records whose message starts with `prefix`."""
-
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
-
-
-@contextlib.contextmanager
-def held_back(logger: logging.Logger, prefix: str):
-    """Hold back `logger`'s records that start with `prefix` inside the block."""
-    drop = DropPrefix(prefix)
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
-
-
-def exit_on_sigterm() -> None:
-    """What Ray's start does in the main thread: SIGTERM exits, so `atexit` stops Ray.
-
-    Call it in the main thread after a start in the background; a handler the program
-    set itself is kept.
-    """
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, exit_with_signal)
-
-
-def exit_with_signal(signum: int, frame: object) -> None:
-    sys.exit(signum)
 
 
 def build_with_options(task: ShardPiece | ShardTask, options: dict) -> ShardResult:
