@@ -11,7 +11,7 @@ dataset without a manifest is incomplete. The output is a directory or an
 object-store URL (`s3://bucket/prefix`). `run_dry_run` lists and plans only.
 
 Layout: a new build puts its shards where `BuildConfig.layout` says
-(`shards.manifest.LAYOUTS`; `DEFAULT_LAYOUT` when not given); a rerun
+(`shards.manifest.LAYOUTS`; `DEFAULT_LAYOUT`, by format, when not given); a rerun
 without one keeps the layout its build started with, recorded in `_build/config.json`
 (a record without one is a flat build).
 """
@@ -56,6 +56,7 @@ from shards.clients import is_client_file, write_client_files
 from shards.formats import FORMATS, get_format
 from shards.io import OutputStore, is_remote, open_output_store
 from shards.manifest import (
+    LAYOUT_BY_FORMAT,
     LAYOUT_FLAT,
     MANIFEST_NAME,
     Manifest,
@@ -67,9 +68,9 @@ from shards.manifest import (
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"
 PLAN_NAME = f"{BUILD_DIR}/plan"  # the plan files of a local output, while it is built
-# The layout of a new build when none is asked for. Flat until the tests that name
-# shard files beside the manifest follow `by_format` (see docs/SHARDS.md, "Layout").
-DEFAULT_LAYOUT = LAYOUT_FLAT
+# The layout of a new build when none is asked for: a directory per format, which
+# dataframe tools and HF datasets open by path (see docs/SHARDS.md, "Layout").
+DEFAULT_LAYOUT = LAYOUT_BY_FORMAT
 
 
 class StoreURL(str):
