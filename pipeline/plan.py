@@ -205,13 +205,32 @@ class EpochLayout:
         first = np.searchsorted(self.starts, positions.starts, side="right") - 1
         last = np.searchsorted(self.starts, positions.stops - 1, side="right") - 1
         spans = last - first + 1
-        run = np.repeat(np.arange(len(spans)), spans)
-        slot = first[run] + np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans)
-        base = self.starts[slot]
-        lo = np.maximum(positions.starts[run], base) - base
-        hi = np.minimum(positions.stops[run], self.starts[slot + 1]) - base
-        keep = hi > lo
-        return Pieces(self.order[slot[keep]], lo[keep], hi[keep])
+        ends = np.cumsum(spans)  # flat index one past each run's last slot
+        total = int(ends[-1])
+        shards = np.empty(total, dtype=np.int64)
+        lo_out = np.empty(total, dtype=np.int64)
+        hi_out = np.empty(total, dtype=np.int64)
+        kept = 0
+        # Cut in blocks of the flat (run, slot) index: a dozen temporaries the size of a
+        # block, not of the worker's ~5*10^5 pieces, so planning peaks at its result.
+        for begin in range(0, total, _SLOT_BLOCK):
+            flat = np.arange(begin, min(begin + _SLOT_BLOCK, total))
+            run = np.searchsorted(ends, flat, side="right")
+            slot = first[run] + flat - (ends[run] - spans[run])
+            base = self.starts[slot]
+            lo = np.maximum(positions.starts[run], base) - base
+            hi = np.minimum(positions.stops[run], self.starts[slot + 1]) - base
+            keep = hi > lo
+            count = int(keep.sum())
+            shards[kept : kept + count] = self.order[slot[keep]]
+            lo_out[kept : kept + count] = lo[keep]
+            hi_out[kept : kept + count] = hi[keep]
+            kept += count
+        return (
+            Pieces(shards[:kept].copy(), lo_out[:kept].copy(), hi_out[:kept].copy())
+            if (kept < total)
+            else Pieces(shards, lo_out, hi_out)
+        )
 
 
 class Pieces(Sequence):
@@ -242,6 +261,7 @@ class Pieces(Sequence):
             )
 
 
+_SLOT_BLOCK = 1 << 16  # flat slots cut per block in `EpochLayout.pieces`
 _PIECE_CHUNK = 4096  # pieces made into objects at a time, as the stream reaches them
 
 
