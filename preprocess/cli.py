@@ -211,6 +211,12 @@ def format_summary(summary) -> str:
         )
     if summary.left_out_suffixes_line:
         lines.append(f"files left out by extension: {summary.left_out_suffixes_line}")
+    if summary.pillow_fallbacks:
+        share = summary.pillow_fallbacks / max(1, m.written)
+        lines.append(
+            f"inputs decoded by Pillow (not plain JPEG: PNG, CMYK, ...): "
+            f"{summary.pillow_fallbacks} ({share:.1%})"
+        )
     if summary.links_followed:
         lines.append(f"symlinks followed: {summary.links_followed}")
     if summary.shards_reused or summary.retried:

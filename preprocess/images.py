@@ -285,7 +285,13 @@ def _read_local(path: str, max_bytes: int, confine_to: str | None = None) -> byt
         with open(path, "rb", opener=functools.partial(_open_with, flags=flags)) as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise SampleError("missing", f"{path} is not a regular file")
-            return file.read(max_bytes + 1)  # +1: detects a file that grew since stat
+            # Sized by the stat, not the cap: reading into a 64 MiB buffer for every input
+            # costs ~0.1 ms an image. A file that grew since is read on to the cap + 1, so
+            # the caller still sees it is too large.
+            data = file.read(info.st_size + 1)
+            if len(data) > info.st_size:
+                data += file.read(max_bytes + 1 - len(data))
+            return data
     except OSError as error:
         if confine_to is not None and error.errno == errno.ELOOP:
             raise SampleError(

@@ -104,6 +104,8 @@ class BuildSummary:
     # `plan`, and `wait` is the part of it the build waited for.
     phases: dict[str, float] = field(default_factory=dict)
     tail_idle_s: float = 0.0  # worker-seconds idle at the end (`preprocess.pool.TailClock`)
+    # Inputs of every shard (reused ones included) that the fast backend handed to Pillow.
+    pillow_fallbacks: int = 0
 
     @property
     def images_per_s(self) -> float:
@@ -162,6 +164,7 @@ def run_build(config: BuildConfig) -> BuildSummary:
         bytes_by_format=dict(bytes_by_format),
         retried=sum(r.retried for r in results),
         recovered=sum(r.recovered for r in results),
+        pillow_fallbacks=sum(r.pillow_fallbacks for r in results),
         links_followed=listing.links_followed,
         left_out=listing.left_out_counts(),
         left_out_suffixes=listing.suffix_counts(),

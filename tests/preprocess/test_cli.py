@@ -203,7 +203,8 @@ def test_console_script_shows_starting_ray_as_one_step(tmp_path, images):
     if script is None:
         pytest.skip("the `preprocess` console script is not installed (pip install -e .)")
     out = tmp_path / "out"
-    command = [script, *BUILD[:-1], "--workers", "1", "--input", str(images), "--output", str(out)]
+    command = [script, *BUILD[:-1], "--workers", "1", "--executor", "ray"]
+    command += ["--input", str(images), "--output", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()

@@ -267,3 +267,23 @@ def test_default_build_is_close_to_lanczos(size: tuple[int, int]) -> None:
     lanczos = process_image(data, ImageConfig(encode="png", resample="lanczos"))
     assert describe(fast) == describe(lanczos)
     assert psnr(pixels(fast), pixels(lanczos)) > MIN_PSNR_VS_LANCZOS_DB
+
+
+def test_a_default_build_counts_the_inputs_pillow_decoded_and_a_rerun_keeps_the_count(
+    sample_dir, tmp_path
+):
+    from preprocess.cli import format_summary
+    from preprocess.job import run_build
+    from tests.conftest import small_build_config
+
+    # The sample mixes plain JPEGs with PNG, WebP, BMP, TIFF, CMYK and grey inputs.
+    expected = 0
+    for path in sorted(p for p in sample_dir.rglob("*") if p.is_file()):
+        expected += process_image(path.read_bytes(), ImageConfig(image_size=64)).pillow_fallback
+    first = run_build(small_build_config(sample_dir, tmp_path / "out"))
+    assert 0 < first.pillow_fallbacks == expected < first.manifest.written
+    assert f"inputs decoded by Pillow (not plain JPEG: PNG, CMYK, ...): {expected} (" in (
+        format_summary(first)
+    )
+    again = run_build(small_build_config(sample_dir, tmp_path / "out"))
+    assert again.shards_built == 0 and again.pillow_fallbacks == expected
