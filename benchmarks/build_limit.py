@@ -160,6 +160,21 @@ def time_build(source: Path, out: Path, executor: str, args: argparse.Namespace)
     return report
 
 
+def i2d_runner(args: argparse.Namespace, workdir: Path, paths: list[str]):
+    """A call timing img2dataset's Resizer on `paths` in `--workers` processes, or None."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from build_throughput import I2D_CHILD, i2d_available, run_i2d, write_list
+
+    problem = i2d_available(args.i2d_python)
+    if problem is not None:
+        print(f"img2dataset skipped: {problem}")
+        return None
+    script = workdir / "i2d_child.py"
+    script.write_text(I2D_CHILD)
+    file_list = write_list(workdir / "files.txt", paths)
+    return partial(run_i2d, args.i2d_python, script, file_list, args.workers)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000)
@@ -168,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=100)
     parser.add_argument("--workdir", default="/tmp/build_limit")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument(
+        "--i2d-python",
+        default="/tmp/i2d-venv/bin/python",
+        help="img2dataset 1.47's venv (see build_throughput.py); its Resizer runs in the "
+        "same rounds when present",
+    )
     args = parser.parse_args(argv)
 
     from preprocess.sample import make_sample
@@ -179,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         (source / ".done").write_text("")
     paths = sorted(str(p) for p in source.glob("*/*") if p.is_file())
     cases = ("plain loop", "process_image loop", "build default", "build --executor ray")
+    i2d = i2d_runner(args, workdir, paths)
+    if i2d is not None:
+        cases += ("img2dataset Resizer",)
     walls: dict[str, list[float]] = {case: [] for case in cases}
     builds: dict[str, list[dict]] = {case: [] for case in cases[2:]}
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
@@ -191,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 report = time_build(source, workdir / "out", executor, args)
                 walls[case].append(report["wall_s"])
                 builds[case].append(report)
+            if i2d is not None:
+                walls["img2dataset Resizer"].append(i2d()["wall_s"])
             line = ", ".join(f"{c} {walls[c][-1]:.2f} s" for c in cases)
             print(f"round {round_ + 1}: {line}", flush=True)
     report_table(walls, builds, len(paths), args)
@@ -220,6 +246,11 @@ def report_table(walls: dict, builds: dict, images: int, args: argparse.Namespac
                 + f"; idle at end {idle:.2f} worker-s; process {process:.2f}"
             )
         print(f"| {case} | {wall:.2f} | {images / wall:.0f} | {limit / wall:.2f}x | {phases} |")
+    if "img2dataset Resizer" in walls:
+        i2d = statistics.median(walls["img2dataset Resizer"])
+        for case in ("build default", "build --executor ray"):
+            ratio = i2d / statistics.median(walls[case])
+            print(f"\n{case} / img2dataset Resizer ({args.workers} processes): {ratio:.2f}x")
 
 
 if __name__ == "__main__":
