@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if i2d is not None:
         cases += ("img2dataset Resizer",)
     walls: dict[str, list[float]] = {case: [] for case in cases}
-    builds: dict[str, list[dict]] = {case: [] for case in cases[2:]}
+    builds: dict[str, list[dict]] = {case: [] for case in ("build default", "build --executor ray")}
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         pool.map(partial(run_chunk, step="plain"), [paths[:8]] * args.workers)  # warm
         pool.map(partial(run_chunk, step="build"), [paths[:8]] * args.workers)
