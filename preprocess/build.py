@@ -114,6 +114,7 @@ def build_shard(
     class_names: tuple[str, ...] | None = None,
     description: str | None = None,
     layout: str = LAYOUT_FLAT,
+    members: tuple[str, ...] | None = None,
 ) -> ShardResult:
     """Build one shard, or reuse it if an earlier run completed it and it checks out.
 
@@ -157,6 +158,7 @@ def build_shard(
             confine_root,
             class_names=class_names,
             description=description,
+            members=members,
         )
         # Hashed before the commit: an upload is then never read back to hash it.
         files = {
@@ -244,6 +246,7 @@ def write_formats(
     *,
     class_names: tuple[str, ...] | None = None,
     description: str | None = None,
+    members: tuple[str, ...] | None = None,
 ) -> tuple[list[Skip], list[int], int]:
     """Write the task's samples to one file per format: skips, class counts, Pillow fallbacks.
 
@@ -257,7 +260,12 @@ def write_formats(
     single = all(type(planned.label) is int for planned in task.samples)
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
-    dataset = {"class_names": class_names, "description": description, "split": task.split}
+    dataset = {
+        "class_names": class_names,
+        "description": description,
+        "split": task.split,
+        "members": members,  # the build's columns, also for a shard whose inputs all fail
+    }
     with contextlib.ExitStack() as stack:
         writers = []
         for fmt, path in paths.items():

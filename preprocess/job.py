@@ -412,6 +412,7 @@ def run_tasks(
         "row_group_size": config.row_group_size,
         "confine_root": confine_root,
         "layout": layout,
+        "members": shard_members(config),
     }
     pieces = dispatch_order(plan.shards)
     by_name = reuse_committed(pieces, build_kwargs)
@@ -460,6 +461,18 @@ def reuse_committed(pieces: list[ShardPiece], build_kwargs: dict) -> dict:
         found[(piece.split, piece.index)] = result
         hashed += sum(file.bytes for file in result.info.files.values())
     return found
+
+
+def shard_members(config: BuildConfig) -> tuple[str, ...] | None:
+    """The members besides the image every sample of a build with extra columns carries.
+
+    None for a plain build, whose writers take them from the first sample as before.
+    """
+    columns = config.input_columns()
+    if columns.plain:
+        return None
+    field = image_field(config.image)
+    return tuple(name for name in columns.members(field) if name != field)
 
 
 def dispatch_order(tasks: list[ShardPiece]) -> list[ShardPiece]:

@@ -53,8 +53,10 @@ class ShardFormat:
         min_sample_bytes: the fewest bytes one sample can take in a file of this
             format; a manifest claiming more samples than `bytes // this` lies.
         open_writer: `(fileobj, image_field, row_group_size, *, class_names=None,
-            description=None, split=None) -> ShardWriter`; the keywords describe the
-            dataset for formats whose files carry metadata (Parquet), others ignore them.
+            description=None, split=None, members=None) -> ShardWriter`; the keywords
+            describe the dataset for formats whose files carry metadata or a schema
+            (Parquet: `members` fixes the columns even of a shard whose every input was
+            skipped), others ignore them.
         iter_samples: the reader; see the module docstring for its contract.
         count_samples: `(stream, url, limits) -> int`, headers or footer only.
         sample_bytes: `(sample) -> int`, the bytes one sample adds to a file of this
@@ -82,6 +84,7 @@ def _tar_writer(
     class_names: Sequence[str] | None = None,
     description: str | None = None,
     split: str | None = None,
+    members: Sequence[str] | None = None,
 ) -> ShardWriter:
     # Tar members carry no dataset metadata: the manifest beside the shards does.
     return tar.TarShardWriter(fileobj)
@@ -95,6 +98,7 @@ def _parquet_writer(
     class_names: Sequence[str] | None = None,
     description: str | None = None,
     split: str | None = None,
+    members: Sequence[str] | None = None,
 ) -> ShardWriter:
     return parquet.ParquetShardWriter(
         fileobj,
@@ -103,6 +107,7 @@ def _parquet_writer(
         class_names=class_names,
         description=description,
         split=split,
+        members=members,
     )
 
 

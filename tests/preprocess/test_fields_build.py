@@ -440,3 +440,21 @@ def test_verify_checks_label_free_and_multi_label_builds_with_their_fields(image
     kinds = {f.name: f.kind for f in verify_fields(read_manifest(multi))}
     assert kinds["txt"] == "text" and kinds["labels"] == "multi_label" and "cls" not in kinds
     assert "labels" not in {f.name for f in verify_fields(read_manifest(free))}
+
+
+def test_a_parquet_shard_whose_inputs_all_failed_keeps_the_builds_columns(image_root, tmp_path):
+    import pyarrow.parquet as pq
+
+    root, rels = image_root
+    # Every input is missing, so every shard is written empty: its schema cannot come
+    # from a first sample.
+    rows = [{"path": f"gone-{i}.jpg", "label": "a", "text": "x"} for i in range(6)]
+    listing = write_jsonl(root / "holes.jsonl", rows)
+    out = tmp_path / "out"
+    config = small_build_config(
+        listing, out, fields=("text:txt",), shard_size=3, max_skip_fraction=1.0, val_fraction=0.0
+    )
+    manifest = run_build(config).manifest
+    assert manifest.written == 0
+    paths = manifest.shard_urls("train", "parquet", str(out))
+    assert paths and all("txt" in pq.read_schema(path).names for path in paths)
