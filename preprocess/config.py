@@ -178,6 +178,12 @@ class BuildConfig:
         "input and output",
         LABEL_MODES,
     )
+    description: str | None = option(
+        None,
+        "one line describing the dataset, written into every Parquet shard's metadata "
+        "(ours and HF datasets' `info.description`) (default: none)",
+        "input and output",
+    )
     fields: tuple[str, ...] = option(
         (),
         "comma-separated COLUMN:MEMBER of input-list columns written into each sample: "
@@ -242,6 +248,8 @@ class BuildConfig:
         # The same for the column options: left out at their defaults.
         if self.label == "single":
             data.pop("label")
+        if self.description is None:
+            data.pop("description")
         if self.fields:
             data["fields"] = list(self.fields)
         else:

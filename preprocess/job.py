@@ -409,6 +409,7 @@ def run_tasks(
         "formats": tuple(config.formats),
         "num_classes": len(plan.classes),
         "class_names": tuple(plan.classes),
+        "description": config.description,
         "row_group_size": config.row_group_size,
         "confine_root": confine_root,
         "layout": layout,

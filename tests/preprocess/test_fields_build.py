@@ -458,3 +458,35 @@ def test_a_parquet_shard_whose_inputs_all_failed_keeps_the_builds_columns(image_
     assert manifest.written == 0
     paths = manifest.shard_urls("train", "parquet", str(out))
     assert paths and all("txt" in pq.read_schema(path).names for path in paths)
+
+
+def test_the_description_reaches_every_parquet_footer_ours_and_hfs(image_root, tmp_path):
+    import pyarrow.parquet as pq
+
+    from preprocess.cli import build_config_from_args, build_parser
+
+    root, rels = image_root
+    listing = write_jsonl(root / "desc.jsonl", [{"path": r, "label": "a"} for r in rels])
+    out = tmp_path / "out"
+    args = build_parser().parse_args(
+        [
+            "build-shards",
+            "--input",
+            str(listing),
+            "--output",
+            str(out),
+            "--description",
+            "sample photos, ten classes",
+        ]
+    )
+    assert build_config_from_args(args).description == "sample photos, ten classes"
+    config = small_build_config(listing, out, description="sample photos, ten classes")
+    manifest = run_build(config).manifest
+    files = manifest.shard_urls("train", "parquet", str(out))
+    for path in files:
+        metadata = pq.read_schema(path).metadata
+        assert json.loads(metadata[b"shardpipe"])["description"] == "sample photos, ten classes"
+        hf = json.loads(metadata[b"huggingface"])["info"]
+        assert hf["description"] == "sample photos, ten classes"
+    # A plain build's record has no description, so builds made before the option resume.
+    assert "description" not in small_build_config(listing, out).output_shaping()
