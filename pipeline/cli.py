@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from shards.flags import (
     Command,
     build_command_parser,
-    exit_quietly_on_closed_pipe,
     option,
-    parse_command,
+    run_command,
 )
 from shards.manifest import SHARD_FORMATS
 from shards.sample import LabelField
@@ -78,14 +77,7 @@ class InspectShuffleOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    command, options, args = parse_command(build_parser(), argv)
-    try:
-        return command.run(options, args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return exit_quietly_on_closed_pipe()
+    return run_command(build_parser(), argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -168,7 +168,12 @@ class LoaderConfig:
 def build_loader(config: LoaderConfig) -> ShardLoader:
     """Resolve the source, plan nothing yet (plans are per epoch), return the loader."""
     resolve_fields(config.fields)  # a mistake in the fields fails before any shard is opened
-    source = resolve_source(
+    return ShardLoader(config, resolve_config_source(config))
+
+
+def resolve_config_source(config: LoaderConfig) -> ResolvedSource:
+    """The shards `config` names, read as it says (retries, storage, checksums)."""
+    return resolve_source(
         config.source,
         config.split,
         config.format,
@@ -176,7 +181,6 @@ def build_loader(config: LoaderConfig) -> ShardLoader:
         storage_options=config.storage_options,
         checksums=config.verify_checksums,
     )
-    return ShardLoader(config, source)
 
 
 def redact_source(source: Any) -> Any:

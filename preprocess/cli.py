@@ -18,9 +18,8 @@ from shards.flags import (
     Command,
     build_command_parser,
     config_from_args,
-    exit_quietly_on_closed_pipe,
     option,
-    parse_command,
+    run_command,
 )
 
 DESCRIPTION = """\
@@ -100,15 +99,9 @@ class IndexOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    command, options, args = parse_command(build_parser(), argv)
-    setup_logging()
-    try:
-        return command.run(options, args)
-    except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return exit_quietly_on_closed_pipe()
+    return run_command(
+        build_parser(), argv, "interrupted; rerun the same command to resume", setup_logging
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -316,6 +316,28 @@ def exit_quietly_on_closed_pipe() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
 
 
+def run_command(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    interrupted: str = "interrupted",
+    setup: Callable[[], None] | None = None,
+) -> int:
+    """A CLI's `main`: parse, run the command, and end the two ways a user ends one.
+
+    Ctrl-C prints `interrupted` and exits 130; a closed pipe (`CMD | head`) exits quietly.
+    """
+    command, options, args = parse_command(parser, argv)
+    if setup is not None:
+        setup()
+    try:
+        return command.run(options, args)
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return exit_quietly_on_closed_pipe()
+
+
 def parse_command(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> tuple[Command, Any, argparse.Namespace]:

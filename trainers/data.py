@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from pipeline.checksum import open_shard
-from pipeline.loader import LoaderConfig, ShardLoader
+from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
 from pipeline.opener import DEFAULT_RETRY
-from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source, resolve_source
+from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
 from pipeline.urls import expand_urls, url_scheme
 from shards.manifest import MANIFEST_NAME, ManifestError
 from shards.redact import redact_url
@@ -187,14 +187,7 @@ def open_split(
 
     Raises what resolving a source raises (see `SOURCE_ERRORS`).
     """
-    source = resolve_source(
-        settings.source,
-        settings.split,
-        settings.format,
-        retry=settings.retry,
-        storage_options=settings.storage_options,
-        checksums=settings.verify_checksums,
-    )
+    source = resolve_config_source(settings)
     check_task_fits(config, source, settings.source)
     if config.task == "multi-label" and num_classes is None:
         num_classes = multi_label_classes(config, source)

@@ -44,7 +44,7 @@ def no_loaders(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a loader was built before the mistake was reported")
 
-    monkeypatch.setattr(trainers.data, "resolve_source", refuse)
+    monkeypatch.setattr(trainers.data, "resolve_config_source", refuse)
 
 
 def run_main(capsys, args: list[str]) -> tuple[int, list[str]]:
@@ -209,7 +209,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, dataset, monkeypatch):
     def broken(*args, **kwargs):
         raise TypeError("a bug in our code")
 
-    monkeypatch.setattr(trainers.data, "resolve_source", broken)
+    monkeypatch.setattr(trainers.data, "resolve_config_source", broken)
     with pytest.raises(TypeError, match="a bug in our code"):
         main(["--train-shards", str(dataset), "--device", "cpu", "--run-dir", str(tmp_path / "r")])
 
