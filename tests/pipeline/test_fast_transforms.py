@@ -417,3 +417,27 @@ def test_decode_jpeg_scaled_fast_upsample_differs_from_the_exact_decode():
     fast = imagedata.decode_jpeg_scaled(data, 64, 48, 1, fast_upsample=True)
     assert exact.shape == fast.shape == (48, 64, 3)
     assert not np.array_equal(exact, fast) and exact_psnr(exact, fast) > 30
+
+
+def test_large_shrinks_take_the_integral_box_path_and_still_match_pillow(monkeypatch):
+    # Crops shrunk by more than AREA_SHRINK are resized linearly to k x the output, then
+    # box-averaged k:1 (INTER_AREA is slow at fractional ratios): Pillow's antialiased
+    # result within the usual tolerance.
+    from pipeline import fast_transforms
+
+    calls = []
+    original = fast_transforms._to_integral_shrink
+
+    def spy(cv2, region, size, shrink):
+        calls.append(shrink)
+        result = original(cv2, region, size, shrink)
+        assert result.shape[0] == result.shape[1] == max(2, int(shrink)) * size
+        return result
+
+    monkeypatch.setattr(fast_transforms, "_to_integral_shrink", spy)
+    data = photo_jpeg(1024, 768)
+    for seed in range(12):
+        ours = FastRandomResizedCrop(hflip=0.0)(data, random.Random(seed))
+        pillow = RandomResizedCrop(hflip=0.0)(data, random.Random(seed))
+        assert mean_abs(ours, pillow) < TOLERANCE
+    assert len(calls) >= 6 and all(shrink > fast_transforms.AREA_SHRINK for shrink in calls)
