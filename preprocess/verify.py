@@ -78,6 +78,7 @@ def verify_shard(
     """Check one shard's files; returns its sample count. Skips go into `report`."""
     report = report if report is not None else VerifyReport()
     contents = {}
+    fields = verify_fields(manifest)
     for fmt, file in shard.files.items():
         path = directory / file.name
         if not path.exists():
@@ -89,7 +90,6 @@ def verify_shard(
             )
         if file_sha256(path) != file.sha256:
             raise VerifyError(f"{file.name}: checksum mismatch")
-        fields = verify_fields(manifest)
         contents[fmt] = read_shard_index(path, fmt, shard.samples, check_images, report, fields)
     first, *others = contents.values()
     for fmt_contents in others:

@@ -1588,6 +1588,8 @@ class _ManifestReader:
             problem = f"cannot read the side file {_show(ref.name)}: {redact_text(str(error))}"
             self.fail(where, problem, TABLE_FIX)
         if len(data) != ref.bytes:
+            if isinstance(data, MappedFile):
+                data.file.close()  # never hashed: its file is closed here
             size = f"more than {ref.bytes}" if len(data) > ref.bytes else str(len(data))
             problem = f"{_show(ref.name)} is {size} bytes, the manifest records {ref.bytes}"
             self.fail(where, problem + " (truncated or replaced)", TABLE_FIX)
