@@ -29,13 +29,16 @@ from shards.imagedata import (
     read_jpeg_header,
 )
 
-# Above this shrink factor (source box side / output side) OpenCV's INTER_AREA replaces the
-# interpolating filters: Pillow's filters are antialiased when shrinking, OpenCV's are not, and
-# INTER_AREA averages as Pillow does. Measured against Pillow's output: for 1.25-2x shrinks
-# (1024-px shards) the mean abs difference is 0.7-0.8 grey levels with INTER_AREA and 1.1-1.7
-# with INTER_LINEAR; on 256-px shards, where few crops shrink, INTER_AREA everywhere would
-# cost 13% of the throughput for a 0.01 smaller difference, so milder shrinks stay linear.
-AREA_SHRINK = 1.25
+# Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
+# INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
+# filters are. DCT scaling keeps almost every crop below 2x. Up to 1.5x the bilinear alone
+# differs little from Pillow, and the box average costs 3-4x the bilinear: measured on the
+# loader's crops (benchmarks/roi_decode.py), a threshold of 1.25 instead costs 256-px shards
+# ~11% of a crop's time for the same PSNR against Pillow (53.5 dB pooled) and 512-px shards
+# ~4% (51.6 dB pooled against 50.7). Higher thresholds alias visibly: at 1.75, bicubic
+# crops to 96 px differ from Pillow by up to 2.1 grey levels on average. build-shards'
+# resize keeps its own rule (bilinear up to 2x, `preprocess.images`).
+AREA_SHRINK = 1.5
 # OpenCV's InterpolationFlags values (cv2.INTER_NEAREST, _LINEAR, _CUBIC, _LANCZOS4), spelled
 # out so this module imports without OpenCV.
 WARP_FILTERS = {"nearest": 0, "bilinear": 1, "bicubic": 2, "lanczos": 4}

@@ -420,9 +420,9 @@ def test_decode_jpeg_scaled_fast_upsample_differs_from_the_exact_decode():
 
 
 def test_large_shrinks_take_the_integral_box_path_and_still_match_pillow(monkeypatch):
-    # Crops shrunk by more than AREA_SHRINK are resized linearly to k x the output, then
-    # box-averaged k:1 (INTER_AREA is slow at fractional ratios): Pillow's antialiased
-    # result within the usual tolerance.
+    # Crops shrunk by more than AREA_SHRINK (without DCT scaling to bring them below it) are
+    # resized linearly to k x the output, then box-averaged k:1 (INTER_AREA is slow at
+    # fractional ratios): Pillow's antialiased result within the usual tolerance.
     from pipeline import fast_transforms
 
     calls = []
@@ -437,7 +437,20 @@ def test_large_shrinks_take_the_integral_box_path_and_still_match_pillow(monkeyp
     monkeypatch.setattr(fast_transforms, "_to_integral_shrink", spy)
     data = photo_jpeg(1024, 768)
     for seed in range(12):
-        ours = FastRandomResizedCrop(hflip=0.0)(data, random.Random(seed))
-        pillow = RandomResizedCrop(hflip=0.0)(data, random.Random(seed))
+        ours = FastRandomResizedCrop(hflip=0.0, draft=False)(data, random.Random(seed))
+        pillow = RandomResizedCrop(hflip=0.0, draft=False)(data, random.Random(seed))
         assert mean_abs(ours, pillow) < TOLERANCE
     assert len(calls) >= 6 and all(shrink > fast_transforms.AREA_SHRINK for shrink in calls)
+
+
+def test_mild_shrinks_stay_bilinear_and_match_pillow(monkeypatch):
+    # Up to AREA_SHRINK (1.5x) OpenCV's bilinear runs alone, within the usual tolerance:
+    # that is nearly every crop of a 256-px shard's image.
+    from pipeline import fast_transforms
+
+    monkeypatch.setattr(fast_transforms, "_to_integral_shrink", None)  # must not be called
+    for seed in range(12):
+        data = photo_jpeg(341, 256, seed=seed)
+        ours = FastRandomResizedCrop(hflip=0.0, scale=(0.8, 0.95))(data, random.Random(seed))
+        pillow = RandomResizedCrop(hflip=0.0, scale=(0.8, 0.95))(data, random.Random(seed))
+        assert mean_abs(ours, pillow) < TOLERANCE
