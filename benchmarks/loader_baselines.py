@@ -1,11 +1,13 @@
 """Stock baselines for the loader benchmark, needing only the standard library, numpy, Pillow, torch.
 
 Holds the epoch timer and the torchvision-like Pillow crop that every contender of
-`loader_throughput.py` shares, and runs MosaicML streaming and LitData from their own venv
-(they pin other versions than the project), as a subprocess of `loader_throughput.py`:
+`loader_throughput.py` shares, and runs MosaicML streaming, LitData and NVIDIA DALI (CPU
+operators) from their own venv (they pin other versions than the project), as a subprocess of
+`loader_throughput.py`:
 
     PEER_PYTHON benchmarks/loader_baselines.py convert mds --workdir DIR
     PEER_PYTHON benchmarks/loader_baselines.py run mds --workdir DIR [--seed 0] [--warmup 3]
+    PEER_PYTHON benchmarks/loader_baselines.py run dali --workdir DIR --shards DIR/shards512
 
 `run` prints one JSON `Measurement` line.
 """
@@ -18,6 +20,7 @@ import importlib.machinery
 import io
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -35,7 +38,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 BATCH_SIZE = 256
 CROP_SIZE = 224
-PEERS = ("mds", "litdata")
+PEERS = ("mds", "litdata", "dali")
+# DALI's shuffle buffer, in samples: ours holds 2,000 (500 before the first batch), stock
+# webdataset 1,000; DALI fills all of it before the first batch.
+DALI_INITIAL_FILL = 2000
+DALI_READER = "Reader"
 # torchvision's ImageFolder IMG_EXTENSIONS.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -360,6 +367,101 @@ def run_litdata(workdir: Path, seed: int, warmup: int, workers: int) -> Measurem
     return with_cpu(measurement, cpu_before)
 
 
+def dali_index_paths(workdir: Path, shard_dir: Path) -> list[Path]:
+    """Where DALI's index of each train tar shard lives: cached in the workdir, per build."""
+    index_dir = workdir / "dali-index" / shard_dir.name
+    return [index_dir / f"{tar.stem}.idx" for tar in train_tars(shard_dir)]
+
+
+def convert_dali(workdir: Path, shard_dir: Path) -> Path:
+    """Index the tar shards with DALI's `wds2idx`, so the timed run does not scan them.
+
+    An index older than its shard is rewritten (the shards were rebuilt); each is written
+    under a temporary name and renamed, so an interrupted conversion leaves none half-done.
+    """
+    from wds2idx import IndexCreator
+
+    tars = train_tars(shard_dir)
+    if not tars:
+        raise SystemExit(f"no train-*.tar shards in {shard_dir}: build them with build-shards")
+    for tar, index in zip(tars, dali_index_paths(workdir, shard_dir), strict=True):
+        if index.exists() and index.stat().st_mtime >= tar.stat().st_mtime:
+            continue
+        index.parent.mkdir(parents=True, exist_ok=True)
+        partial = index.with_suffix(".idx.partial")
+        with IndexCreator(str(tar), str(partial), verbose=False) as creator:
+            creator.create_index()
+        os.replace(partial, index)
+    return index.parent
+
+
+def build_dali_pipeline(tars: list[Path], indexes: list[Path], seed: int, threads: int):
+    """DALI's documented webdataset + random-crop-decode recipe on CPU operators only.
+
+    torchvision's RandomResizedCrop parameters (area 0.08-1, aspect 3/4-4/3, 10 attempts),
+    resized to 224x224 bilinear with DALI's default antialiasing, a coin-flip mirror; the
+    output is DALI's own NHWC uint8 (ours hands out NCHW: on a GPU either is one permute).
+    `device_id=None`: no GPU is needed or touched.
+    """
+    from nvidia.dali import fn, pipeline, types
+
+    pipe = pipeline.Pipeline(batch_size=BATCH_SIZE, num_threads=threads, device_id=None, seed=seed)
+    with pipe:
+        jpegs, labels = fn.readers.webdataset(
+            paths=[str(p) for p in tars],
+            index_paths=[str(p) for p in indexes],
+            ext=["jpg", "cls"],
+            missing_component_behavior="error",
+            random_shuffle=True,
+            initial_fill=DALI_INITIAL_FILL,
+            name=DALI_READER,
+        )
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=[0.08, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+            num_attempts=10,
+        )
+        images = fn.resize(images, size=[CROP_SIZE, CROP_SIZE], interp_type=types.INTERP_LINEAR)
+        images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
+        pipe.set_outputs(images, labels)
+    pipe.build()
+    return pipe
+
+
+def iter_dali_batches(pipe, batches: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """`batches` (NHWC uint8 images, labels) torch batches from `pipe.run()`.
+
+    `as_array` copies the images out of DALI's buffers, which the next `run` reuses. The
+    `cls` members are ASCII digits, so DALI hands out their bytes and we parse them here
+    (ragged, which rules out `DALIGenericIterator`'s dense copy).
+    """
+    for _ in range(batches):
+        images, labels = pipe.run()
+        labels = torch.tensor([int(np.asarray(label).tobytes()) for label in labels])
+        yield torch.from_numpy(images.as_array()), labels
+
+
+def run_dali(workdir: Path, seed: int, warmup: int, workers: int, shard_dir: Path) -> Measurement:
+    """One DALI epoch: its reader's epoch size, less the last partial batch (drop_last)."""
+    import nvidia.dali
+
+    tars, indexes = train_tars(shard_dir), dali_index_paths(workdir, shard_dir)
+    if not all(index.exists() for index in indexes):
+        raise SystemExit(f"no DALI index for {shard_dir}: run `convert dali` first")
+    cpu_before = cpu_seconds()
+    started = time.perf_counter()
+    # DALI's threads play the part of the other contenders' worker processes.
+    pipe = build_dali_pipeline(tars, indexes, seed, threads=workers)
+    batches = pipe.epoch_size(DALI_READER) // BATCH_SIZE
+    name = f"NVIDIA DALI {nvidia.dali.__version__} (CPU)"
+    measurement = time_epoch(iter_dali_batches(pipe, batches), name, warmup, started)
+    del pipe
+    return with_cpu(measurement, cpu_before)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("convert", "run"))
@@ -367,14 +469,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (DALI: threads)")
+    parser.add_argument(
+        "--shards", type=Path, help="the build DALI reads (default WORKDIR/shards, as MDS, LitData)"
+    )
     args = parser.parse_args(argv)
+    shard_dir = args.shards or args.workdir / "shards"
     if args.action == "convert":
-        out = {"mds": convert_mds, "litdata": convert_litdata}[args.peer](args.workdir)
+        if args.peer == "dali":
+            out = convert_dali(args.workdir, shard_dir)
+        else:
+            out = {"mds": convert_mds, "litdata": convert_litdata}[args.peer](args.workdir)
         print(json.dumps({"converted": str(out)}))
         return 0
-    run = {"mds": run_mds, "litdata": run_litdata}[args.peer]
-    result = run(args.workdir, args.seed, args.warmup, args.workers)
+    if args.peer == "dali":
+        result = run_dali(args.workdir, args.seed, args.warmup, args.workers, shard_dir)
+    else:
+        run = {"mds": run_mds, "litdata": run_litdata}[args.peer]
+        result = run(args.workdir, args.seed, args.warmup, args.workers)
     print(json.dumps(asdict(result)))
     return 0
 

@@ -1,5 +1,6 @@
 """Loader throughput side by side: our loader vs the per-core limit, stock webdataset, a naive
-ImageFolder DataLoader, MosaicML streaming and LitData, on the same 256-px sample images.
+ImageFolder DataLoader, MosaicML streaming, LitData and NVIDIA DALI (CPU), on the same 256-px
+sample images.
 
     python benchmarks/loader_throughput.py --images 10000 --workdir DIR \
         [--repeats 3] [--warmup 3] [--peer-python /tmp/peer-venv/bin/python] \
@@ -213,16 +214,18 @@ class NaiveLoader:
 
 @dataclass(frozen=True)
 class PeerLoader:
-    """MosaicML streaming or LitData, run by `loader_baselines.py` in their own venv."""
+    """MosaicML streaming, LitData or DALI, run by `loader_baselines.py` in their own venv."""
 
     name: str
     peer: str
     python: str
     workdir: Path
+    options: tuple[str, ...] = ()  # for both actions, e.g. DALI's `--shards`
 
     def command(self, action: str, *extra: str) -> list[str]:
         script = str(HERE / "loader_baselines.py")
-        return [self.python, script, action, self.peer, "--workdir", str(self.workdir), *extra]
+        workdir = ("--workdir", str(self.workdir))
+        return [self.python, script, action, self.peer, *workdir, *self.options, *extra]
 
     def convert(self) -> None:
         subprocess.run(self.command("convert"), check=True, timeout=PEER_TIMEOUT_S)
@@ -325,25 +328,51 @@ def build_contenders(args: argparse.Namespace, shards: Path) -> list:
         StockWebDataset(WDS, tar_urls(shards)),
         NaiveLoader(NAIVE, args.workdir / "source"),
     ]
-    contenders += peer_contenders(args)
+    contenders += peer_contenders(args, shards)
     return contenders
 
 
-def peer_contenders(args: argparse.Namespace) -> list[PeerLoader]:
-    """MosaicML streaming and LitData where their venv has them; conversions are cached."""
+def peer_contenders(args: argparse.Namespace, shards: Path) -> list[PeerLoader]:
+    """MosaicML streaming, LitData and DALI where their venv has them; conversions are cached.
+
+    DALI reads the tar shards of this run (`--side`); MDS and LitData convert DIR/shards.
+    """
     if not args.peer_python or not Path(args.peer_python).exists():
         print(f"peer loaders skipped: no python at {args.peer_python!r}")
         return []
+    candidates = [
+        PeerLoader(name, peer, args.peer_python, args.workdir)
+        for peer, name in (("mds", "MosaicML streaming (MDS)"), ("litdata", "LitData"))
+    ]
+    version = dali_version(args.peer_python)
+    if version:
+        name = f"NVIDIA DALI {version} (CPU)"
+        options = ("--shards", str(shards))
+        candidates.append(PeerLoader(name, "dali", args.peer_python, args.workdir, options))
     peers = []
-    for peer, name in (("mds", "MosaicML streaming (MDS)"), ("litdata", "LitData")):
-        contender = PeerLoader(name, peer, args.peer_python, args.workdir)
+    for contender in candidates:
         try:
             contender.convert()
         except (subprocess.SubprocessError, OSError) as error:
-            print(f"{name} skipped: conversion failed: {error}")
+            print(f"{contender.name} skipped: conversion failed: {error}")
             continue
         peers.append(contender)
     return peers
+
+
+def dali_version(python: str) -> str | None:
+    """DALI's major.minor version in the peers' venv, or None (and why) where it does not import."""
+    probe = subprocess.run(
+        [python, "-c", "import nvidia.dali; print(nvidia.dali.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=PEER_TIMEOUT_S,
+    )
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no error output"])[-1]
+        print(f"NVIDIA DALI skipped: it does not import in {python}: {reason}")
+        return None
+    return ".".join(probe.stdout.strip().split(".")[:2])
 
 
 # --- running and reporting -----------------------------------------------------------------
