@@ -11,6 +11,7 @@ warns about) goes to the Pillow transform with the same box, per sample, counted
 from __future__ import annotations
 
 import functools
+import math
 import random
 from dataclasses import dataclass, fields
 from types import ModuleType
@@ -28,6 +29,7 @@ from shards.imagedata import (
     open_image,
     read_jpeg_header,
 )
+from shards.jpegband import crop_rows
 
 # Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
@@ -43,6 +45,10 @@ AREA_SHRINK = 1.5
 # out so this module imports without OpenCV.
 WARP_FILTERS = {"nearest": 0, "bilinear": 1, "bicubic": 2, "lanczos": 4}
 _INTEGRAL_EPS = 1e-6
+# Source rows OpenCV's warp reads beyond a fractional box's edge: its widest kernel
+# (Lanczos-4) spans 4 rows on each side; the edges replicate, so rows outside a band would
+# not be the image's.
+_WARP_REACH = 4
 # The loader's one decode-quality switch: libjpeg-turbo's plain chroma upsampling (each
 # chroma sample repeated) instead of its triangle filter. Measured (benchmarks/roi_decode.py,
 # docs/LOADER.md "Image decoding"): the decode itself 1.10-1.15x faster on 4:2:0 JPEGs, a
@@ -179,7 +185,11 @@ class JpegCrop:
         decodes the image (a counted fallback) or raises the reason `pipeline.decode` gives.
         """
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
-        pixels = self.decode_scaled(scale) if self.colorspace in FAST_JPEG_COLORSPACES else None
+        pixels = None
+        if self.colorspace in FAST_JPEG_COLORSPACES:
+            pixels = self.decode_rows(box, scale)
+            if pixels is None:
+                pixels = self.decode_scaled(scale)
         if pixels is None:
             image = open_image(self.data, max_pixels)
             writable = out is None
@@ -189,6 +199,33 @@ class JpegCrop:
             return _counted(fallback, out)
         scaled = (box[0] / scale, box[1] / scale, box[2] / scale, box[3] / scale)
         return resize_box(pixels, scaled, size, resample, flip, out)
+
+    def decode_rows(self, box: Box, scale: int) -> np.ndarray | None:
+        """The image at 1/`scale` with only the MCU rows under `box` decoded, or None.
+
+        Only JPEGs with a restart marker at each MCU row (what build-shards writes) are cut
+        (`shards.jpegband`); the band is decoded into its rows of an image-sized array, so
+        the resize reads the same coordinates as from a whole decode, and the rows it reads
+        are bit-identical to the whole decode's (the others are never read: a fractional box
+        is warped, which reads up to `_WARP_REACH` rows beyond it, and those are decoded
+        too). None: no usable markers, or the decoder refused the band; the whole file is
+        then decoded, and judged, as without markers.
+        """
+        reach = 0 if _integral(tuple(edge / scale for edge in box)) else _WARP_REACH * scale
+        band = crop_rows(self.data, int(box[1]) - reach, math.ceil(box[3]) + reach, scale)
+        if band is None:
+            return None
+        pixels = np.empty((-(-self.height // scale), -(-self.width // scale), 3), np.uint8)
+        first, rows = band.top // scale, -(-band.height // scale)
+        decoded = decode_jpeg_scaled(
+            band.data,
+            self.width,
+            band.height,
+            scale,
+            fast_upsample=FAST_UPSAMPLE,
+            out=pixels[first : first + rows],
+        )
+        return None if decoded is None else pixels
 
     def decode_scaled(self, scale: int) -> np.ndarray | None:
         """RGB pixels at 1/`scale` of the full size, or None if the decoder refuses the data.

@@ -70,13 +70,16 @@ def noise_image(width: int, height: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
-def photo_jpeg(width: int = 500, height: int = 375, seed: int = 0, quality: int = 90) -> bytes:
-    """A photo-like JPEG: gradients, stripes and mild noise."""
+def photo_jpeg(
+    width: int = 500, height: int = 375, seed: int = 0, quality: int = 90, **params
+) -> bytes:
+    """A photo-like JPEG: gradients, stripes and mild noise (`params`: more Pillow options)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     base = np.stack([xx / width * 255, yy / height * 255, (xx + yy) / (width + height) * 255], -1)
     base += 30 * np.sin(xx[..., None] / rng.uniform(5, 40)) + rng.normal(0, 8, base.shape)
-    return encode(Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)), "JPEG", quality=quality)
+    image = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+    return encode(image, "JPEG", quality=quality, **params)
 
 
 def truncated(data: bytes, fraction: float) -> bytes:

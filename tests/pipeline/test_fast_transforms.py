@@ -454,3 +454,101 @@ def test_mild_shrinks_stay_bilinear_and_match_pillow(monkeypatch):
         ours = FastRandomResizedCrop(hflip=0.0, scale=(0.8, 0.95))(data, random.Random(seed))
         pillow = RandomResizedCrop(hflip=0.0, scale=(0.8, 0.95))(data, random.Random(seed))
         assert mean_abs(ours, pillow) < TOLERANCE
+
+
+# --- only the MCU rows a crop needs (JPEGs with a restart marker per row) ---------------
+
+
+def marked_jpeg(width: int, height: int, seed: int = 0, subsampling: int = 2) -> bytes:
+    """What build-shards writes: a restart marker at every MCU row."""
+    return photo_jpeg(width, height, seed, subsampling=subsampling, restart_marker_rows=1)
+
+
+def whole_file_crops(monkeypatch, transform, data: bytes, seeds) -> list[np.ndarray]:
+    """The same crops with the band cut disabled: every JPEG decoded whole."""
+    from pipeline import fast_transforms
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fast_transforms, "crop_rows", lambda *args: None)
+        return [transform(data, SampleRandom(f"k{seed}")) for seed in seeds]
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        FastRandomResizedCrop(),
+        FastRandomResizedCrop(draft=False),
+        FastRandomResizedCrop(size=96, resample="bicubic"),
+        FastRandomResizedCrop(size=300, resample="lanczos"),
+        FastCenterCrop(),
+        FastCenterCrop(size=64, crop_fraction=0.55),
+    ],
+    ids=["rrc", "rrc-no-draft", "bicubic-96", "lanczos-300", "center", "center-fraction"],
+)
+@pytest.mark.parametrize(
+    "width,height,subsampling", [(341, 256, 2), (500, 375, 2), (1024, 768, 2), (333, 257, 0)]
+)
+def test_band_decodes_give_the_whole_decodes_pixels_exactly(
+    monkeypatch, transform, width, height, subsampling
+):
+    from pipeline import fast_transforms
+
+    data = marked_jpeg(width, height, seed=width, subsampling=subsampling)
+    seeds = range(25)
+    expected = whole_file_crops(monkeypatch, transform, data, seeds)
+    cuts = []
+    original = fast_transforms.crop_rows
+
+    def spy(*args):
+        band = original(*args)
+        cuts.append(band is not None)
+        return band
+
+    monkeypatch.setattr(fast_transforms, "crop_rows", spy)
+    for seed, want in zip(seeds, expected, strict=True):
+        np.testing.assert_array_equal(transform(data, SampleRandom(f"k{seed}")), want)
+    if isinstance(transform, FastRandomResizedCrop):
+        assert sum(cuts) >= 10, cuts  # most random crops leave rows out
+    assert pillow_fallbacks() >= 0
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9, 0.999])
+def test_a_truncated_marked_jpeg_is_still_truncated_wherever_the_crop_is(fraction):
+    data = truncated(marked_jpeg(500, 375), fraction)
+    for seed in range(8):
+        assert outcome(FastRandomResizedCrop(), data, seed) == "truncated"
+    assert outcome(FastCenterCrop(), data) == "truncated"
+
+
+def test_the_loader_decodes_bands_of_marked_shards_and_delivers_the_same_batches(
+    tmp_path, monkeypatch
+):
+    # The same shard with and without the band cut: identical batches, bit for bit.
+    from pipeline import fast_transforms
+
+    shard = tmp_path / "train-000000.tar"
+    with shard.open("wb") as file:
+        writer = TarShardWriter(file)
+        for index in range(48):
+            image = marked_jpeg(341 + index % 3 * 80, 256, seed=index)
+            writer.write({"__key__": f"s{index:04d}", "jpg": image, "cls": b"%d" % (index % 4)})
+        writer.close()
+
+    def batches() -> list[torch.Tensor]:
+        config = LoaderConfig(source=str(shard), batch_size=16, num_workers=0, seed=3)
+        return [batch[0].clone() for batch in build_loader(config)]
+
+    cuts = []
+    original = fast_transforms.crop_rows
+
+    def spy(*args):
+        band = original(*args)
+        cuts.append(band is not None)
+        return band
+
+    monkeypatch.setattr(fast_transforms, "crop_rows", spy)
+    with_bands = batches()
+    assert sum(cuts) > len(cuts) // 2
+    monkeypatch.setattr(fast_transforms, "crop_rows", lambda *args: None)
+    for ours, whole in zip(with_bands, batches(), strict=True):
+        assert torch.equal(ours, whole)
