@@ -22,6 +22,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tarfile
@@ -292,13 +293,26 @@ def import_streaming() -> types.ModuleType:
     return streaming
 
 
-def convert_mds(workdir: Path) -> Path:
-    """Write the 256-px shard JPEGs as an MDS dataset (bytes column, no compression)."""
+def peer_dir(workdir: Path, shard_dir: Path, peer: str) -> Path:
+    """Where a peer's conversion of `shard_dir` is cached (DIR/mds for DIR/shards, as before)."""
+    return workdir / (peer if shard_dir == workdir / "shards" else f"{peer}-{shard_dir.name}")
+
+
+def is_current(out: Path, shard_dir: Path) -> bool:
+    """A conversion exists and is newer than every shard (rebuilt shards are converted again)."""
+    index = out / "index.json"
+    tars = train_tars(shard_dir)
+    return index.exists() and all(tar.stat().st_mtime <= index.stat().st_mtime for tar in tars)
+
+
+def convert_mds(workdir: Path, shard_dir: Path) -> Path:
+    """Write the shards' JPEGs as an MDS dataset (bytes column, no compression)."""
     streaming = import_streaming()
-    out = workdir / "mds"
-    if not (out / "index.json").exists():
+    out = peer_dir(workdir, shard_dir, "mds")
+    if not is_current(out, shard_dir):
+        shutil.rmtree(out, ignore_errors=True)
         with streaming.MDSWriter(out=str(out), columns={"jpg": "bytes", "cls": "int"}) as writer:
-            for jpg, label in iter_tar_dir(workdir / "shards"):
+            for jpg, label in iter_tar_dir(shard_dir):
                 writer.write({"jpg": jpg, "cls": label})
     return out
 
@@ -315,13 +329,14 @@ def litdata_samples(tar_path: str) -> Iterator[dict]:
         yield {"jpg": sample["jpg"], "cls": int(sample["cls"])}
 
 
-def convert_litdata(workdir: Path) -> Path:
-    """Write the 256-px shard JPEGs as a LitData optimized dataset (raw bytes, 64 MB chunks)."""
+def convert_litdata(workdir: Path, shard_dir: Path) -> Path:
+    """Write the shards' JPEGs as a LitData optimized dataset (raw bytes, 64 MB chunks)."""
     import litdata
 
-    out = workdir / "litdata"
-    if not (out / "index.json").exists():
-        inputs = [str(p) for p in train_tars(workdir / "shards")]
+    out = peer_dir(workdir, shard_dir, "litdata")
+    if not is_current(out, shard_dir):
+        shutil.rmtree(out, ignore_errors=True)
+        inputs = [str(p) for p in train_tars(shard_dir)]
         litdata.optimize(
             fn=litdata_samples,
             inputs=inputs,
@@ -333,7 +348,7 @@ def convert_litdata(workdir: Path) -> Path:
     return out
 
 
-def run_mds(workdir: Path, seed: int, warmup: int, workers: int) -> Measurement:
+def run_mds(workdir: Path, seed: int, warmup: int, workers: int, shard_dir: Path) -> Measurement:
     streaming = import_streaming()
     from streaming.base.util import clean_stale_shared_memory
 
@@ -341,7 +356,10 @@ def run_mds(workdir: Path, seed: int, warmup: int, workers: int) -> Measurement:
     cpu_before = cpu_seconds()
     started = time.perf_counter()
     base = streaming.StreamingDataset(
-        local=str(workdir / "mds"), shuffle=True, shuffle_seed=seed, batch_size=BATCH_SIZE
+        local=str(peer_dir(workdir, shard_dir, "mds")),
+        shuffle=True,
+        shuffle_seed=seed,
+        batch_size=BATCH_SIZE,
     )
     loader = DataLoader(
         DecodedStream(base), batch_size=BATCH_SIZE, num_workers=workers, drop_last=True
@@ -351,13 +369,19 @@ def run_mds(workdir: Path, seed: int, warmup: int, workers: int) -> Measurement:
     return with_cpu(measurement, cpu_before)
 
 
-def run_litdata(workdir: Path, seed: int, warmup: int, workers: int) -> Measurement:
+def run_litdata(
+    workdir: Path, seed: int, warmup: int, workers: int, shard_dir: Path
+) -> Measurement:
     import litdata
 
     cpu_before = cpu_seconds()
     started = time.perf_counter()
     dataset = litdata.StreamingDataset(
-        str(workdir / "litdata"), shuffle=True, drop_last=True, seed=seed, transform=DecodeSample()
+        str(peer_dir(workdir, shard_dir, "litdata")),
+        shuffle=True,
+        drop_last=True,
+        seed=seed,
+        transform=DecodeSample(),
     )
     loader = litdata.StreamingDataLoader(
         dataset, batch_size=BATCH_SIZE, num_workers=workers, drop_last=True
@@ -471,22 +495,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="worker processes (DALI: threads)")
     parser.add_argument(
-        "--shards", type=Path, help="the build DALI reads (default WORKDIR/shards, as MDS, LitData)"
+        "--shards", type=Path, help="the build the peer reads (default WORKDIR/shards)"
     )
     args = parser.parse_args(argv)
     shard_dir = args.shards or args.workdir / "shards"
     if args.action == "convert":
-        if args.peer == "dali":
-            out = convert_dali(args.workdir, shard_dir)
-        else:
-            out = {"mds": convert_mds, "litdata": convert_litdata}[args.peer](args.workdir)
+        convert = {"mds": convert_mds, "litdata": convert_litdata, "dali": convert_dali}
+        out = convert[args.peer](args.workdir, shard_dir)
         print(json.dumps({"converted": str(out)}))
         return 0
-    if args.peer == "dali":
-        result = run_dali(args.workdir, args.seed, args.warmup, args.workers, shard_dir)
-    else:
-        run = {"mds": run_mds, "litdata": run_litdata}[args.peer]
-        result = run(args.workdir, args.seed, args.warmup, args.workers)
+    run = {"mds": run_mds, "litdata": run_litdata, "dali": run_dali}[args.peer]
+    result = run(args.workdir, args.seed, args.warmup, args.workers, shard_dir)
     print(json.dumps(asdict(result)))
     return 0
 

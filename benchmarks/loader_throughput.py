@@ -335,19 +335,19 @@ def build_contenders(args: argparse.Namespace, shards: Path) -> list:
 def peer_contenders(args: argparse.Namespace, shards: Path) -> list[PeerLoader]:
     """MosaicML streaming, LitData and DALI where their venv has them; conversions are cached.
 
-    DALI reads the tar shards of this run (`--side`); MDS and LitData convert DIR/shards.
+    Each reads (or converts) the tar shards of this run (`--side`).
     """
     if not args.peer_python or not Path(args.peer_python).exists():
         print(f"peer loaders skipped: no python at {args.peer_python!r}")
         return []
+    options = ("--shards", str(shards))
     candidates = [
-        PeerLoader(name, peer, args.peer_python, args.workdir)
+        PeerLoader(name, peer, args.peer_python, args.workdir, options)
         for peer, name in (("mds", "MosaicML streaming (MDS)"), ("litdata", "LitData"))
     ]
     version = dali_version(args.peer_python)
     if version:
         name = f"NVIDIA DALI {version} (CPU)"
-        options = ("--shards", str(shards))
         candidates.append(PeerLoader(name, "dali", args.peer_python, args.workdir, options))
     peers = []
     for contender in candidates:
