@@ -105,6 +105,12 @@ class BuildConfig:
                 "pillow: Pillow only",
                 BACKENDS,
             ),
+            "jpeg_restarts": about(
+                "JPEG output gets a restart marker at every MCU row, so the loader can decode "
+                "only the rows a crop needs (about 4 bytes a row); "
+                "--no-jpeg-restarts writes files without them, as builds made before the "
+                "option did, and is how such a build resumes"
+            ),
         },
     )
     shard_size: int = option(
@@ -258,16 +264,44 @@ class BuildConfig:
         data["image"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()
         }
+        # Restart markers: recorded only when they are written, so the records of builds
+        # made before the option (no markers) match --no-jpeg-restarts, and PNG or WebP
+        # builds, which they do not touch, still resume.
+        if not (self.image.jpeg_restarts and self.image.encode == "jpeg"):
+            data["image"].pop("jpeg_restarts")
         return data
 
 
+# Output-shaping switches that `output_shaping` records only when on, so the records of
+# builds made before them (off) still match: for each, the hint for a rerun that meets a
+# build started with it off, and one started with it on.
+RECORDED_WHEN_ON = {
+    "image.jpeg_restarts": (
+        "the build was started without JPEG restart markers; rerun with --no-jpeg-restarts "
+        "to resume it",
+        "the build was started with JPEG restart markers; rerun without --no-jpeg-restarts "
+        "to resume it",
+    ),
+}
+
+
 def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human-readable differences between two output-shaping configs."""
+    """Human-readable differences between two output-shaping configs, one line each."""
     changes = []
     for name in sorted(set(old) | set(new)):
+        path = f"{prefix}{name}"
         before, after = old.get(name), new.get(name)
         if isinstance(before, dict) and isinstance(after, dict):
-            changes += diff_configs(before, after, f"{prefix}{name}.")
+            changes += diff_configs(before, after, f"{path}.")
         elif before != after:
-            changes.append(f"{prefix}{name}: {before!r} -> {after!r}")
+            changes.append(_change_line(path, name in old, before, name in new, after))
     return changes
+
+
+def _change_line(path: str, had: bool, before: Any, has: bool, after: Any) -> str:
+    """`path: before -> after`; a switch recorded only when on shows its absence as False."""
+    if path not in RECORDED_WHEN_ON:
+        return f"{path}: {before!r} -> {after!r}"
+    was_off, was_on = RECORDED_WHEN_ON[path]
+    before, after = (before if had else False), (after if has else False)
+    return f"{path}: {before!r} -> {after!r} ({was_on if had else was_off})"

@@ -71,13 +71,27 @@ progressive JPEG in RGB/YCbCr or grey, and hands everything else to the Pillow p
       (`INTER_LINEAR_EXACT`, bit-exact on every CPU) while the source is at most twice the
       output, and with `INTER_AREA` beyond (huge sources that DCT scaling cannot bring close);
       crop boxes are rounded to whole decoded pixels (off by less than half of one);
-    - JPEG output is encoded by libjpeg-turbo with Pillow's settings (4:2:0, accurate DCT,
-      baseline); WebP and PNG output go through Pillow's encoders.
+    - JPEG output is encoded by OpenCV's libjpeg-turbo with Pillow's settings (4:2:0,
+      accurate DCT, baseline, standard Huffman tables, restart markers): the same bytes as
+      Pillow's encoder for the same pixels. WebP and PNG output go through Pillow's encoders.
 OpenCV's bilinear is not antialiased, which DCT scaling makes acceptable: after it the resize
 factor is below 2. Output geometry is identical to the Pillow backend's; pixels differ
 slightly (see docs/BENCHMARKS.md for speed and PSNR/SSIM against LANCZOS). The backend is part
 of the output-shaping config, so a build cannot be resumed with the other one. Importing
 OpenCV sets its thread pool to one thread: each worker process runs one image at a time.
+
+Restart markers (`jpeg_restarts`, on by default). Every JPEG output has one restart
+interval per MCU row (libjpeg's `restart_in_rows = 1`): a DRI segment whose interval is the
+number of MCUs in a row, ceil(width / 16) for our 4:2:0 output, and an RSTn marker (n = 0..7
+in turn) before each row after the first. The loader decodes only the rows a crop needs by
+splicing the rows between markers into a smaller JPEG. Markers change no coefficient, so the
+decoded pixels are those of the same encoder without them; they cost about 4 bytes a row
+(the marker, its byte alignment, a DC value coded afresh): +0.36% at 256 px. Every output is
+RGB, so there are no grey (8x8-MCU) JPEGs. Builds started before the option resume with
+`jpeg_restarts=False` (no markers), which keeps the old encoders: for the `fast` backend
+simplejpeg, whose `encode_jpeg` ignores `fastdct=False` (simplejpeg 1.9: its files use
+libjpeg's fast integer DCT, 0.1 dB below the accurate DCT in PSNR at 256 px, pixels up to 15
+levels apart).
 
 Inside the call the decompression-bomb warning is an error (`shards.imagedata.open_image`) and
 Pillow's UserWarnings about tolerated data (corrupt EXIF, ...) are silenced, with
@@ -132,6 +146,7 @@ RESAMPLING = {
 EXTENSIONS = {"jpeg": "jpg", "webp": "webp", "png": "png"}
 _PIL_FORMAT = {"jpeg": "JPEG", "webp": "WEBP", "png": "PNG"}
 # Largest side each encoder accepts; larger outputs are skipped instead of crashing the encoder.
+# JPEG's 65535 px are 4096 MCUs a row: one row always fits DRI's 16-bit restart interval.
 _MAX_OUTPUT_SIDE = {"jpeg": 65_535, "webp": 16_383, "png": 2**31 - 1}
 
 # WebP method 4 is libwebp's default; method 2 encodes ~2.4x faster for ~0.3 dB less PSNR.
@@ -140,6 +155,8 @@ _MAX_OUTPUT_SIDE = {"jpeg": 65_535, "webp": 16_383, "png": 2**31 - 1}
 _WEBP_METHOD = 4
 _PNG_COMPRESS_LEVEL = 3
 _REDUCING_GAP = 2.0
+# Width of a 4:2:0 JPEG's MCU: a restart interval of one MCU row holds ceil(width / 16) MCUs.
+_MCU_WIDTH = 16
 
 
 @dataclass(frozen=True)
@@ -164,6 +181,9 @@ class ImageConfig:
             resample is bilinear and simplejpeg and OpenCV import, else `pillow`. `auto` is
             resolved when the config is made, so manifests and resume checks record the
             backend that ran.
+        jpeg_restarts: JPEG output gets a restart marker at the start of every MCU row
+            (see "Restart markers" in the module docstring), so the loader can decode only
+            the rows a crop needs. False writes the files of builds made before the option.
     """
 
     image_size: int = 256
@@ -177,6 +197,7 @@ class ImageConfig:
     resample: str = "bilinear"
     background: tuple[int, int, int] = (255, 255, 255)
     backend: str = "auto"
+    jpeg_restarts: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("resize", self.resize, RESIZE_POLICIES)
@@ -436,7 +457,14 @@ def _encode(image: Image.Image, config: ImageConfig) -> bytes:
     image.info = {}  # nothing of the source's metadata (EXIF, ICC, XMP, comments) is written
     buffer = BytesIO()
     if config.encode == "jpeg":
-        image.save(buffer, "JPEG", quality=config.quality, optimize=False, progressive=False)
+        image.save(
+            buffer,
+            "JPEG",
+            quality=config.quality,
+            optimize=False,
+            progressive=False,
+            restart_marker_rows=1 if config.jpeg_restarts else 0,
+        )
     elif config.encode == "webp":
         image.save(buffer, "WEBP", quality=config.quality, method=_WEBP_METHOD)
     else:
@@ -525,8 +553,7 @@ def _process_fast(
     out_height, out_width = pixels.shape[:2]
     _check_output_size(out_width, out_height, config)
     if config.encode == "jpeg":
-        # Pillow's JPEG settings: 4:2:0 chroma, accurate integer DCT, baseline, no metadata.
-        payload = simplejpeg.encode_jpeg(pixels, config.quality, "RGB", "420", fastdct=False)
+        payload = _encode_jpeg_array(simplejpeg, cv2, pixels, config)
     else:
         payload = _encode(Image.fromarray(pixels), config)
     return ProcessedImage(
@@ -539,6 +566,36 @@ def _process_fast(
         orig_format=source.format,
         orig_mode=source.mode,
     )
+
+
+def _encode_jpeg_array(
+    simplejpeg: ModuleType, cv2: ModuleType, pixels: np.ndarray, config: ImageConfig
+) -> bytes:
+    """RGB pixels as the JPEG the Pillow path would write for them, restart markers and all.
+
+    simplejpeg has no restart option; OpenCV's libjpeg-turbo with these settings writes
+    Pillow's bytes (4:2:0, accurate DCT, baseline, standard tables, JFIF header, no
+    metadata), and costs no more than simplejpeg did, the BGR copy included.
+    """
+    if not config.jpeg_restarts:
+        # A build started before restart markers: its old encoder, so it resumes byte for byte.
+        return simplejpeg.encode_jpeg(pixels, config.quality, "RGB", "420", fastdct=False)
+    params = [
+        cv2.IMWRITE_JPEG_QUALITY,
+        config.quality,
+        cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+        cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+        cv2.IMWRITE_JPEG_PROGRESSIVE,
+        0,
+        cv2.IMWRITE_JPEG_OPTIMIZE,
+        0,
+        cv2.IMWRITE_JPEG_RST_INTERVAL,
+        -(-pixels.shape[1] // _MCU_WIDTH),  # MCUs in one row
+    ]
+    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR), params)
+    if not ok:  # a failing encoder is a bug or the environment, not the input's fault
+        raise RuntimeError(f"OpenCV could not encode a {pixels.shape[1]}x{pixels.shape[0]} JPEG")
+    return encoded.tobytes()
 
 
 def _dct_scale(width: int, height: int, config: ImageConfig) -> int:
