@@ -13,7 +13,6 @@ memory in the number of shards a worker touches, not in the number of samples.
 
 from __future__ import annotations
 
-import array
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -152,80 +151,141 @@ def shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
     return shard_permutation(num_shards, seed, epoch).tolist()
 
 
-def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
-    """`shard_order` as an int64 array, shuffled in 8 bytes a shard.
+def compact_dtype(largest: int) -> type[np.signedinteger]:
+    """int32 when every value in `[0, largest]` fits in it, else int64.
 
-    `random.shuffle` swaps items of any mutable sequence, so shuffling an
-    `array('q')` gives exactly the permutation of shuffling a list, without a Python
-    int object per shard (36 bytes each: 36 MiB per worker at 10^6 shards).
+    For shard indices and offsets within a shard only: stream positions and sums of
+    counts stay int64 (10^9 samples and more), where an overflow would go unnoticed.
     """
-    order = array.array("q", range(num_shards))
-    random.Random(f"shards:{seed}:{epoch}").shuffle(order)
-    return np.frombuffer(order, dtype=np.int64)
+    return np.int32 if largest < 2**31 else np.int64
+
+
+def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """`shard_order` as an array: int32 (4 bytes a shard) below 2**31 shards, else int64.
+
+    `random.shuffle` swaps items of any mutable sequence, so shuffling the array through
+    a memoryview gives exactly the permutation of shuffling a list, in place, without a
+    Python int object per shard (36 bytes each: 36 MiB per worker at 10^6 shards).
+    """
+    order = np.arange(num_shards, dtype=compact_dtype(num_shards - 1))
+    random.Random(f"shards:{seed}:{epoch}").shuffle(memoryview(order))
+    return order
 
 
 @dataclass(frozen=True)
 class EpochLayout:
     """Where each shard's samples sit in an epoch's global stream.
 
+    The stream is the shards in `order`, each slot starting where the counts before it
+    end. Those starts are summed in blocks as pieces are cut, never held whole: a
+    worker keeps the permutation (4 bytes a shard), not 8 more bytes a shard of starts.
+
     Attributes:
         order: `order[slot]` is the shard read `slot`-th this epoch (`shard_order`).
-        starts: stream position of each slot's first sample, and the total last.
+        counts: samples per shard, by shard index (int64; the caller's array, not copied).
+        total: samples in the epoch.
         seed, epoch: what the order and every worker's shuffle buffer come from.
     """
 
     order: np.ndarray
-    starts: np.ndarray
+    counts: np.ndarray
+    total: int
     seed: int
     epoch: int
 
     @classmethod
     def build(cls, counts: Sequence[int] | np.ndarray, seed: int, epoch: int) -> EpochLayout:
         """The layout of `epoch` for shards of `counts` samples: O(shards)."""
+        counts = np.asarray(counts, dtype=np.int64)
         order = shard_permutation(len(counts), seed, epoch)
-        starts = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
-        return cls(order, starts, seed, epoch)
+        return cls(order, counts, int(counts.sum()), seed, epoch)
 
-    @property
-    def total(self) -> int:
-        return int(self.starts[-1])
+    def locate(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slot holding each stream position in `points`, and that slot's first position.
+
+        A point's slot is the last one starting at or before it, so empty shards (which
+        start where the next shard does) are never chosen. O(shards) time, summing the
+        counts block by block, and O(block + points) memory.
+
+        Raises:
+            ValueError: a point is not a position of the epoch (a bug of the caller).
+        """
+        points = np.asarray(points, dtype=np.int64)
+        by_value = np.argsort(points, kind="stable")
+        ordered = points[by_value]
+        slots = np.empty(len(points), dtype=np.int64)
+        bases = np.empty(len(points), dtype=np.int64)
+        if len(points) and (ordered[0] < 0 or ordered[-1] >= self.total):
+            raise ValueError(
+                f"stream positions outside [0, {self.total}) given to the epoch layout; "
+                "this is a bug in the caller's plan"
+            )
+        done, block_start = 0, 0  # points located so far; stream position of slot `begin`
+        for begin in range(0, len(self.order), _SLOT_BLOCK):
+            if done == len(points):
+                break
+            counts = self.counts[self.order[begin : begin + _SLOT_BLOCK]]
+            starts = np.cumsum(counts)
+            block_stop = block_start + int(starts[-1])
+            starts += block_start - counts
+            upto = int(np.searchsorted(ordered, block_stop, side="left"))
+            if upto > done:  # the points in [block_start, block_stop) lie in this block
+                inside = np.searchsorted(starts, ordered[done:upto], side="right") - 1
+                slots[by_value[done:upto]] = begin + inside
+                bases[by_value[done:upto]] = starts[inside]
+                done = upto
+            block_start = block_stop
+        return slots, bases
 
     def pieces(self, positions: Runs) -> Pieces:
         """Stream positions as runs of consecutive samples within shards, in order.
 
-        Costs O(runs + shards touched): each run is cut at the shard boundaries it spans.
-        The result is three arrays, not one object per piece: a worker of a 10^9-sample
-        epoch reads ~5*10^5 pieces, which as Python objects cost seconds and ~100 MiB
-        before its first batch.
+        Costs O(runs + shards touched) beyond `locate`: each run is cut at the shard
+        boundaries it spans. The result is three compact arrays, not one object per piece:
+        a worker of a 10^9-sample epoch reads ~5*10^5 pieces, which as Python objects
+        cost seconds and ~100 MiB before its first batch.
         """
         if not len(positions.starts):
             return Pieces.empty()
-        # side="right" skips empty shards, which share their start with the next shard.
-        first = np.searchsorted(self.starts, positions.starts, side="right") - 1
-        last = np.searchsorted(self.starts, positions.stops - 1, side="right") - 1
-        spans = last - first + 1
+        runs = len(positions.starts)
+        slots, bases = self.locate(np.concatenate([positions.starts, positions.stops - 1]))
+        first, bases = slots[:runs], bases[:runs]
+        spans = slots[runs:] - first + 1
         ends = np.cumsum(spans)  # flat index one past each run's last slot
+        begins = ends - spans
         total = int(ends[-1])
-        shards = np.empty(total, dtype=np.int64)
-        lo_out = np.empty(total, dtype=np.int64)
-        hi_out = np.empty(total, dtype=np.int64)
-        kept = 0
+        offset_type = compact_dtype(int(self.counts.max()))
+        shards = np.empty(total, dtype=self.order.dtype)
+        lo_out = np.empty(total, dtype=offset_type)
+        hi_out = np.empty(total, dtype=offset_type)
+        # A slot's first position is its run's first slot's plus the counts of the run's
+        # slots before it: `before` sums counts over flat indices, so a run's slots start
+        # at `before + shift[run]`, its shift fixed in the block where the run begins.
+        shift = np.empty(runs, dtype=np.int64)
+        summed, kept = 0, 0  # counts summed over the flat indices before `begin`
         # Cut in blocks of the flat (run, slot) index: a dozen temporaries the size of a
         # block, not of the worker's ~5*10^5 pieces, so planning peaks at its result.
         for begin in range(0, total, _SLOT_BLOCK):
-            flat = np.arange(begin, min(begin + _SLOT_BLOCK, total))
+            stop = min(begin + _SLOT_BLOCK, total)
+            flat = np.arange(begin, stop)
             run = np.searchsorted(ends, flat, side="right")
-            slot = first[run] + flat - (ends[run] - spans[run])
-            base = self.starts[slot]
+            shard = self.order[first[run] + flat - begins[run]]
+            counts = self.counts[shard]
+            before = np.cumsum(counts)
+            next_summed = summed + int(before[-1])
+            before += summed - counts
+            new = slice(np.searchsorted(begins, begin), np.searchsorted(begins, stop))
+            shift[new] = bases[new] - before[begins[new] - begin]
+            base = before + shift[run]
             lo = np.maximum(positions.starts[run], base) - base
-            hi = np.minimum(positions.stops[run], self.starts[slot + 1]) - base
+            hi = np.minimum(positions.stops[run], base + counts) - base
             keep = hi > lo
             count = int(keep.sum())
-            shards[kept : kept + count] = self.order[slot[keep]]
+            shards[kept : kept + count] = shard[keep]
             lo_out[kept : kept + count] = lo[keep]
             hi_out[kept : kept + count] = hi[keep]
             kept += count
+            summed = next_summed
         return (
             Pieces(shards[:kept].copy(), lo_out[:kept].copy(), hi_out[:kept].copy())
             if (kept < total)
@@ -234,7 +294,11 @@ class EpochLayout:
 
 
 class Pieces(Sequence):
-    """A worker's pieces as three int64 arrays, read as `Piece`s one at a time."""
+    """A worker's pieces as three arrays, read as `Piece`s one at a time.
+
+    Shard indices are int32 below 2**31 shards, and offsets within a shard int32 when
+    every shard's count fits (`compact_dtype`): 12 bytes a piece instead of 24.
+    """
 
     def __init__(self, shards: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
         self.shards, self.starts, self.stops = shards, starts, stops
@@ -261,7 +325,7 @@ class Pieces(Sequence):
             )
 
 
-_SLOT_BLOCK = 1 << 16  # flat slots cut per block in `EpochLayout.pieces`
+_SLOT_BLOCK = 1 << 14  # slots summed (`EpochLayout.locate`) or cut (`.pieces`) at a time
 _PIECE_CHUNK = 4096  # pieces made into objects at a time, as the stream reaches them
 
 
@@ -336,12 +400,8 @@ def positions_to_pieces(
     positions: np.ndarray, order: Sequence[int], counts: Sequence[int]
 ) -> list[Piece]:
     """Map global stream positions (any order) to runs of consecutive samples within shards."""
-    layout = EpochLayout(
-        np.asarray(order, dtype=np.int64),
-        np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64)[list(order)])]),
-        seed=0,
-        epoch=0,
-    )
+    counts, order = np.asarray(counts, dtype=np.int64), np.asarray(order, dtype=np.int64)
+    layout = EpochLayout(order, counts, int(counts[order].sum()), seed=0, epoch=0)
     return list(layout.pieces(Runs.from_positions(positions)))
 
 
