@@ -17,7 +17,7 @@ import multiprocessing
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -233,7 +233,7 @@ class ShardStream(IterableDataset):
         skip_batches = roles_consumed(resumed, num_workers)[role]
         for _ in range(min(skip_batches * part.batch_size, planned)):
             next(shuffled, None)  # delivered before the interruption: read, never decoded
-        sizes = batch_sizes(planned, batches, part.batch_size)[skip_batches:]
+        sizes = iter_batch_sizes(planned, batches, part.batch_size, skip_batches)
         yield from self.iter_batches(shuffled, sizes, epoch, stats)
 
     def plan_exact(self, epoch, segments, part, role, stats) -> tuple[Iterator[Sample], int, int]:
@@ -322,7 +322,7 @@ class ShardStream(IterableDataset):
             )
 
     def iter_batches(
-        self, shuffled, sizes: list[int], epoch: int, stats: WorkerStats
+        self, shuffled, sizes: Iterable[int], epoch: int, stats: WorkerStats
     ) -> Iterator[tuple]:
         reserve: deque = deque(maxlen=RESERVE_SIZE)
         fallbacks = pillow_fallbacks()  # this process's count before this epoch's decodes
@@ -609,7 +609,12 @@ class BalanceRule:
 
 def batch_sizes(samples: int, batches: int, batch_size: int) -> list[int]:
     """Sizes of a worker's batches: full ones, the last one partial if samples run short."""
-    sizes = [batch_size] * batches
-    if batches and samples < batches * batch_size:
-        sizes[-1] = samples - (batches - 1) * batch_size
-    return sizes
+    return list(iter_batch_sizes(samples, batches, batch_size))
+
+
+def iter_batch_sizes(samples: int, batches: int, batch_size: int, start: int = 0) -> Iterator[int]:
+    """`batch_sizes` from batch `start` on, one at a time: a worker of a 10^9-sample epoch
+    has ~2 million batches, a 16 MB list it would hold all epoch."""
+    yield from itertools.repeat(batch_size, max(0, batches - 1 - start))
+    if start < batches:
+        yield min(batch_size, samples - (batches - 1) * batch_size)
