@@ -328,6 +328,12 @@ def build_contenders(args: argparse.Namespace, shards: Path) -> list:
         StockWebDataset(WDS, tar_urls(shards)),
         NaiveLoader(NAIVE, args.workdir / "source"),
     ]
+    if args.baseline_shards:  # the same images built another way, e.g. without row markers
+        label = args.baseline_shards.name
+        contenders += [
+            OurLoader(f"ours, 1 worker, {label}", args.baseline_shards, workers=1),
+            OurLoader(f"ours, 2 workers, {label}", args.baseline_shards, workers=2),
+        ]
     contenders += peer_contenders(args, shards)
     return contenders
 
@@ -606,6 +612,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--peer-python", default="/tmp/peer-venv/bin/python")
     parser.add_argument("--only", help="comma-separated name prefixes of contenders to run")
+    parser.add_argument(
+        "--baseline-shards",
+        type=Path,
+        help="another build of the same images (e.g. --no-jpeg-restarts): our loader on it too",
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     parser.add_argument(
         "--collate-costs", action="store_true", help="only time ways of building a batch"
