@@ -68,6 +68,8 @@ FAST_LIMIT_1 = "limit: simplejpeg + cv2 loop, 1 process"
 LIMIT = "limit: plain Pillow loop, 2 processes"
 LIMIT_1 = "limit: plain Pillow loop, 1 process"
 FAST_LIMIT = "limit: simplejpeg + cv2 loop, 2 processes"
+SAME_FILTER_LIMIT_1 = "limit: the loader's crop, whole decode, 1 process"
+SAME_FILTER_LIMIT = "limit: the loader's crop, whole decode, 2 processes"
 WDS = "stock webdataset"
 NAIVE = "naive ImageFolder on source files"
 
@@ -310,6 +312,22 @@ class PlainFastCrop:
         return self.cv2.flip(out, 1) if flip else out
 
 
+class WholeDecodeCrop:
+    """The loader's own crop (same boxes, filters, antialiasing) with every JPEG decoded whole:
+    the full-decode limit for the loader's output, where the plain loop's bilinear is not."""
+
+    def __init__(self) -> None:
+        from pipeline.fast_transforms import FastRandomResizedCrop
+
+        class WholeDecode(FastRandomResizedCrop):
+            band_decode = False
+
+        self.crop = WholeDecode(CROP_SIZE)
+
+    def __call__(self, data: bytes, rng: random.Random) -> np.ndarray:
+        return self.crop(data, rng)
+
+
 def build_contenders(args: argparse.Namespace, shards: Path) -> list:
     """Every contender, in the round-robin order of a repeat."""
     jpegs = load_jpegs(shards)
@@ -325,6 +343,8 @@ def build_contenders(args: argparse.Namespace, shards: Path) -> list:
         PlainLoop(LIMIT, jpegs, plain_pillow_crop, processes=2),
         PlainLoop(FAST_LIMIT_1, jpegs, PlainFastCrop()),
         PlainLoop(FAST_LIMIT, jpegs, PlainFastCrop(), processes=2),
+        PlainLoop(SAME_FILTER_LIMIT_1, jpegs, WholeDecodeCrop()),
+        PlainLoop(SAME_FILTER_LIMIT, jpegs, WholeDecodeCrop(), processes=2),
         StockWebDataset(WDS, tar_urls(shards)),
         NaiveLoader(NAIVE, args.workdir / "source"),
     ]
@@ -457,6 +477,7 @@ TARGETS = (
     (OURS, WDS, 2.8, "defaults >= 2.8x stock webdataset"),
     (OURS, FAST_LIMIT, 0.90, "defaults >= 90% of the fast per-sample limit, 2 cores"),
     (OURS_1, FAST_LIMIT_1, 0.90, "defaults >= 90% of the fast limit, 1 worker / 1 process"),
+    (OURS, SAME_FILTER_LIMIT, 1.0, "defaults above the whole-decode limit of the same crop"),
     (OURS, LIMIT, 1.0, "defaults above the Pillow per-sample limit"),
     (OURS_PILLOW, LIMIT, 0.90, "Pillow path >= 90% of the Pillow limit"),
     (OURS, NAIVE, 2.5, ">= 2.5x the naive baseline"),

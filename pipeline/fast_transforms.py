@@ -83,6 +83,9 @@ class _FastCrop:
     # The loader may pass `out=`, a (size, size, 3) slot of the batch: the crop is resized
     # straight into it (no per-sample output array, no copy into the batch).
     writes_into: ClassVar[bool] = True
+    # JPEGs with a restart marker per MCU row are decoded only over the crop's rows
+    # (`JpegCrop.decode_rows`); benchmarks turn it off to time the whole decode.
+    band_decode: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc] - the spec checks the arguments
@@ -114,7 +117,7 @@ class _FastCrop:
         width, height, colorspace = header
         check_pixels(width, height, self.max_pixels)
         box, flip = self.choose_crop(width, height, rng)  # the Pillow transform's draws
-        crop = JpegCrop(image_bytes, width, height, colorspace)
+        crop = JpegCrop(image_bytes, width, height, colorspace, self.band_decode)
         return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels, out)
 
 
@@ -167,6 +170,7 @@ class JpegCrop:
     width: int
     height: int
     colorspace: str
+    band_decode: bool = True  # decode only the box's rows where the JPEG allows it
 
     def decode(
         self,
@@ -187,7 +191,7 @@ class JpegCrop:
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
         pixels = None
         if self.colorspace in FAST_JPEG_COLORSPACES:
-            pixels = self.decode_rows(box, scale)
+            pixels = self.decode_rows(box, scale) if self.band_decode else None
             if pixels is None:
                 pixels = self.decode_scaled(scale)
         if pixels is None:
