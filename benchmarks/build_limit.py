@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import multiprocessing
-import queue
 import shutil
 import statistics
 import sys
@@ -28,6 +27,9 @@ import time
 from functools import partial
 from io import BytesIO
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import child_report  # noqa: E402
 
 SIZE = 256
 QUALITY = 90
@@ -146,14 +148,9 @@ def time_build(source: Path, out: Path, executor: str, args: argparse.Namespace)
     began = time.perf_counter()
     child = context.Process(target=build_child, args=(job, results))
     child.start()
-    report = None
-    while report is None:
-        try:
-            report = results.get(timeout=1.0)
-        except queue.Empty:
-            if not child.is_alive():
-                message = f"the {executor} build child died (exit code {child.exitcode})"
-                raise SystemExit(message) from None
+    report = child_report(child, results)
+    if report is None:
+        raise SystemExit(f"the {executor} build child died (exit code {child.exitcode})")
     child.join()
     report["process_s"] = time.perf_counter() - began  # with interpreter start and imports
     shutil.rmtree(out, ignore_errors=True)

@@ -28,7 +28,6 @@ import json
 import math
 import multiprocessing
 import os
-import queue
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import numpy as np
 from common import (
     Stopwatch,
     TreeMemorySampler,
+    child_report,
     describe_machine,
     directory_bytes,
     free_disk_bytes,
@@ -344,13 +344,9 @@ def run_build_case(job: BuildJob) -> tuple[dict, dict]:
     child = context.Process(target=build_child, args=(job, results))
     child.start()
     with TreeMemorySampler(child.pid) as sampler:
-        report = None
-        while report is None:
-            try:
-                report = results.get(timeout=1.0)
-            except queue.Empty:
-                if not child.is_alive():
-                    report = {"error": f"build child exited with code {child.exitcode}"}
+        report = child_report(child, results)
+        if report is None:
+            report = {"error": f"build child exited with code {child.exitcode}"}
     child.join()
     shutil.rmtree(job.output, ignore_errors=True)
     return report, asdict(sampler.peak)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import queue
 import shutil
 import statistics
 import threading
@@ -267,3 +268,20 @@ def gib(count: int | float) -> str:
 def mib(count: int | float) -> str:
     """Bytes as MiB with no decimals."""
     return f"{count / 2**20:.0f}"
+
+
+def child_report(child, results, poll_s: float = 1.0) -> dict | None:
+    """The one report a benchmark child process puts on `results`, or None if it died first.
+
+    Polls, so a child that crashes without reporting cannot hang the benchmark; a report put
+    just before the child exited is still taken.
+    """
+    while True:
+        try:
+            return results.get(timeout=poll_s)
+        except queue.Empty:
+            if not child.is_alive():
+                try:
+                    return results.get_nowait()
+                except queue.Empty:
+                    return None
