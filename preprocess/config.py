@@ -111,6 +111,13 @@ class BuildConfig:
                 "--no-jpeg-restarts writes files without them, as builds made before the "
                 "option did, and is how such a build resumes"
             ),
+            "jpeg_restart_columns": about(
+                "with --jpeg-restarts, a restart interval is about 64 px of a row (a divisor "
+                "of its MCUs; the whole row when none fits), so the loader can decode only "
+                "the columns a crop needs too (files ~1.5-3% larger); "
+                "--no-jpeg-restart-columns writes one interval per MCU row, as builds made "
+                "before the option did, and is how such a build resumes"
+            ),
         },
     )
     shard_size: int = option(
@@ -267,8 +274,14 @@ class BuildConfig:
         # Restart markers: recorded only when they are written, so the records of builds
         # made before the option (no markers) match --no-jpeg-restarts, and PNG or WebP
         # builds, which they do not touch, still resume.
-        if not (self.image.jpeg_restarts and self.image.encode == "jpeg"):
+        markers = self.image.jpeg_restarts and self.image.encode == "jpeg"
+        if not markers:
             data["image"].pop("jpeg_restarts")
+        # Column intervals: the same, and only where there are markers, so the records of
+        # builds made before them (row intervals) match --no-jpeg-restart-columns, and the
+        # record of a --no-jpeg-restarts build is what it was.
+        if not (markers and self.image.jpeg_restart_columns):
+            data["image"].pop("jpeg_restart_columns")
         return data
 
 
@@ -281,6 +294,12 @@ RECORDED_WHEN_ON = {
         "to resume it",
         "the build was started with JPEG restart markers; rerun without --no-jpeg-restarts "
         "to resume it",
+    ),
+    "image.jpeg_restart_columns": (
+        "the build was started without restart intervals shorter than an MCU row; rerun "
+        "with --no-jpeg-restart-columns to resume it",
+        "the build was started with restart intervals shorter than an MCU row; rerun "
+        "without --no-jpeg-restart-columns to resume it",
     ),
 }
 

@@ -1,8 +1,11 @@
-"""Restart markers in the JPEGs `build-shards` writes: one per MCU row, pixels unchanged.
+"""Restart markers in the JPEGs `build-shards` writes: an interval of
+`restart_interval(width)` MCUs (or one per MCU row with --no-jpeg-restart-columns), pixels
+unchanged.
 
 Real builds of a real sample, through `main([...])`, with both backends and both shard
-formats; the markers are read from the files' own bytes. The loader splices the rows between
-markers into a smaller JPEG, so every row must start at a marker.
+formats; the markers are read from the files' own bytes. The loader splices the intervals
+between markers into a smaller JPEG, so every row, and every interval within it, must start
+at a marker.
 """
 
 from __future__ import annotations
@@ -18,17 +21,23 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from preprocess import images as preprocess_images
 from preprocess.cli import main
+from preprocess.images import ImageConfig
 from preprocess.sample import make_sample
+from shards.imagedata import load_fast_backends
+from shards.jpegband import restart_interval
 from shards.manifest import read_manifest
 from shards.parquet import iter_parquet_samples
 from shards.tar import iter_tar_samples
 
-# 160 px: the shorter side spans 10 MCU rows, so the marker numbers wrap (RST7, then RST0).
+# 176 px: the shorter side spans 11 MCU rows, so even row markers wrap (RST7, then RST0),
+# and the sample's widths have intervals of 4 MCUs (313 px: 20 MCUs), 5 (235 px), 2 (220
+# px) and a whole row (176 and 264 px: 11 and 17 MCUs, no divisor in 2..8).
 BUILD = [
     "build-shards",
     "--image-size",
-    "160",
+    "176",
     "--shard-size",
     "12",
     "--val-fraction",
@@ -125,9 +134,11 @@ def builds(sample, tmp_path_factory) -> dict[str, Path]:
     """Outputs of builds that differ in backend, restart markers and encoding."""
     variants = {
         "fast": ["--backend", "fast"],
+        "fast-rows": ["--backend", "fast", "--no-jpeg-restart-columns"],
         "fast-plain": ["--backend", "fast", "--no-jpeg-restarts"],
         "fast-png": ["--backend", "fast", "--encode", "png"],
         "pillow": ["--backend", "pillow"],
+        "pillow-rows": ["--backend", "pillow", "--no-jpeg-restart-columns"],
         "pillow-plain": ["--backend", "pillow", "--no-jpeg-restarts"],
     }
     outputs = {}
@@ -137,21 +148,43 @@ def builds(sample, tmp_path_factory) -> dict[str, Path]:
     return outputs
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("backend", ["fast", "pillow"])
-def test_every_mcu_row_starts_at_a_restart_marker(builds, backend, fmt):
-    images = images_by_key(builds[backend], fmt)
+def check_intervals(images: dict[str, bytes], interval_of) -> set[int | str]:
+    """Assert every image's DRI is `interval_of(width)` MCUs and RST0..7 start each interval.
+
+    Returns the intervals seen, a whole row's as "row".
+    """
     assert len(images) >= 30
-    wrapped = 0
+    seen, wrapped = set(), 0
     for key, data in images.items():
         layout = jpeg_layout(data)
         assert layout.sof == SOF_BASELINE, key  # not progressive
         assert layout.mcu == (16, 16), key  # 4:2:0 RGB: no grey outputs are ever written
-        assert layout.interval == math.ceil(layout.width / 16), key  # one MCU row
-        rows = math.ceil(layout.height / 16)
-        assert layout.restarts == [n % 8 for n in range(rows - 1)], key
-        wrapped += rows - 1 > 8
-    assert wrapped  # some images are tall enough for RST7 to be followed by RST0
+        row_mcus = math.ceil(layout.width / 16)
+        assert layout.interval == interval_of(layout.width), key
+        assert row_mcus % layout.interval == 0, key  # every row starts a new interval
+        intervals = math.ceil(layout.height / 16) * row_mcus // layout.interval
+        assert layout.restarts == [n % 8 for n in range(intervals - 1)], key
+        seen.add("row" if layout.interval == row_mcus else layout.interval)
+        wrapped += intervals - 1 > 8
+    assert wrapped  # some images have enough intervals for RST7 to be followed by RST0
+    return seen
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("backend", ["fast", "pillow"])
+def test_every_restart_interval_of_a_default_build_starts_at_a_marker(builds, backend, fmt):
+    seen = check_intervals(images_by_key(builds[backend], fmt), restart_interval)
+    # 4 MCUs where the row allows it, other divisors, and a whole row where none fits.
+    assert seen == {4, 5, 2, "row"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("backend", ["fast", "pillow"])
+def test_no_jpeg_restart_columns_writes_one_interval_per_mcu_row(builds, backend, fmt):
+    seen = check_intervals(
+        images_by_key(builds[f"{backend}-rows"], fmt), lambda width: math.ceil(width / 16)
+    )
+    assert seen == {"row"}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -163,8 +196,9 @@ def test_no_jpeg_restarts_writes_files_without_markers(builds, build, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_markers_leave_the_pillow_backends_pixels_as_they_were(builds, fmt):
-    with_markers = images_by_key(builds["pillow"], fmt)
+@pytest.mark.parametrize("build", ["pillow", "pillow-rows"])
+def test_markers_leave_the_pillow_backends_pixels_as_they_were(builds, build, fmt):
+    with_markers = images_by_key(builds[build], fmt)
     without = images_by_key(builds["pillow-plain"], fmt)
     assert with_markers.keys() == without.keys()
     for key, data in with_markers.items():
@@ -177,18 +211,38 @@ def test_fast_backend_writes_pillows_bytes_for_its_pixels(builds, fmt):
     # The fast backend's resized pixels, stored losslessly by the PNG build, encoded by
     # Pillow: with markers the bytes are the fast build's own (the same quality, 4:2:0,
     # accurate DCT, baseline, standard tables); without them the pixels are the same.
+    # Column intervals are Pillow's `restart_marker_blocks`, rows its `restart_marker_rows`.
     stored = images_by_key(builds["fast"], fmt)
+    by_rows = images_by_key(builds["fast-rows"], fmt)
     lossless = images_by_key(builds["fast-png"], fmt)
-    assert stored.keys() == lossless.keys()
+    assert stored.keys() == by_rows.keys() == lossless.keys()
     for key, data in stored.items():
         pixels = Image.open(BytesIO(lossless[key])).convert("RGB")
-        encodings = {}
-        for rows in (1, 0):
-            buffer = BytesIO()
-            pixels.save(buffer, "JPEG", quality=90, optimize=False, restart_marker_rows=rows)
-            encodings[rows] = buffer.getvalue()
-        assert data == encodings[1], key
-        assert np.array_equal(decoded(data), decoded(encodings[0])), key
+        columns = pillow_jpeg(pixels, restart_marker_blocks=restart_interval(pixels.width))
+        assert data == columns, key
+        assert by_rows[key] == pillow_jpeg(pixels, restart_marker_rows=1), key
+        assert np.array_equal(decoded(data), decoded(pillow_jpeg(pixels))), key
+
+
+def pillow_jpeg(image: Image.Image, **restarts: int) -> bytes:
+    buffer = BytesIO()
+    image.save(buffer, "JPEG", quality=90, optimize=False, **restarts)
+    return buffer.getvalue()
+
+
+# 4, 2 (22 MCUs), 5 (25 MCUs), 3 (27 MCUs) MCUs an interval, a whole row (43 and 7 MCUs,
+# no divisor in 2..8) and a one-MCU row.
+@pytest.mark.parametrize("width", [512, 341, 400, 430, 688, 100, 9])
+@pytest.mark.parametrize("columns", [True, False])
+def test_both_encoders_write_the_same_bytes_for_the_same_pixels(width, columns):
+    # Widths the sample build does not reach, through the two encoders themselves.
+    pixels = np.random.default_rng(width).integers(0, 256, (40, width, 3), dtype=np.uint8)
+    config = ImageConfig(backend="pillow", jpeg_restart_columns=columns)
+    simplejpeg, cv2 = load_fast_backends()
+    ours = preprocess_images._encode_jpeg_array(simplejpeg, cv2, pixels, config)
+    assert ours == preprocess_images._encode(Image.fromarray(pixels), config)
+    row_mcus = math.ceil(width / 16)
+    assert jpeg_layout(ours).interval == (restart_interval(width) if columns else row_mcus)
 
 
 def test_build_without_the_option_resumes_only_with_no_jpeg_restarts(
@@ -230,11 +284,78 @@ def test_build_with_markers_refuses_to_resume_without_them(sample, builds, tmp_p
     assert "True -> False" in change and "without --no-jpeg-restarts" in change
 
 
+def test_build_without_column_intervals_resumes_only_with_no_jpeg_restart_columns(
+    sample, builds, tmp_path, capsys
+):
+    # A build made before column intervals existed (one interval per row) has no
+    # `jpeg_restart_columns` in its records, which is what --no-jpeg-restart-columns writes.
+    old = tmp_path / "old"
+    shutil.copytree(builds["fast-rows"], old)
+    for record in (old / "_build" / "config.json", old / "manifest.json"):
+        image = json.loads(record.read_text())["config"]["image"]
+        assert image["jpeg_restarts"] is True and "jpeg_restart_columns" not in image
+    before = all_files(old)
+    capsys.readouterr()
+
+    assert main(build_args(sample, old, "--backend", "fast")) == 1  # default: columns
+    err = capsys.readouterr().err
+    changes = [line for line in err.splitlines() if "jpeg_restart" in line]
+    assert len(changes) == 1, err  # markers are on both times: only the interval differs
+    assert "image.jpeg_restart_columns: False -> True" in changes[0]
+    assert "rerun with --no-jpeg-restart-columns" in changes[0]
+    assert "Traceback" not in err
+    assert all_files(old) == before  # refused before writing a shard or a record
+
+    shard = next((old / "tar").glob("train-*.tar"))
+    shard.unlink()
+    (old / "parquet" / shard.name.replace(".tar", ".parquet")).unlink()
+    (old / "manifest.json").unlink()
+    flags = ("--backend", "fast", "--no-jpeg-restart-columns")
+    assert main(build_args(sample, old, *flags)) == 0
+    assert all_files(old) == before  # rebuilt byte for byte, still one interval per row
+
+
+def test_build_with_column_intervals_refuses_to_resume_without_them(
+    sample, builds, tmp_path, capsys
+):
+    new = tmp_path / "new"
+    shutil.copytree(builds["pillow"], new)
+    record = json.loads((new / "_build" / "config.json").read_text())
+    assert record["config"]["image"]["jpeg_restart_columns"] is True
+    before = all_files(new)
+    capsys.readouterr()
+    flags = ("--backend", "pillow", "--no-jpeg-restart-columns")
+    assert main(build_args(sample, new, *flags)) == 1
+    err = capsys.readouterr().err
+    changes = [line for line in err.splitlines() if "jpeg_restart" in line]
+    assert len(changes) == 1, err
+    assert "image.jpeg_restart_columns: True -> False" in changes[0]
+    assert "without --no-jpeg-restart-columns" in changes[0]
+    assert all_files(new) == before
+
+
+def test_no_jpeg_restarts_ignores_no_jpeg_restart_columns(sample, builds, tmp_path):
+    # Without markers there are no intervals: the flag changes neither a byte nor a record,
+    # so a --no-jpeg-restarts build made before the option resumes with or without it.
+    record = json.loads((builds["fast-plain"] / "_build" / "config.json").read_text())
+    assert "jpeg_restart_columns" not in record["config"]["image"]
+    both = tmp_path / "both"
+    flags = ("--backend", "fast", "--no-jpeg-restarts", "--no-jpeg-restart-columns")
+    assert main(build_args(sample, both, *flags)) == 0
+    assert all_files(both) == all_files(builds["fast-plain"])
+    resumed = tmp_path / "resumed"
+    shutil.copytree(builds["fast-plain"], resumed)
+    before = all_files(resumed)
+    assert main(build_args(sample, resumed, *flags)) == 0
+    assert all_files(resumed) == before
+
+
 def test_restart_markers_are_not_recorded_for_other_encodings(builds):
-    # PNG and WebP builds are untouched by the option, so their records stay as they were
-    # and builds started before it still resume.
+    # PNG and WebP builds are untouched by the options, so their records stay as they were
+    # and builds started before them still resume.
     record = json.loads((builds["fast-png"] / "_build" / "config.json").read_text())
     assert "jpeg_restarts" not in record["config"]["image"]
+    assert "jpeg_restart_columns" not in record["config"]["image"]
 
 
 def test_help_shows_the_flag(capsys):
@@ -243,3 +364,4 @@ def test_help_shows_the_flag(capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert "--jpeg-restarts, --no-jpeg-restarts" in out and "restart marker" in out
+    assert "--jpeg-restart-columns, --no-jpeg-restart-columns" in out
