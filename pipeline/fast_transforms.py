@@ -29,7 +29,7 @@ from shards.imagedata import (
     open_image,
     read_jpeg_header,
 )
-from shards.jpegband import crop_rows
+from shards.jpegband import crop_band
 
 # Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
@@ -60,6 +60,11 @@ _WARP_REACH = 4
 FAST_UPSAMPLE = False
 
 
+# Decoded pixels, the DCT scale they were decoded at, and the decoded column and row of their
+# corner in the whole image at that scale.
+_Decoded = tuple[np.ndarray, int, int, int]
+
+
 class _Counts:
     """Per-process count of samples the fast crops handed to Pillow (forks copy it: the
     loader takes differences, never the absolute value)."""
@@ -83,8 +88,8 @@ class _FastCrop:
     # The loader may pass `out=`, a (size, size, 3) slot of the batch: the crop is resized
     # straight into it (no per-sample output array, no copy into the batch).
     writes_into: ClassVar[bool] = True
-    # JPEGs with a restart marker per MCU row are decoded only over the crop's rows
-    # (`JpegCrop.decode_rows`); benchmarks turn it off to time the whole decode.
+    # JPEGs whose MCU rows start restart intervals are decoded only over the intervals under
+    # the crop (`JpegCrop.decode_band`); benchmarks turn it off to time the whole decode.
     band_decode: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -189,50 +194,53 @@ class JpegCrop:
         decodes the image (a counted fallback) or raises the reason `pipeline.decode` gives.
         """
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
-        pixels = None
+        decoded = None
         if self.colorspace in FAST_JPEG_COLORSPACES:
-            pixels = self.decode_rows(box, scale) if self.band_decode else None
-            if pixels is None:
-                pixels = self.decode_scaled(scale)
-        if pixels is None:
+            decoded = self.decode_band(box, scale) if self.band_decode else None
+            if decoded is None:
+                decoded = self.decode_scaled(scale)
+        if decoded is None:
             image = open_image(self.data, max_pixels)
             writable = out is None
             fallback = decode_crop(
                 image, box, (size, size), RESAMPLING[resample], flip, draft, writable
             )
             return _counted(fallback, out)
+        pixels, scale, left, top = decoded
         scaled = (box[0] / scale, box[1] / scale, box[2] / scale, box[3] / scale)
-        return resize_box(pixels, scaled, size, resample, flip, out)
+        return resize_box(pixels, scaled, size, resample, flip, out, origin=(left, top))
 
-    def decode_rows(self, box: Box, scale: int) -> np.ndarray | None:
-        """The image at 1/`scale` with only the MCU rows under `box` decoded, or None.
+    def decode_band(self, box: Box, scale: int) -> _Decoded | None:
+        """Only the restart intervals under `box`, decoded at 1/`scale`, or None.
 
-        Only JPEGs with a restart marker at each MCU row (what build-shards writes) are cut
-        (`shards.jpegband`); the band is decoded into its rows of an image-sized array, so
-        the resize reads the same coordinates as from a whole decode, and the rows it reads
-        are bit-identical to the whole decode's (the others are never read: a fractional box
-        is warped, which reads up to `_WARP_REACH` rows beyond it, and those are decoded
-        too). None: no usable markers, or the decoder refused the band; the whole file is
-        then decoded, and judged, as without markers.
+        Only JPEGs whose every MCU row starts a restart interval (build-shards writes
+        intervals of about 64 px) are cut (`shards.jpegband`). The band's pixels are
+        bit-identical to those of the whole decode wherever the resize reads them: the cut
+        keeps a guard around the box, and a fractional box is warped, which reads up to
+        `_WARP_REACH` pixels beyond it, so those are in the band too. None: no usable
+        markers, or the decoder refused the band; the whole file is then decoded, and
+        judged, as without markers.
         """
         reach = 0 if _integral(tuple(edge / scale for edge in box)) else _WARP_REACH * scale
-        band = crop_rows(self.data, int(box[1]) - reach, math.ceil(box[3]) + reach, scale)
+        band = crop_band(
+            self.data,
+            int(box[0]) - reach,
+            int(box[1]) - reach,
+            math.ceil(box[2]) + reach,
+            math.ceil(box[3]) + reach,
+            scale,
+        )
         if band is None:
             return None
-        pixels = np.empty((-(-self.height // scale), -(-self.width // scale), 3), np.uint8)
-        first, rows = band.top // scale, -(-band.height // scale)
-        decoded = decode_jpeg_scaled(
-            band.data,
-            self.width,
-            band.height,
-            scale,
-            fast_upsample=FAST_UPSAMPLE,
-            out=pixels[first : first + rows],
+        pixels = decode_jpeg_scaled(
+            band.data, band.width, band.height, scale, fast_upsample=FAST_UPSAMPLE
         )
-        return None if decoded is None else pixels
+        if pixels is None:
+            return None
+        return pixels, scale, band.left // scale, band.top // scale
 
-    def decode_scaled(self, scale: int) -> np.ndarray | None:
-        """RGB pixels at 1/`scale` of the full size, or None if the decoder refuses the data.
+    def decode_scaled(self, scale: int) -> _Decoded | None:
+        """The whole image at 1/`scale`, or None if the decoder refuses the data.
 
         A small image whose nearest M/8 factor is not 1/`scale` is decoded in full instead
         (a refused one is tried again in full too, and refused again: bad data only).
@@ -240,8 +248,9 @@ class JpegCrop:
         fast = FAST_UPSAMPLE
         pixels = decode_jpeg_scaled(self.data, self.width, self.height, scale, fast_upsample=fast)
         if pixels is None and scale > 1:
-            return decode_jpeg_scaled(self.data, self.width, self.height, 1, fast_upsample=fast)
-        return pixels
+            scale = 1
+            pixels = decode_jpeg_scaled(self.data, self.width, self.height, 1, fast_upsample=fast)
+        return None if pixels is None else (pixels, scale, 0, 0)
 
 
 def resize_box(
@@ -251,8 +260,9 @@ def resize_box(
     resample: str,
     flip: bool,
     out: np.ndarray | None = None,
+    origin: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
-    """Resize `box` of `pixels` to `size` x `size` with Pillow's sample positions.
+    """Resize `box` of an image to `size` x `size` with Pillow's sample positions.
 
     A whole-pixel box, or one shrunk by more than `AREA_SHRINK`, is sliced and resized
     (edges rounded to whole pixels: at most half an output pixel off when shrinking). A
@@ -262,6 +272,9 @@ def resize_box(
     Args:
         out: a C-contiguous uint8 (size, size, 3) array to write into (a batch slot):
             OpenCV resizes into it and mirrors it in place, allocating nothing.
+        origin: the (column, row) of the image where `pixels` starts: `pixels` may be a
+            band of it that holds every pixel the resize reads; `box` is in the image's
+            coordinates.
 
     Returns:
         `out`, or a new writable, C-contiguous uint8 array of shape (size, size, 3).
@@ -270,7 +283,8 @@ def resize_box(
     left, top, right, bottom = box
     shrink = max((right - left) / size, (bottom - top) / size)
     if shrink <= AREA_SHRINK and not _integral(box):
-        return _warp(cv2, pixels, box, size, WARP_FILTERS[resample], flip, out)
+        canvas = _at_origin(pixels, origin)
+        return _warp(cv2, canvas, box, size, WARP_FILTERS[resample], flip, out)
     left, top = round(left), round(top)
     right, bottom = max(round(right), left + 1), max(round(bottom), top + 1)
     if resample == "nearest":
@@ -279,13 +293,30 @@ def resize_box(
         interpolation = cv2.INTER_AREA
     else:
         interpolation = WARP_FILTERS[resample]
-    region = pixels[top:bottom, left:right]
+    region = pixels[top - origin[1] : bottom - origin[1], left - origin[0] : right - origin[0]]
     if interpolation == cv2.INTER_AREA:
         region = _to_integral_shrink(cv2, region, size, shrink)
     out = cv2.resize(region, (size, size), dst=out, interpolation=interpolation)
     # The mirror runs in place (OpenCV swaps pixel pairs): no second array, and the result
     # never shares memory with `pixels` (resize always writes its own output).
     return cv2.flip(out, 1, dst=out) if flip else out
+
+
+def _at_origin(pixels: np.ndarray, origin: tuple[int, int]) -> np.ndarray:
+    """`pixels` placed at `origin` of a larger array, whose other pixels are never read.
+
+    OpenCV's warp computes sample positions in float32, so the same box translated by whole
+    pixels can round differently (+-1 on a few pixels in 10^4): warping in the image's own
+    coordinates keeps a band's crop bit-identical to the whole decode's. Only fractional
+    boxes are warped (DCT-scaled random crops, centre crops), so the copy is rare.
+    """
+    left, top = origin
+    if left == 0 and top == 0:
+        return pixels
+    height, width = pixels.shape[:2]
+    canvas = np.empty((top + height, left + width, pixels.shape[2]), np.uint8)
+    canvas[top:, left:] = pixels
+    return canvas
 
 
 def _to_integral_shrink(cv2: ModuleType, region: np.ndarray, size: int, shrink: float):

@@ -1,37 +1,41 @@
-"""Cut the MCU rows a crop needs out of a JPEG that has a restart marker at every row.
+"""Cut the part of a JPEG a crop needs out of it, where restart markers allow.
 
 Why: a random-resized crop uses ~44% of an image's pixels, yet a JPEG is decoded whole, and
 the Huffman (entropy) decoding alone is ~60% of a decode at quality 90: a decoder cannot
-skip to a row without reading everything before it. A restart marker at the start of every
-MCU row (libjpeg's `restart_in_rows = 1`, what build-shards writes) resets the decoder's
-state, so the rows between two markers decode on their own: the rows a crop needs, with
-the header's height changed and the markers renumbered from RST0, are a valid, smaller
-JPEG. Its pixels are bit-identical to those rows of the whole decode, except within one
-row of the band's top and bottom edge, where libjpeg's "fancy" chroma upsampling reads
-the chroma row beyond; `crop_rows` keeps `ROW_GUARD` rows of margin, so every row asked
-for is exact. The decoders (libjpeg-turbo through simplejpeg) stay unchanged: this only
-moves bytes.
+skip to an MCU without reading everything before it. A restart marker resets the decoder's
+state (the DC predictions), so the entropy data between two markers, one restart interval,
+decodes on its own. When every MCU row starts an interval (the interval divides the MCUs
+of a row), the intervals under a box are the same columns of every row: those columns of
+those rows, with the header's width and height changed and the markers renumbered from
+RST0, are a valid, smaller JPEG. build-shards writes intervals of about 64 px
+(`restart_interval`); builds made before wrote one per MCU row (libjpeg's
+`restart_in_rows = 1`), which still gives whole rows. The band's pixels are bit-identical
+to the whole decode's, except within one pixel of its edges, where libjpeg's "fancy" chroma
+upsampling reads the chroma sample beyond; `crop_band` keeps `EDGE_GUARD` pixels of margin,
+so every pixel asked for is exact. The decoders (libjpeg-turbo through simplejpeg) stay
+unchanged: this only moves bytes.
 
 Anything else, or anything unexpected, returns None and the caller decodes the whole file
 as before: no restart markers (other writers' shards), progressive or arithmetic-coded
-JPEGs, an interval other than one row, a marker missing or out of place, no end marker (a
-truncated file). The band is decoded in strict mode, so a damaged row inside it is refused
-too. What a band cannot see is damage to the entropy data of rows outside it: such a file
-yields this crop as an intact file would (`preprocess verify` decodes every image whole).
+JPEGs, an interval that does not divide a row, a marker missing, extra or out of order, no
+end marker (a truncated file). The band is decoded in strict mode, so a damaged interval
+inside it is refused too. What a band cannot see is damage to the entropy data outside it:
+such a file yields this crop as an intact file would (`preprocess verify` decodes every
+image whole).
 """
 
 from __future__ import annotations
 
-import re
 import struct
 from typing import NamedTuple
 
-# Decoded rows at a band's top and bottom edge that may differ from the whole decode (fancy
-# upsampling's chroma context is one chroma row: up to 2 luma rows with 4:2:0), in output
-# rows of the DCT-scaled decode.
-ROW_GUARD = 2
+import numpy as np
+
+# Decoded pixels at a band's edges that may differ from the whole decode (fancy upsampling's
+# chroma context is one chroma sample: up to 2 luma pixels with 4:2:0), in output pixels of
+# the DCT-scaled decode.
+EDGE_GUARD = 2
 _EOI = b"\xff\xd9"
-_RST_MARKER = re.compile(rb"\xff[\xd0-\xd7]")
 _SOI = b"\xff\xd8\xff"
 # Baseline and extended sequential Huffman frames: the only ones a band is cut from.
 _SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)
@@ -63,70 +67,127 @@ def restart_interval(width: int, mcu_width: int = 16) -> int:
 
 
 class Band(NamedTuple):
-    """A smaller JPEG of whole MCU rows, and where it sits in the original."""
+    """A smaller JPEG of whole restart intervals, and where it sits in the original."""
 
     data: bytearray
+    left: int  # first column of the band, in the original's pixels
     top: int  # first row of the band, in the original's pixels
+    width: int  # columns in the band, in the original's pixels
     height: int  # rows in the band, in the original's pixels
 
 
 class _Layout(NamedTuple):
-    height_at: int  # offset of the frame header's 2-byte height
+    size_at: int  # offset of the frame header's 2-byte height (the width follows)
+    width: int
     height: int
+    mcu_width: int
     mcu_height: int
+    interval: int  # MCUs per restart interval: a divisor of a row's MCUs
     scan_at: int  # first byte of the entropy-coded data
     rows: int  # MCU rows
+    columns: int  # MCUs in a row
 
 
-def crop_rows(data: bytes, top: int, bottom: int, scale: int = 1) -> Band | None:
-    """The MCU rows holding pixel rows `[top, bottom)` (original pixels) as their own JPEG.
+def crop_band(
+    data: bytes, left: int, top: int, right: int, bottom: int, scale: int = 1
+) -> Band | None:
+    """The restart intervals holding pixels `[left, right) x [top, bottom)` as their own JPEG.
+
+    A file with one interval per row gives whole rows; one whose rows hold several
+    intervals (build-shards' default, `restart_interval`) also gives only the interval
+    columns under the box. The band's markers are renumbered from RST0 and its frame header
+    holds its own size, so libjpeg decodes it as any JPEG.
 
     Args:
-        top, bottom: the rows the caller will read, in the original's pixels; the band
-            covers them with `ROW_GUARD` decoded rows to spare on each side.
+        left, top, right, bottom: the pixels the caller will read, in the original's
+            pixels; the band covers them with `EDGE_GUARD` decoded pixels to spare on each
+            side.
         scale: the DCT scale (1, 2, 4 or 8) the band will be decoded at: the margin is in
-            decoded rows.
+            decoded pixels.
 
     Returns:
-        None when the file has no usable row markers (see the module docstring) or the
-        band would be the whole image.
+        None when the file has no usable markers (see the module docstring) or the band
+        would be the whole image.
     """
-    layout = _row_layout(data)
+    layout = _layout(data)
     if layout is None:
         return None
-    mcu, guard = layout.mcu_height, ROW_GUARD * scale
-    first = max(0, (top - guard) // mcu)
-    last = min(layout.rows, -(-(bottom + guard) // mcu))  # exclusive
-    if first == 0 and last == layout.rows:
+    guard, per_row = EDGE_GUARD * scale, layout.columns // layout.interval
+    span = layout.mcu_width * layout.interval  # pixels of one interval
+    first = max(0, (top - guard) // layout.mcu_height)
+    last = min(layout.rows, -(-(bottom + guard) // layout.mcu_height))  # exclusive
+    first_column = max(0, (left - guard) // span)
+    last_column = min(per_row, -(-(right + guard) // span))  # exclusive
+    if first >= last or first_column >= last_column:
         return None
-    # Row r's entropy data starts after the marker RST((r - 1) % 8): take them in order (no
-    # 0xFF in entropy data is followed by anything but 0x00, so each match is a marker).
-    starts = [layout.scan_at]
-    markers = _RST_MARKER.finditer(data, layout.scan_at)
-    for row in range(1, min(last + 1, layout.rows)):
-        marker = next(markers, None)
-        if marker is None or data[marker.start() + 1] != 0xD0 + ((row - 1) & 7):
-            return None
-        starts.append(marker.end())
-    pos = starts[-1]
-    end = data.find(_EOI, pos) if last == layout.rows else starts[last] - 2
-    if end < 0 or data.rfind(_EOI) < pos:
-        return None  # no end marker after the band: a cut file, decoded whole (and refused)
-    band_top = first * mcu
-    band_height = min(layout.height, last * mcu) - band_top
-    band = bytearray(memoryview(data)[: layout.scan_at])
-    band[layout.height_at : layout.height_at + 2] = struct.pack(">H", band_height)
-    offset = layout.scan_at - starts[first]  # where the original's bytes land in the band
-    band += memoryview(data)[starts[first] : end]
-    if first & 7:  # the band's markers count from RST0 again
-        for row in range(first + 1, last):
-            band[starts[row] + offset - 1] = 0xD0 + ((row - first - 1) & 7)
-    band += _EOI
-    return Band(band, band_top, band_height)
+    if (first, last, first_column, last_column) == (0, layout.rows, 0, per_row):
+        return None
+    ends = _interval_ends(data, layout, (last - 1) * per_row + last_column)
+    if ends is None:
+        return None
+    # One piece per MCU row: its intervals [first_column, last_column) are contiguous in
+    # the file, their own markers between them; a marker is put between two pieces.
+    columns = last_column - first_column
+    row_starts = np.arange(first, last) * per_row
+    begins = row_starts + first_column
+    starts = np.where(begins == 0, layout.scan_at, ends[begins - 1] + 2)
+    stops = ends[row_starts + last_column - 1]
+    piece_at = layout.scan_at + np.concatenate(([0], np.cumsum(stops[:-1] - starts[:-1] + 2)))
+    view = memoryview(data)
+    pieces = [view[: layout.scan_at]]
+    for row, (start_at, stop_at) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
+        if row:
+            pieces.append(b"\xff\xd0")  # numbered below
+        pieces.append(view[start_at:stop_at])
+    pieces.append(_EOI)
+    band = bytearray(b"".join(pieces))
+    # The band's markers, in order: before piece i the one put there, then the piece's own
+    # (those ending its first `columns - 1` intervals), at the piece's offset in the band.
+    own = ends[begins[:, None] + np.arange(columns - 1)] - starts[:, None] + piece_at[:, None]
+    markers = np.concatenate((piece_at[:, None] - 2, own), axis=1).ravel()[1:]
+    np.frombuffer(band, np.uint8)[markers + 1] = 0xD0 + (np.arange(len(markers)) & 7)
+    band_left, band_top = first_column * span, first * layout.mcu_height
+    band_width = min(layout.width, last_column * span) - band_left
+    band_height = min(layout.height, last * layout.mcu_height) - band_top
+    struct.pack_into(">HH", band, layout.size_at, band_height, band_width)
+    return Band(band, band_left, band_top, band_width, band_height)
 
 
-def _row_layout(data: bytes) -> _Layout | None:
-    """The frame and scan facts a band needs, or None unless the file has a marker per row."""
+def _interval_ends(data: bytes, layout: _Layout, count: int) -> np.ndarray | None:
+    """Where each of the first `count` intervals' entropy data ends (the next marker's
+    0xFF, or the end marker's for the image's last interval), or None.
+
+    Interval i starts after the marker RST((i - 1) % 8): None unless the markers read RST0,
+    RST1, ... in turn (one missing, extra or misnumbered) and the file keeps its end marker
+    after the last interval asked for (a cut file): such files are decoded whole, and judged.
+    """
+    total = layout.rows * (layout.columns // layout.interval)
+    markers = _marker_positions(data, layout.scan_at)[: min(count, total - 1)]
+    if len(markers) < min(count, total - 1):
+        return None
+    numbers = np.frombuffer(data, np.uint8)[markers + 1] - 0xD0
+    if not np.array_equal(numbers, np.arange(len(markers), dtype=np.uint8) & 7):
+        return None
+    last_start = int(markers[-1]) + 2 if len(markers) else layout.scan_at
+    if count < total:
+        return markers if data.rfind(_EOI) > last_start else None
+    image_end = data.find(_EOI, last_start)
+    return None if image_end < 0 else np.append(markers, image_end)
+
+
+def _marker_positions(data: bytes | bytearray, scan_at: int) -> np.ndarray:
+    """Offsets of the RST markers (their 0xFF) from `scan_at` on.
+
+    In entropy-coded data a 0xFF is followed by 0x00 (a stuffed byte) or by a marker, so
+    every 0xFF followed by 0xD0..0xD7 is a restart marker.
+    """
+    scan = np.frombuffer(data, np.uint8, offset=scan_at)
+    fills = np.flatnonzero(scan[:-1] == 0xFF)
+    return fills[(scan[fills + 1] & 0xF8) == 0xD0] + scan_at
+
+
+def _layout(data: bytes) -> _Layout | None:
+    """The frame and scan facts a band needs, or None unless every row starts an interval."""
     if not data.startswith(_SOI):
         return None
     size, at = len(data), 2
@@ -179,12 +240,15 @@ def _frame(data: bytes, at: int, length: int) -> tuple[int, int, int, int, int, 
 
 
 def _scan_layout(data: bytes, at: int, end: int, frame, interval: int) -> _Layout | None:
-    """The layout when the one scan holds every component and restarts at every MCU row."""
+    """The layout when the one scan holds every component and every MCU row starts an
+    interval (the interval divides a row's MCUs)."""
     if frame is None or interval == 0:
         return None
     height_at, height, width, components, mcu_width, mcu_height = frame
     if end - at < 3 or data[at + 4] != components:
         return None  # several scans (one per component): decoded whole
-    if interval != -(-width // mcu_width):
+    columns = -(-width // mcu_width)
+    if columns % interval:
         return None
-    return _Layout(height_at, height, mcu_height, end, -(-height // mcu_height))
+    rows = -(-height // mcu_height)
+    return _Layout(height_at, width, height, mcu_width, mcu_height, interval, end, rows, columns)

@@ -22,6 +22,7 @@ from pipeline.fast_transforms import (  # noqa: E402
 from pipeline.loader import LoaderConfig, build_loader  # noqa: E402
 from pipeline.transforms import CenterCrop, RandomResizedCrop, SampleRandom  # noqa: E402
 from shards import imagedata  # noqa: E402
+from shards.jpegband import restart_interval  # noqa: E402
 from shards.sample import SampleError  # noqa: E402
 from shards.tar import TarShardWriter  # noqa: E402
 from tests.oddimages import (  # noqa: E402
@@ -456,27 +457,34 @@ def test_mild_shrinks_stay_bilinear_and_match_pillow(monkeypatch):
         assert mean_abs(ours, pillow) < TOLERANCE
 
 
-# --- only the MCU rows a crop needs (JPEGs with a restart marker per row) ---------------
+# --- only the restart intervals a crop needs (JPEGs whose rows start intervals) ----------
 
 
-def marked_jpeg(width: int, height: int, seed: int = 0, subsampling: int = 2) -> bytes:
-    """What build-shards writes: a restart marker at every MCU row."""
-    return photo_jpeg(width, height, seed, subsampling=subsampling, restart_marker_rows=1)
+def marked_jpeg(
+    width: int, height: int, seed: int = 0, subsampling: int = 2, layout: str = "columns"
+) -> bytes:
+    """What build-shards writes (`columns`: intervals of a few MCUs), or what it wrote
+    before (`rows`: an interval per MCU row)."""
+    if layout == "rows":
+        params = {"restart_marker_rows": 1}
+    else:
+        params = {"restart_marker_blocks": restart_interval(width, 8 if subsampling == 0 else 16)}
+    return photo_jpeg(width, height, seed, subsampling=subsampling, **params)
 
 
 def record_band_cuts(monkeypatch) -> list[bool]:
-    """From now on, whether each `crop_rows` call cut a band (appended per call)."""
+    """From now on, whether each `crop_band` call cut a band (appended per call)."""
     from pipeline import fast_transforms
 
     cuts: list[bool] = []
-    original = fast_transforms.crop_rows
+    original = fast_transforms.crop_band
 
     def spy(*args):
         band = original(*args)
         cuts.append(band is not None)
         return band
 
-    monkeypatch.setattr(fast_transforms, "crop_rows", spy)
+    monkeypatch.setattr(fast_transforms, "crop_band", spy)
     return cuts
 
 
@@ -485,7 +493,7 @@ def whole_file_crops(monkeypatch, transform, data: bytes, seeds) -> list[np.ndar
     from pipeline import fast_transforms
 
     with monkeypatch.context() as patch:
-        patch.setattr(fast_transforms, "crop_rows", lambda *args: None)
+        patch.setattr(fast_transforms, "crop_band", lambda *args: None)
         return [transform(data, SampleRandom(f"k{seed}")) for seed in seeds]
 
 
@@ -504,11 +512,11 @@ def whole_file_crops(monkeypatch, transform, data: bytes, seeds) -> list[np.ndar
 @pytest.mark.parametrize(
     "width,height,subsampling", [(341, 256, 2), (500, 375, 2), (1024, 768, 2), (333, 257, 0)]
 )
+@pytest.mark.parametrize("layout", ["rows", "columns"])
 def test_band_decodes_give_the_whole_decodes_pixels_exactly(
-    monkeypatch, transform, width, height, subsampling
+    monkeypatch, transform, width, height, subsampling, layout
 ):
-
-    data = marked_jpeg(width, height, seed=width, subsampling=subsampling)
+    data = marked_jpeg(width, height, seed=width, subsampling=subsampling, layout=layout)
     seeds = range(25)
     expected = whole_file_crops(monkeypatch, transform, data, seeds)
     cuts = record_band_cuts(monkeypatch)
@@ -518,9 +526,10 @@ def test_band_decodes_give_the_whole_decodes_pixels_exactly(
         assert sum(cuts) >= 10, cuts  # most random crops leave rows out
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9, 0.999])
-def test_a_truncated_marked_jpeg_is_still_truncated_wherever_the_crop_is(fraction):
-    data = truncated(marked_jpeg(500, 375), fraction)
+def test_a_truncated_marked_jpeg_is_still_truncated_wherever_the_crop_is(fraction, layout):
+    data = truncated(marked_jpeg(500, 375, layout=layout), fraction)
     for seed in range(8):
         assert outcome(FastRandomResizedCrop(), data, seed) == "truncated"
     assert outcome(FastCenterCrop(), data) == "truncated"
@@ -536,7 +545,8 @@ def test_the_loader_decodes_bands_of_marked_shards_and_delivers_the_same_batches
     with shard.open("wb") as file:
         writer = TarShardWriter(file)
         for index in range(48):
-            image = marked_jpeg(341 + index % 3 * 80, 256, seed=index)
+            layout = "rows" if index % 4 == 0 else "columns"
+            image = marked_jpeg(341 + index % 3 * 80, 256, seed=index, layout=layout)
             writer.write({"__key__": f"s{index:04d}", "jpg": image, "cls": b"%d" % (index % 4)})
         writer.close()
 
@@ -547,16 +557,17 @@ def test_the_loader_decodes_bands_of_marked_shards_and_delivers_the_same_batches
     cuts = record_band_cuts(monkeypatch)
     with_bands = batches()
     assert sum(cuts) > len(cuts) // 2
-    monkeypatch.setattr(fast_transforms, "crop_rows", lambda *args: None)
+    monkeypatch.setattr(fast_transforms, "crop_band", lambda *args: None)
     for ours, whole in zip(with_bands, batches(), strict=True):
         assert torch.equal(ours, whole)
 
 
 @pytest.mark.parametrize("resample", ["bilinear", "bicubic", "lanczos"])
-def test_a_warped_fractional_box_reads_rows_beyond_it_and_gets_them_exact(monkeypatch, resample):
-    # A fractional box is warped, and the warp's kernel reads rows above and below it (4 for
-    # Lanczos). With the box's top 2 rows below an MCU row's start, the guard alone would
-    # leave those rows out of the band: `_WARP_REACH` must bring them in.
+def test_a_warped_fractional_box_reads_pixels_beyond_it_and_gets_them_exact(monkeypatch, resample):
+    # A fractional box is warped, and the warp's kernel reads pixels beyond it (4 for
+    # Lanczos). With the box's edges 2 pixels inside an MCU row's or an interval's start
+    # (64 px: 4 MCUs), the guard alone would leave them out of the band: `_WARP_REACH`
+    # must bring them in.
     from pipeline.fast_transforms import JpegCrop
 
     data = marked_jpeg(500, 375, seed=7)
@@ -564,6 +575,8 @@ def test_a_warped_fractional_box_reads_rows_beyond_it_and_gets_them_exact(monkey
         (10.5, 18.25, 210.5, 218.25),
         (40.25, 50.5, 300.25, 306.75),
         (3.5, 130.5, 203.5, 330.5),
+        (66.5, 18.25, 254.25, 206.0),
+        (130.25, 34.5, 318.5, 222.75),
     ]
     cuts = record_band_cuts(monkeypatch)
     for box in boxes:

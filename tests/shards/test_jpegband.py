@@ -1,6 +1,6 @@
-"""`shards.jpegband`: the MCU rows a crop needs, cut from a JPEG with a marker per row.
+"""`shards.jpegband`: the restart intervals a crop needs, cut from a JPEG whose rows start intervals.
 
-The oracle is the whole decode: every row a band is asked for must decode bit-identically,
+The oracle is the whole decode: every pixel a band is asked for must decode bit-identically,
 and any file whose structure is not exactly as expected must give None (decoded whole).
 """
 
@@ -15,7 +15,7 @@ import simplejpeg
 from PIL import Image
 
 from shards.imagedata import decode_jpeg_scaled
-from shards.jpegband import ROW_GUARD, crop_rows
+from shards.jpegband import EDGE_GUARD, crop_band, restart_interval
 from tests.oddimages import photo_jpeg
 
 # Pillow's subsampling codes: 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0.
@@ -27,17 +27,33 @@ LAYOUTS = [
     (300, 203, 0),
     (64, 48, 2),
 ]
+MCU_WIDTH = {0: 8, 1: 16, 2: 16}
 
 
 def marked(width: int, height: int, subsampling: int = 2, seed: int = 0) -> bytes:
-    """A photo-like JPEG with a restart marker at every MCU row, as build-shards writes."""
+    """A photo-like JPEG with a restart marker at every MCU row (builds before column
+    intervals wrote these)."""
     return photo_jpeg(width, height, seed, subsampling=subsampling, restart_marker_rows=1)
 
 
-def grey_marked(width: int, height: int) -> bytes:
+def columned(width: int, height: int, subsampling: int = 2, seed: int = 0) -> bytes:
+    """A photo-like JPEG with build-shards' restart intervals: a few MCUs of a row each."""
+    interval = restart_interval(width, MCU_WIDTH[subsampling])
+    return photo_jpeg(width, height, seed, subsampling=subsampling, restart_marker_blocks=interval)
+
+
+def every_mcu(width: int, height: int, subsampling: int = 2) -> bytes:
+    """An interval per MCU: the finest layout a band can be cut from."""
+    return photo_jpeg(width, height, 1, subsampling=subsampling, restart_marker_blocks=1)
+
+
+WRITERS = {"rows": marked, "columns": columned, "every MCU": every_mcu}
+
+
+def grey_marked(width: int, height: int, **params) -> bytes:
     image = Image.open(io.BytesIO(photo_jpeg(width, height))).convert("L")
     buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=90, restart_marker_rows=1)
+    image.save(buffer, "JPEG", quality=90, **(params or {"restart_marker_rows": 1}))
     return buffer.getvalue()
 
 
@@ -46,105 +62,149 @@ def whole(data: bytes, scale: int = 1) -> np.ndarray:
     return decode_jpeg_scaled(data, width, height, scale)
 
 
-def band_rows(data: bytes, top: int, bottom: int, scale: int = 1) -> np.ndarray:
-    """Rows [top, bottom) (original pixels, multiples of `scale`) decoded from the band."""
-    band = crop_rows(data, top, bottom, scale)
+def band_pixels(data: bytes, box: tuple[int, int, int, int], scale: int = 1) -> np.ndarray:
+    """`box` (original pixels, multiples of `scale`) decoded from its band."""
+    band = crop_band(data, *box, scale)
     assert band is not None
-    width = simplejpeg.decode_jpeg_header(data)[1]
-    pixels = decode_jpeg_scaled(band.data, width, band.height, scale)
+    pixels = decode_jpeg_scaled(band.data, band.width, band.height, scale)
     assert pixels is not None, "the band must decode strictly"
-    return pixels[(top - band.top) // scale : (bottom - band.top) // scale]
+    left, top, right, bottom = (edge // scale for edge in box)
+    x, y = band.left // scale, band.top // scale
+    return pixels[top - y : bottom - y, left - x : right - x]
 
 
+def random_box(rng: random.Random, width: int, height: int) -> tuple[int, int, int, int]:
+    left, top = rng.randrange(0, width - 1), rng.randrange(0, height - 1)
+    return left, top, rng.randrange(left + 1, width + 1), rng.randrange(top + 1, height + 1)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("width,height,subsampling", LAYOUTS)
-def test_every_asked_row_is_bit_identical_to_the_whole_decode(width, height, subsampling):
-    data = marked(width, height, subsampling)
+def test_every_asked_pixel_is_bit_identical_to_the_whole_decode(writer, width, height, subsampling):
+    data = WRITERS[writer](width, height, subsampling)
     full = whole(data)
     rng = random.Random(width * height)
-    cut = 0
+    cut = narrower = 0
     for _ in range(60):
-        top = rng.randrange(0, height - 1)
-        bottom = rng.randrange(top + 1, height + 1)
-        band = crop_rows(data, top, bottom)
+        left, top, right, bottom = box = random_box(rng, width, height)
+        band = crop_band(data, *box)
         if band is None:  # the band would be the whole image
             continue
         cut += 1
-        assert band.top <= top - ROW_GUARD or band.top == 0
+        narrower += band.width < width
+        assert band.top <= top - EDGE_GUARD or band.top == 0
+        assert band.left <= left - EDGE_GUARD or band.left == 0
+        assert band.left + band.width >= min(width, right + EDGE_GUARD)
         assert len(band.data) < len(data)
-        np.testing.assert_array_equal(band_rows(data, top, bottom), full[top:bottom])
+        np.testing.assert_array_equal(band_pixels(data, box), full[top:bottom, left:right])
     assert cut >= 20
+    # Row intervals give whole rows; shorter ones cut columns too.
+    assert (narrower > 0) == (writer != "rows")
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("scale", [2, 4, 8])
-def test_bands_decoded_at_a_dct_scale_match_the_scaled_whole_decode(scale):
-    data = marked(1024, 768, 2, seed=3)
+def test_bands_decoded_at_a_dct_scale_match_the_scaled_whole_decode(writer, scale):
+    data = WRITERS[writer](1024, 768, 2)
     full = whole(data, scale)
     rng = random.Random(scale)
+    checked = 0
     for _ in range(30):
-        top = rng.randrange(0, 700) // scale * scale
-        bottom = min(768, top + rng.randrange(1, 500) // scale * scale + scale)
-        rows = band_rows(data, top, bottom, scale) if crop_rows(data, top, bottom, scale) else None
-        if rows is not None:
-            np.testing.assert_array_equal(rows, full[top // scale : bottom // scale])
+        box = tuple(edge // scale * scale for edge in random_box(rng, 1024 - 8, 768 - 8))
+        box = (box[0], box[1], box[2] + scale, box[3] + scale)
+        if crop_band(data, *box, scale) is None:
+            continue
+        checked += 1
+        left, top, right, bottom = (edge // scale for edge in box)
+        np.testing.assert_array_equal(band_pixels(data, box, scale), full[top:bottom, left:right])
+    assert checked >= 10
 
 
-def test_grey_jpegs_have_8_row_bands():
-    data = grey_marked(300, 200)
-    band = crop_rows(data, 100, 120)
+@pytest.mark.parametrize("params", [{"restart_marker_rows": 1}, {"restart_marker_blocks": 5}])
+def test_grey_jpegs_have_8_pixel_mcus(params):
+    data = grey_marked(300, 200, **params)  # 38 blocks a row; 5 does not divide it
+    band = crop_band(data, 100, 100, 140, 120)
+    if "restart_marker_blocks" in params:
+        assert band is None
+        data = grey_marked(304, 200, restart_marker_blocks=2)  # 38 blocks: intervals of 2
+        band = crop_band(data, 100, 100, 140, 120)
+        assert band is not None and band.left % 16 == 0 and band.width < 64
     assert band is not None and band.top % 8 == 0 and band.top > 0 and band.height < 60
-    height, width = 200, 300
     full = simplejpeg.decode_jpeg(data, "GRAY")
     part = simplejpeg.decode_jpeg(band.data, "GRAY", strict=True)
-    assert part.shape[1] == width and band.top + band.height <= height
-    np.testing.assert_array_equal(part[100 - band.top : 120 - band.top], full[100:120])
+    x, y = band.left, band.top
+    np.testing.assert_array_equal(
+        part[100 - y : 120 - y, 100 - x : 140 - x], full[100:120, 100:140]
+    )
 
 
-def test_a_band_is_only_the_rows_it_needs():
+def test_a_band_is_only_the_intervals_it_needs():
     data = marked(500, 375)
-    band = crop_rows(data, 160, 200)
+    band = crop_band(data, 0, 160, 500, 200)
     assert band is not None
     # 16-row MCUs: rows 160-199 lie in MCU rows 10-12, plus the guard rows' MCU row 9.
-    assert band.top == 144 and band.height == 64
+    assert (band.left, band.top, band.width, band.height) == (0, 144, 500, 64)
     assert len(band.data) < len(data) / 3
+    data = columned(512, 384)  # 32 MCUs a row: intervals of 4 MCUs, 64 px
+    band = crop_band(data, 130, 160, 250, 200)
+    # Columns 130-249 and the guard's 128-129 and 250-251 lie in intervals 2-3 (128-255).
+    assert (band.left, band.top, band.width, band.height) == (128, 144, 128, 64)
+    assert len(band.data) < len(data) / 10
+
+
+def test_a_band_at_the_right_edge_keeps_the_images_last_columns():
+    data = columned(500, 375)  # 32 MCUs: 8 intervals of 64 px, the last 52 px wide
+    band = crop_band(data, 460, 100, 500, 150)
+    assert band is not None and band.left == 448 and band.width == 52
+    np.testing.assert_array_equal(
+        band_pixels(data, (460, 100, 500, 150)), whole(data)[100:150, 460:500]
+    )
 
 
 # --- anything unexpected is decoded whole -----------------------------------------------
 
 
-def test_files_without_row_markers_are_not_cut():
-    assert crop_rows(photo_jpeg(500, 375), 100, 150) is None  # no DRI at all
+def test_files_without_row_aligned_intervals_are_not_cut():
+    assert crop_band(photo_jpeg(500, 375), 0, 100, 500, 150) is None  # no DRI at all
     every_two_rows = photo_jpeg(500, 375, restart_marker_blocks=64)  # 32 MCUs a row: no
-    assert crop_rows(every_two_rows, 100, 150) is None
+    assert crop_band(every_two_rows, 0, 100, 500, 150) is None
+    across_rows = photo_jpeg(500, 375, restart_marker_blocks=5)  # 5 does not divide 32
+    assert crop_band(across_rows, 0, 100, 100, 150) is None
 
 
 def test_progressive_jpegs_are_not_cut():
     data = photo_jpeg(500, 375, progressive=True, restart_marker_rows=1)
-    assert crop_rows(data, 100, 150) is None
+    assert crop_band(data, 0, 100, 10_000, 150) is None
 
 
 def test_the_whole_image_is_not_cut():
-    assert crop_rows(marked(341, 256), 0, 256) is None
-    assert crop_rows(marked(341, 256), 1, 255) is None  # the guards reach both edges
+    assert crop_band(marked(341, 256), 0, 0, 341, 256) is None
+    assert crop_band(marked(341, 256), 1, 1, 340, 255) is None  # the guards reach both edges
 
 
-def test_a_truncated_file_is_not_cut_even_above_the_cut():
-    data = marked(500, 375)
+@pytest.mark.parametrize("writer", ["rows", "columns"])
+def test_a_truncated_file_is_not_cut_even_above_the_cut(writer):
+    data = WRITERS[writer](500, 375)
     for fraction in (0.3, 0.6, 0.95):
         cut = data[: int(len(data) * fraction)]
-        assert crop_rows(cut, 16, 40) is None
-        assert crop_rows(cut, 300, 340) is None
-    assert crop_rows(data[:-2], 16, 40) is None  # only the end marker missing
+        assert crop_band(cut, 0, 16, 100, 40) is None
+        assert crop_band(cut, 0, 300, 500, 340) is None
+        assert crop_band(cut, 460, 300, 500, 375) is None  # the image's last interval
+    assert crop_band(data[:-2], 0, 16, 100, 40) is None  # only the end marker missing
+    assert crop_band(data[:-2], 460, 300, 500, 375) is None
 
 
-def test_a_missing_or_misnumbered_marker_is_never_spliced_silently():
-    data = marked(500, 375)
-    fifth = data.index(b"\xff\xd4")  # the marker before MCU row 5
+@pytest.mark.parametrize("writer", ["rows", "columns"])
+def test_a_missing_misnumbered_or_extra_marker_is_never_spliced(writer):
+    data = WRITERS[writer](500, 375)
+    fifth = data.index(b"\xff\xd4")  # the marker before interval 5
     removed = data[:fifth] + data[fifth + 2 :]
-    band = crop_rows(removed, 60, 120)  # walking the markers in order finds RST4 no more
-    assert band is None or whole_or_none(band) is None
+    assert crop_band(removed, 0, 60, 100, 120) is None
     renumbered = data[:fifth] + b"\xff\xd5" + data[fifth + 2 :]
-    band = crop_rows(renumbered, 60, 120)
-    assert band is None or whole_or_none(band) is None
+    assert crop_band(renumbered, 0, 60, 100, 120) is None
+    extra = data[:fifth] + b"\xff\xd4" + data[fifth:]
+    assert crop_band(extra, 0, 60, 100, 120) is None
+    assert crop_band(data, 0, 60, 100, 120) is not None  # the intact file is cut
 
 
 def whole_or_none(band) -> np.ndarray | None:
@@ -167,16 +227,24 @@ def whole_or_none(band) -> np.ndarray | None:
     ],
 )
 def test_broken_headers_are_not_cut(damage):
-    assert crop_rows(damage(marked(500, 375)), 100, 150) is None
+    assert crop_band(damage(marked(500, 375)), 0, 100, 500, 150) is None
 
 
-def test_random_bytes_and_cut_headers_never_raise():
-    data = marked(341, 256)
+@pytest.mark.parametrize("writer", ["rows", "columns"])
+def test_random_bytes_and_cut_headers_never_raise(writer):
+    data = WRITERS[writer](341, 256)
     header_end = data.index(b"\xff\xda")
     rng = random.Random(0)
     for _ in range(400):
+        box = random_box(rng, 341, 256)
         mutated = bytearray(data[: header_end + 40])
         for _ in range(rng.randrange(1, 6)):
             mutated[rng.randrange(2, len(mutated))] = rng.randrange(256)
-        crop_rows(bytes(mutated) + data[header_end + 40 :], 50, 120)
-        crop_rows(bytes(mutated[: rng.randrange(len(mutated))]), 50, 120)
+        crop_band(bytes(mutated) + data[header_end + 40 :], *box)
+        crop_band(bytes(mutated[: rng.randrange(len(mutated))]), *box)
+        scan = bytearray(data)  # markers and fill bytes in the entropy data damaged
+        for _ in range(rng.randrange(1, 4)):
+            scan[rng.randrange(header_end + 14, len(scan))] = rng.choice((0xFF, 0xD3, 0x00))
+        band = crop_band(bytes(scan), *box)
+        if band is not None:
+            whole_or_none(band)  # decodes or is refused, never crashes
