@@ -36,6 +36,7 @@ import numpy as np
 # the DCT-scaled decode.
 EDGE_GUARD = 2
 _EOI = b"\xff\xd9"
+_RST0 = b"\xff\xd0"
 _SOI = b"\xff\xd8\xff"
 # Baseline and extended sequential Huffman frames: the only ones a band is cut from.
 _SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)
@@ -125,27 +126,27 @@ def crop_band(
     ends = _interval_ends(data, layout, (last - 1) * per_row + last_column)
     if ends is None:
         return None
-    # One piece per MCU row: its intervals [first_column, last_column) are contiguous in
-    # the file, their own markers between them; a marker is put between two pieces.
-    columns = last_column - first_column
-    row_starts = np.arange(first, last) * per_row
-    begins = row_starts + first_column
-    starts = np.where(begins == 0, layout.scan_at, ends[begins - 1] + 2)
-    stops = ends[row_starts + last_column - 1]
-    piece_at = layout.scan_at + np.concatenate(([0], np.cumsum(stops[:-1] - starts[:-1] + 2)))
+    # One piece per MCU row: its intervals [first_column, last_column) lie one after the
+    # other in the file, their own markers between them; a marker goes between two pieces.
+    # Then every marker of the band is numbered RST0, RST1, ... in turn.
     view = memoryview(data)
     pieces = [view[: layout.scan_at]]
-    for row, (start_at, stop_at) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
-        if row:
-            pieces.append(b"\xff\xd0")  # numbered below
-        pieces.append(view[start_at:stop_at])
+    numbered = []  # where each marker's code byte lands in the band
+    at = layout.scan_at  # where the next piece lands
+    for row in range(first, last):
+        begin, end = row * per_row + first_column, row * per_row + last_column - 1
+        start = layout.scan_at if begin == 0 else ends[begin - 1] + 2
+        if row > first:
+            pieces.append(_RST0)
+            numbered.append(at + 1)
+            at += 2
+        numbered += [marker - start + at + 1 for marker in ends[begin:end]]
+        pieces.append(view[start : ends[end]])
+        at += ends[end] - start
     pieces.append(_EOI)
-    band = bytearray(b"".join(pieces))
-    # The band's markers, in order: before piece i the one put there, then the piece's own
-    # (those ending its first `columns - 1` intervals), at the piece's offset in the band.
-    own = ends[begins[:, None] + np.arange(columns - 1)] - starts[:, None] + piece_at[:, None]
-    markers = np.concatenate((piece_at[:, None] - 2, own), axis=1).ravel()[1:]
-    np.frombuffer(band, np.uint8)[markers + 1] = 0xD0 + (np.arange(len(markers)) & 7)
+    band = bytearray().join(pieces)
+    for number, code_at in enumerate(numbered):
+        band[code_at] = 0xD0 + (number & 7)
     band_left, band_top = first_column * span, first * layout.mcu_height
     band_width = min(layout.width, last_column * span) - band_left
     band_height = min(layout.height, last * layout.mcu_height) - band_top
@@ -153,7 +154,7 @@ def crop_band(
     return Band(band, band_left, band_top, band_width, band_height)
 
 
-def _interval_ends(data: bytes, layout: _Layout, count: int) -> np.ndarray | None:
+def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None:
     """Where each of the first `count` intervals' entropy data ends (the next marker's
     0xFF, or the end marker's for the image's last interval), or None.
 
@@ -162,28 +163,49 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> np.ndarray | Non
     after the last interval asked for (a cut file): such files are decoded whole, and judged.
     """
     total = layout.rows * (layout.columns // layout.interval)
-    markers = _marker_positions(data, layout.scan_at)[: min(count, total - 1)]
-    if len(markers) < min(count, total - 1):
+    wanted = min(count, total - 1)
+    # Scan about as far as the intervals asked for reach (their share of the entropy data,
+    # with room to spare), and on to the end only if that was too short.
+    stop = min(
+        len(data), layout.scan_at + (len(data) - layout.scan_at) * 5 * count // (4 * total) + 4096
+    )
+    markers = _marker_positions(data, layout.scan_at, stop)
+    if len(markers) < wanted and stop < len(data):
+        rest = _marker_positions(data, stop - 1, len(data))  # a marker may straddle `stop`
+        markers = np.concatenate((markers, rest))
+    markers = markers[:wanted]
+    if len(markers) < wanted:
         return None
-    numbers = np.frombuffer(data, np.uint8)[markers + 1] - 0xD0
-    if not np.array_equal(numbers, np.arange(len(markers), dtype=np.uint8) & 7):
+    codes = np.frombuffer(data, np.uint8)[markers + 1]
+    expected = _RST_CODES[:wanted] if wanted <= len(_RST_CODES) else _rst_codes(wanted)
+    if (codes != expected).any():
         return None
-    last_start = int(markers[-1]) + 2 if len(markers) else layout.scan_at
+    ends = markers.tolist()
+    last_start = ends[-1] + 2 if ends else layout.scan_at
     if count < total:
-        return markers if data.rfind(_EOI) > last_start else None
+        return ends if data.rfind(_EOI) > last_start else None
     image_end = data.find(_EOI, last_start)
-    return None if image_end < 0 else np.append(markers, image_end)
+    return None if image_end < 0 else [*ends, image_end]
 
 
-def _marker_positions(data: bytes | bytearray, scan_at: int) -> np.ndarray:
-    """Offsets of the RST markers (their 0xFF) from `scan_at` on.
+def _rst_codes(count: int) -> np.ndarray:
+    """The code bytes of `count` restart markers in turn: 0xD0, 0xD1, ... 0xD7, 0xD0, ..."""
+    return (0xD0 + (np.arange(count) & 7)).astype(np.uint8)
+
+
+# Enough for 16,384 intervals (a 4096-px-square image with 64-px intervals), cached.
+_RST_CODES = _rst_codes(1 << 14)
+
+
+def _marker_positions(data: bytes, start: int, stop: int) -> np.ndarray:
+    """Offsets of the RST markers (their 0xFF) that lie wholly in `data[start:stop]`.
 
     In entropy-coded data a 0xFF is followed by 0x00 (a stuffed byte) or by a marker, so
     every 0xFF followed by 0xD0..0xD7 is a restart marker.
     """
-    scan = np.frombuffer(data, np.uint8, offset=scan_at)
+    scan = np.frombuffer(data, np.uint8, count=max(0, stop - start), offset=start)
     fills = np.flatnonzero(scan[:-1] == 0xFF)
-    return fills[(scan[fills + 1] & 0xF8) == 0xD0] + scan_at
+    return fills[(scan[fills + 1] & 0xF8) == 0xD0] + start
 
 
 def _layout(data: bytes) -> _Layout | None:

@@ -1,0 +1,109 @@
+"""What decoding only a crop's band buys, per sample, in one process (CPU time).
+
+Times the loader's random-resized crop (`FastRandomResizedCrop`, 224) on the JPEGs of one or
+more builds of the same images (build-shards' default, whose restart intervals are about
+64 px of a row; `--no-jpeg-restart-columns`, one interval per row; `--no-jpeg-restarts`),
+three ways each: the plain limit loop (whole decode, OpenCV bilinear), the loader's crop
+with every JPEG decoded whole (`band_decode` off), and the loader's crop as shipped (only
+the restart intervals the box needs). All builds in every round, interleaved; medians.
+Also reports the mean share of an image's pixels a band decodes, and the files' size.
+
+    python benchmarks/band_decode.py --shards /tmp/loaderbench/shards512 \
+        --shards /tmp/loaderbench/shards512-rows [--images 800] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loader_throughput import PlainFastCrop, load_jpegs  # noqa: E402
+
+from pipeline.fast_transforms import FastRandomResizedCrop  # noqa: E402
+from pipeline.transforms import SampleRandom  # noqa: E402
+from shards.imagedata import read_jpeg_header  # noqa: E402
+from shards.jpegband import crop_band  # noqa: E402
+
+LIMIT = "limit: whole decode, OpenCV bilinear"
+WHOLE = "the loader's crop, whole decode"
+SHIPPED = "the loader's crop, band only (shipped)"
+
+
+class WholeDecode(FastRandomResizedCrop):
+    band_decode = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shards", type=Path, action="append", required=True, help="a build-shards output"
+    )
+    parser.add_argument("--images", type=int, default=800)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    builds = {path.name: load_jpegs(path)[: args.images] for path in args.shards}
+    ours, whole, limit = FastRandomResizedCrop(224), WholeDecode(224), PlainFastCrop()
+    slot = np.empty((224, 224, 3), np.uint8)
+
+    def run_limit(jpegs: list[bytes]) -> None:
+        rng = random.Random(0)
+        for data in jpegs:
+            limit(data, rng)
+
+    def run(transform, jpegs: list[bytes]) -> None:
+        for index, data in enumerate(jpegs):
+            transform(data, SampleRandom(f"k{index}"), slot)
+
+    cases = {}
+    for name, jpegs in builds.items():
+        cases[(name, LIMIT)] = lambda jpegs=jpegs: run_limit(jpegs)
+        cases[(name, WHOLE)] = lambda jpegs=jpegs: run(whole, jpegs)
+        cases[(name, SHIPPED)] = lambda jpegs=jpegs: run(ours, jpegs)
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    for _ in range(args.rounds):
+        for key, case in cases.items():
+            started = time.process_time()
+            case()
+            times[key].append((time.process_time() - started) / args.images * 1e6)
+    first_limit = statistics.median(times[(next(iter(builds)), LIMIT)])
+    print(f"{args.images} JPEGs of each build, {args.rounds} interleaved rounds, medians")
+    print(
+        f"| build | per sample | us (CPU) | {next(iter(builds))} limit / this |\n"
+        "|---|---|---:|---:|"
+    )
+    for (build, name), values in times.items():
+        median = statistics.median(values)
+        print(f"| {build} | {name} | {median:.0f} | {first_limit / median:.2f}x |")
+    for build, jpegs in builds.items():
+        share = band_share(jpegs, ours)
+        size = statistics.mean(len(data) for data in jpegs)
+        print(
+            f"{build}: a band decodes {share:.0%} of the pixels (guards included); {size:,.0f} B a JPEG"
+        )
+    return 0
+
+
+def band_share(jpegs: list[bytes], transform: FastRandomResizedCrop) -> float:
+    """Mean share of an image's pixels the shipped crop decodes (1.0 where it cannot cut)."""
+    shares = []
+    for index, data in enumerate(jpegs):
+        width, height, _ = read_jpeg_header(data)
+        box, _ = transform.choose_crop(width, height, SampleRandom(f"k{index}"))
+        edges = (int(box[0]), int(box[1]), math.ceil(box[2]), math.ceil(box[3]))
+        band = crop_band(data, *edges)  # DCT scale 1's guard
+        shares.append(1.0 if band is None else band.width * band.height / (width * height))
+    return statistics.mean(shares)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
