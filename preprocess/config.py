@@ -304,17 +304,22 @@ RECORDED_WHEN_ON = {
 }
 
 
+# Switches recorded only while another one is on: when that one differs too, its line alone
+# says what to rerun with (`--no-jpeg-restarts` already writes no restart intervals at all).
+RECORDED_UNDER = {"image.jpeg_restart_columns": "image.jpeg_restarts"}
+
+
 def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Human-readable differences between two output-shaping configs, one line each."""
-    changes = []
+    changes = {}
     for name in sorted(set(old) | set(new)):
         path = f"{prefix}{name}"
         before, after = old.get(name), new.get(name)
         if isinstance(before, dict) and isinstance(after, dict):
-            changes += diff_configs(before, after, f"{path}.")
+            changes.update((line, line) for line in diff_configs(before, after, f"{path}."))
         elif before != after:
-            changes.append(_change_line(path, name in old, before, name in new, after))
-    return changes
+            changes[path] = _change_line(path, name in old, before, name in new, after)
+    return [line for path, line in changes.items() if RECORDED_UNDER.get(path) not in changes]
 
 
 def _change_line(path: str, had: bool, before: Any, has: bool, after: Any) -> str:
