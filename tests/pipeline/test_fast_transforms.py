@@ -390,7 +390,7 @@ def test_sample_random_is_deterministic_and_keeps_the_random_api():
     assert abs(np.mean(uniform) - 0.5) < 0.02
 
 
-# --- the fast-upsampling switch (off by default, see FAST_UPSAMPLE) ------------------------
+# --- plain chroma upsampling for box-averaged crops (PLAIN_UPSAMPLING_WHEN_AVERAGED) -------
 
 
 def exact_psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -398,18 +398,24 @@ def exact_psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
-def test_fast_upsampling_is_off_and_the_switch_changes_only_chroma_detail(monkeypatch):
+def test_only_box_averaged_crops_use_plain_upsampling(monkeypatch):
     from pipeline import fast_transforms
 
-    assert fast_transforms.FAST_UPSAMPLE is False  # the default stays the exact decode
-    data = photo_jpeg(341, 256, seed=3)
-    transform = FastRandomResizedCrop()
-    exact = transform(data, SampleRandom("k"))
-    monkeypatch.setattr(fast_transforms, "FAST_UPSAMPLE", True)
-    fast = transform(data, SampleRandom("k"))
-    assert np.array_equal(fast, transform(data, SampleRandom("k")))  # deterministic
-    assert not np.array_equal(fast, exact)  # the switch reaches the decoder
-    assert exact_psnr(fast, exact) > 40  # the study's bar: same box, small chroma error
+    data = photo_jpeg(500, 375, seed=3)
+    # Boxes of ~250 px to 96, decoded at full size (DCT scaling would upsample the chroma
+    # itself, and plain upsampling would change nothing).
+    averaged = FastRandomResizedCrop(size=96, scale=(0.4, 0.5), draft=False)
+    bilinear = FastRandomResizedCrop(size=224, scale=(0.4, 0.5))  # ~1.2x: not averaged
+    centre = FastCenterCrop(size=224)  # 375 px to 256, then the centre: ~1.3x
+    transforms = (averaged, bilinear, centre)
+    default = [t(data, SampleRandom("k")) for t in transforms]
+    assert np.array_equal(default[0], averaged(data, SampleRandom("k")))  # deterministic
+    monkeypatch.setattr(fast_transforms, "PLAIN_UPSAMPLING_WHEN_AVERAGED", False)
+    exact = [t(data, SampleRandom("k")) for t in transforms]
+    assert not np.array_equal(default[0], exact[0])  # the switch reaches the decoder
+    assert exact_psnr(default[0], exact[0]) > 45  # the average hides the repeated chroma
+    np.testing.assert_array_equal(default[1], exact[1])
+    np.testing.assert_array_equal(default[2], exact[2])
 
 
 def test_decode_jpeg_scaled_fast_upsample_differs_from_the_exact_decode():
