@@ -5,7 +5,7 @@ more builds of the same images (build-shards' default, whose restart intervals a
 64 px of a row; `--no-jpeg-restart-columns`, one interval per row; `--no-jpeg-restarts`),
 three ways each: the plain limit loop (whole decode, OpenCV bilinear), the loader's crop
 with every JPEG decoded whole (`band_decode` off), and the loader's crop as shipped (only
-the restart intervals the box needs). All builds in every round, interleaved; medians.
+the restart intervals the box needs). All builds in every round, interleaved by chunks of 50 images; medians of the rounds.
 Also reports the mean share of an image's pixels a band decodes, and the files' size.
 
     python benchmarks/band_decode.py --shards /tmp/loaderbench/shards512 \
@@ -15,6 +15,7 @@ Also reports the mean share of an image's pixels a band decodes, and the files' 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -37,6 +38,7 @@ from shards.jpegband import crop_band  # noqa: E402
 LIMIT = "limit: whole decode, OpenCV bilinear"
 WHOLE = "the loader's crop, whole decode"
 SHIPPED = "the loader's crop, band only (shipped)"
+CHUNK = 50  # images per case before the next case runs
 
 
 class WholeDecode(FastRandomResizedCrop):
@@ -55,26 +57,32 @@ def main(argv: list[str] | None = None) -> int:
     ours, whole, limit = FastRandomResizedCrop(224), WholeDecode(224), PlainFastCrop()
     slot = np.empty((224, 224, 3), np.uint8)
 
-    def run_limit(jpegs: list[bytes]) -> None:
-        rng = random.Random(0)
+    def run_limit(jpegs: list[bytes], first: int) -> None:
+        rng = random.Random(first)
         for data in jpegs:
             limit(data, rng)
 
-    def run(transform, jpegs: list[bytes]) -> None:
-        for index, data in enumerate(jpegs):
+    def run(transform, jpegs: list[bytes], first: int) -> None:
+        for index, data in enumerate(jpegs, first):
             transform(data, SampleRandom(f"k{index}"), slot)
 
     cases = {}
-    for name, jpegs in builds.items():
-        cases[(name, LIMIT)] = lambda jpegs=jpegs: run_limit(jpegs)
-        cases[(name, WHOLE)] = lambda jpegs=jpegs: run(whole, jpegs)
-        cases[(name, SHIPPED)] = lambda jpegs=jpegs: run(ours, jpegs)
+    for name in builds:
+        cases[(name, LIMIT)] = run_limit
+        cases[(name, WHOLE)] = functools.partial(run, whole)
+        cases[(name, SHIPPED)] = functools.partial(run, ours)
+    # Every case runs on the same chunk of images before the next chunk starts, so the host's
+    # drift (15-25% within minutes here) falls on all of them alike.
     times: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     for _ in range(args.rounds):
-        for key, case in cases.items():
-            started = time.process_time()
-            case()
-            times[key].append((time.process_time() - started) / args.images * 1e6)
+        spent = dict.fromkeys(cases, 0.0)
+        for first in range(0, args.images, CHUNK):
+            for key, case in cases.items():
+                started = time.process_time()
+                case(builds[key[0]][first : first + CHUNK], first)
+                spent[key] += time.process_time() - started
+        for key, seconds in spent.items():
+            times[key].append(seconds / args.images * 1e6)
     first_limit = statistics.median(times[(next(iter(builds)), LIMIT)])
     print(f"{args.images} JPEGs of each build, {args.rounds} interleaved rounds, medians")
     print(
