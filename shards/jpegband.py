@@ -26,7 +26,9 @@ image whole).
 
 from __future__ import annotations
 
+import re
 import struct
+from itertools import islice
 from typing import NamedTuple
 
 import numpy as np
@@ -45,20 +47,23 @@ _SEQUENTIAL_HUFFMAN = (0xC0, 0xC1)
 # reserved) are not frames.
 _OTHER_FRAMES = frozenset(range(0xC2, 0xD0)) - {0xC4, 0xC8}
 # MCUs per restart interval that build-shards aims for: 64-px columns of a 4:2:0 JPEG.
-# Measured on 512-px shards (benchmarks/row_band.py): a crop's decode 421 us with 4-MCU
-# intervals against 563 us with one per row and 476 with 8, for files 2.0% larger than with
-# row intervals (8: 1.1%, 2: 3.9%, 1: 7.1%, whose markers also slow the decode).
+# Measured on 512-px shards (a prototype of benchmarks/band_decode.py, 600 re-encoded
+# JPEGs): a crop 1.08x the marker-less limit with 4-MCU intervals, 1.05x with 8, 0.98x
+# with one interval per row, for files 1.75%, 0.9% and 0.2% larger than without markers.
+# Shorter intervals are not written: 2 MCUs gave 1.10x at 512 px for files 3.3% larger,
+# and on 256-px shards (22 MCUs a row: only 2 or 11 divide it) their ~175 markers cost the
+# band cut as much as the narrower band saved; such rows keep one interval per row.
 TARGET_INTERVAL_MCUS = 4
-_INTERVAL_CHOICES = range(2, 9)
+_INTERVAL_CHOICES = range(4, 9)
 
 
 def restart_interval(width: int, mcu_width: int = 16) -> int:
     """MCUs per restart interval for a JPEG `width` px wide: what build-shards writes.
 
     An interval must divide the MCUs of a row, so each row starts a new interval and a band
-    can take the same interval columns from every row: the divisor in 2..8 nearest to
+    can take the same interval columns from every row: the divisor in 4..8 nearest to
     `TARGET_INTERVAL_MCUS` (the larger on a tie: fewer markers), else the whole row (a
-    prime count of MCUs: only rows can be cut).
+    count of MCUs with no such divisor, 22 or 43: only rows can be cut).
     """
     mcus = -(-width // mcu_width)
     divisors = [k for k in _INTERVAL_CHOICES if mcus % k == 0 and k < mcus]
@@ -169,18 +174,13 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None
     stop = min(
         len(data), layout.scan_at + (len(data) - layout.scan_at) * 5 * count // (4 * total) + 4096
     )
-    markers = _marker_positions(data, layout.scan_at, stop)
-    if len(markers) < wanted and stop < len(data):
-        rest = _marker_positions(data, stop - 1, len(data))  # a marker may straddle `stop`
-        markers = np.concatenate((markers, rest))
-    markers = markers[:wanted]
-    if len(markers) < wanted:
+    ends = _markers(data, layout.scan_at, stop, wanted)
+    if ends is not None and len(ends) < wanted and stop < len(data):
+        # a marker may straddle `stop`
+        rest = _markers(data, stop - 1, len(data), wanted - len(ends), len(ends))
+        ends = None if rest is None else ends + rest
+    if ends is None or len(ends) < wanted:
         return None
-    codes = np.frombuffer(data, np.uint8)[markers + 1]
-    expected = _RST_CODES[:wanted] if wanted <= len(_RST_CODES) else _rst_codes(wanted)
-    if (codes != expected).any():
-        return None
-    ends = markers.tolist()
     last_start = ends[-1] + 2 if ends else layout.scan_at
     if count < total:
         return ends if data.rfind(_EOI) > last_start else None
@@ -188,24 +188,37 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None
     return None if image_end < 0 else [*ends, image_end]
 
 
-def _rst_codes(count: int) -> np.ndarray:
-    """The code bytes of `count` restart markers in turn: 0xD0, 0xD1, ... 0xD7, 0xD0, ..."""
-    return (0xD0 + (np.arange(count) & 7)).astype(np.uint8)
-
-
-# Enough for 16,384 intervals (a 4096-px-square image with 64-px intervals), cached.
-_RST_CODES = _rst_codes(1 << 14)
-
-
-def _marker_positions(data: bytes, start: int, stop: int) -> np.ndarray:
-    """Offsets of the RST markers (their 0xFF) that lie wholly in `data[start:stop]`.
+def _markers(data: bytes, start: int, stop: int, count: int, first: int = 0) -> list[int] | None:
+    """Offsets (of the 0xFF) of the first `count` RST markers wholly in `data[start:stop]`,
+    fewer if it holds fewer; None unless they read RST(first % 8), RST((first + 1) % 8), ...
 
     In entropy-coded data a 0xFF is followed by 0x00 (a stuffed byte) or by a marker, so
-    every 0xFF followed by 0xD0..0xD7 is a restart marker.
+    every 0xFF followed by 0xD0..0xD7 is a restart marker. A regex walk finds a few markers
+    sooner; a numpy pass over the bytes costs less per marker (measured: one interval per
+    row of a 256-px JPEG, ~16 markers, 4 us against 18; 64-px intervals of a 512-px one,
+    ~250, 60 us against 25).
     """
-    scan = np.frombuffer(data, np.uint8, count=max(0, stop - start), offset=start)
-    fills = np.flatnonzero(scan[:-1] == 0xFF)
-    return fills[(scan[fills + 1] & 0xF8) == 0xD0] + start
+    if count <= _FEW_MARKERS:
+        found = [match.start() for match in islice(_RST_MARKER.finditer(data, start, stop), count)]
+        codes = bytes(data[at + 1] for at in found)
+    else:
+        scan = np.frombuffer(data, np.uint8, count=max(0, stop - start), offset=start)
+        fills = np.flatnonzero(scan[:-1] == 0xFF)
+        where = fills[(scan[fills + 1] & 0xF8) == 0xD0][:count]
+        codes, found = scan[where + 1].tobytes(), (where + start).tolist()
+    turn = first & 7
+    if turn + len(found) <= len(_RST_CODES):
+        expected = _RST_CODES[turn : turn + len(found)]
+    else:
+        expected = bytes(0xD0 + ((first + k) & 7) for k in range(len(found)))
+    return found if codes == expected else None
+
+
+_RST_MARKER = re.compile(rb"\xff[\xd0-\xd7]")
+_FEW_MARKERS = 48
+# The code bytes of restart markers in turn, RST0, RST1, ... RST7, RST0, ...: enough for
+# 65,536 intervals (a 4096-px-square image with 64-px intervals has 16,384).
+_RST_CODES = bytes(0xD0 + (k & 7) for k in range(1 << 16))
 
 
 def _layout(data: bytes) -> _Layout | None:
