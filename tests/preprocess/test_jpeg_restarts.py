@@ -255,15 +255,21 @@ def test_build_without_the_option_resumes_only_with_no_jpeg_restarts(
     record = json.loads((old / "_build" / "config.json").read_text())
     assert "jpeg_restarts" not in record["config"]["image"]
     assert "jpeg_restarts" not in json.loads((old / "manifest.json").read_text())["config"]["image"]
+    # --no-jpeg-restarts alone resumes it: one line, naming that one flag.
+    change = "image.jpeg_restarts: False -> True (the build was started without JPEG restart "
+    assert_refused_then_resumed(sample, old, capsys, change, "--no-jpeg-restarts")
+
+
+def assert_refused_then_resumed(sample, old, capsys, change: str, flag: str) -> None:
+    """The default rerun of `old` is refused with exactly one `jpeg_restart*` line starting
+    with `change` and naming `flag`, writing nothing; with `flag` it rebuilds byte for byte."""
     before = all_files(old)
     capsys.readouterr()
-
-    assert main(build_args(sample, old, "--backend", "fast")) == 1  # default: markers
+    assert main(build_args(sample, old, "--backend", "fast")) == 1
     err = capsys.readouterr().err
     changes = [line for line in err.splitlines() if "jpeg_restart" in line]
-    assert len(changes) == 1, err  # --no-jpeg-restarts alone resumes it: one line, one flag
-    assert "image.jpeg_restarts: False -> True" in changes[0]
-    assert "--no-jpeg-restarts" in changes[0]
+    assert len(changes) == 1, err
+    assert change in changes[0] and f"rerun with {flag}" in changes[0]
     assert "Traceback" not in err
     assert all_files(old) == before  # refused before writing a shard or a record
 
@@ -271,8 +277,8 @@ def test_build_without_the_option_resumes_only_with_no_jpeg_restarts(
     shard.unlink()
     (old / "parquet" / shard.name.replace(".tar", ".parquet")).unlink()
     (old / "manifest.json").unlink()
-    assert main(build_args(sample, old, "--backend", "fast", "--no-jpeg-restarts")) == 0
-    assert all_files(old) == before  # rebuilt byte for byte, still without markers
+    assert main(build_args(sample, old, "--backend", "fast", flag)) == 0
+    assert all_files(old) == before  # rebuilt byte for byte, as it was started
 
 
 def test_build_with_markers_refuses_to_resume_without_them(sample, builds, tmp_path, capsys):
@@ -298,25 +304,9 @@ def test_build_without_column_intervals_resumes_only_with_no_jpeg_restart_column
     for record in (old / "_build" / "config.json", old / "manifest.json"):
         image = json.loads(record.read_text())["config"]["image"]
         assert image["jpeg_restarts"] is True and "jpeg_restart_columns" not in image
-    before = all_files(old)
-    capsys.readouterr()
-
-    assert main(build_args(sample, old, "--backend", "fast")) == 1  # default: columns
-    err = capsys.readouterr().err
-    changes = [line for line in err.splitlines() if "jpeg_restart" in line]
-    assert len(changes) == 1, err  # markers are on both times: only the interval differs
-    assert "image.jpeg_restart_columns: False -> True" in changes[0]
-    assert "rerun with --no-jpeg-restart-columns" in changes[0]
-    assert "Traceback" not in err
-    assert all_files(old) == before  # refused before writing a shard or a record
-
-    shard = next((old / "tar").glob("train-*.tar"))
-    shard.unlink()
-    (old / "parquet" / shard.name.replace(".tar", ".parquet")).unlink()
-    (old / "manifest.json").unlink()
-    flags = ("--backend", "fast", "--no-jpeg-restart-columns")
-    assert main(build_args(sample, old, *flags)) == 0
-    assert all_files(old) == before  # rebuilt byte for byte, still one interval per row
+    # Markers are on both times: only the interval differs.
+    change = "image.jpeg_restart_columns: False -> True"
+    assert_refused_then_resumed(sample, old, capsys, change, "--no-jpeg-restart-columns")
 
 
 def test_build_with_column_intervals_refuses_to_resume_without_them(
