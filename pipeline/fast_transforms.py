@@ -198,7 +198,7 @@ class JpegCrop:
         decodes the image (a counted fallback) or raises the reason `pipeline.decode` gives.
         """
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
-        averaged = max(box[2] - box[0], box[3] - box[1]) / scale > AREA_SHRINK * size
+        averaged = _shrink(box, size) / scale > AREA_SHRINK  # as `resize_box` decides
         plain = PLAIN_UPSAMPLING_WHEN_AVERAGED and averaged and resample != "nearest"
         decoded = None
         if self.colorspace in FAST_JPEG_COLORSPACES:
@@ -288,13 +288,12 @@ def resize_box(
         `out`, or a new writable, C-contiguous uint8 array of shape (size, size, 3).
     """
     _, cv2 = load_fast_backends()
-    left, top, right, bottom = box
-    shrink = max((right - left) / size, (bottom - top) / size)
+    shrink = _shrink(box, size)
     if shrink <= AREA_SHRINK and not _integral(box):
         canvas = _at_origin(pixels, origin)
         return _warp(cv2, canvas, box, size, WARP_FILTERS[resample], flip, out)
-    left, top = round(left), round(top)
-    right, bottom = max(round(right), left + 1), max(round(bottom), top + 1)
+    left, top = round(box[0]), round(box[1])
+    right, bottom = max(round(box[2]), left + 1), max(round(box[3]), top + 1)
     if resample == "nearest":
         interpolation = cv2.INTER_NEAREST_EXACT  # bit-exact with Pillow's nearest
     elif shrink > AREA_SHRINK:
@@ -308,6 +307,11 @@ def resize_box(
     # The mirror runs in place (OpenCV swaps pixel pairs): no second array, and the result
     # never shares memory with `pixels` (resize always writes its own output).
     return cv2.flip(out, 1, dst=out) if flip else out
+
+
+def _shrink(box: Box, size: int) -> float:
+    """By how much the resize to `size` shrinks `box` along its longer side (< 1: enlarges)."""
+    return max(box[2] - box[0], box[3] - box[1]) / size
 
 
 def _at_origin(pixels: np.ndarray, origin: tuple[int, int]) -> np.ndarray:
