@@ -6,8 +6,8 @@ Here only the few contenders that decide the moonshot run, one epoch each, in ro
 few seconds whose order rotates, and every ratio is paired within its round:
 
 - ours: `build_loader` with its defaults (2 workers) on the build's shards;
-- the fast limit (simplejpeg decode + OpenCV bilinear, no antialiasing, 2 processes) on the
-  same JPEGs, and on the JPEGs of `--baseline-shards` builds of the same images (a build
+- the fast limit (simplejpeg decode + OpenCV bilinear, no antialiasing, in as many processes
+  as ours has workers, up to the cores) on the same JPEGs, and on the JPEGs of `--baseline-shards` builds of the same images (a build
   without restart markers decodes whole fastest: the strictest limit).
 
 Both wall-clock img/s (ours timed after one batch per worker, as in loader_throughput.py)
@@ -21,6 +21,7 @@ are reported, as medians of the paired ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -41,13 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
+    # The limit runs as many processes as ours has workers, up to the cores.
+    processes = min(args.workers, os.cpu_count() or 1)
     contenders = [
         OurLoader(OURS, args.shards, workers=args.workers),
-        PlainLoop(f"limit, {args.shards.name}", load_jpegs(args.shards), PlainFastCrop(), 2),
+        PlainLoop(
+            f"limit, {args.shards.name}", load_jpegs(args.shards), PlainFastCrop(), processes
+        ),
     ]
     for baseline in args.baseline_shards:
         jpegs = load_jpegs(baseline)
-        contenders.append(PlainLoop(f"limit, {baseline.name}", jpegs, PlainFastCrop(), 2))
+        contenders.append(PlainLoop(f"limit, {baseline.name}", jpegs, PlainFastCrop(), processes))
     runs: list[dict] = []
     for index in range(args.rounds):
         shift = index % len(contenders)
