@@ -86,16 +86,16 @@ starts each interval after the first. With `jpeg_restart_columns` (on by default
 interval is `shards.jpegband.restart_interval(width)` MCUs: about 64 px of a row, 4 MCUs of
 16 px where the row's MCU count, ceil(width / 16) for our 4:2:0 output, allows it, else its
 divisor in 5..8, else the whole row (a count with no such divisor: the 22 MCUs of a 341-px
-row, 43 MCUs). Every row starts a new interval either way. Without
-it (builds started before it) an interval is one MCU row (libjpeg's `restart_in_rows = 1`).
+row, 43 MCUs). Every row starts a new interval either way. Without it (builds started
+before it) an interval is one MCU row (libjpeg's `restart_in_rows = 1`).
 The loader decodes only the rows a crop needs by splicing the intervals between markers into
 a smaller JPEG, and with column intervals only the interval columns it covers too. Markers
 change no coefficient, so the decoded pixels are those of the same encoder without them;
 each costs about 4 bytes (the marker, its byte alignment, a DC value coded afresh). Measured
 on 200 images of `preprocess sample`, quality 90, same pixels: one marker a row costs +0.36%
 at 256 px (+0.21% at 512); 4-MCU intervals cost +1.5% more than row intervals at 256 px
-and +1.6% at 512 px (2-MCU intervals, no longer written, cost +3.7%). Every output is RGB, so there are no
-grey (8x8-MCU) JPEGs. Builds started before `jpeg_restarts` resume with
+and +1.6% at 512 px (2-MCU intervals, no longer written, cost +3.7%). Every output is RGB,
+so there are no grey (8x8-MCU) JPEGs. Builds started before `jpeg_restarts` resume with
 `jpeg_restarts=False` (no markers), which keeps the old encoders: for the `fast` backend
 simplejpeg, whose `encode_jpeg` ignores `fastdct=False` (simplejpeg 1.9: its files use
 libjpeg's fast integer DCT, 0.1 dB below the accurate DCT in PSNR at 256 px, pixels up to 15
