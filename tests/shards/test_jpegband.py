@@ -251,3 +251,29 @@ def test_random_bytes_and_cut_headers_never_raise(writer):
         band = crop_band(bytes(scan), *box)
         if band is not None:
             whole_or_none(band)  # decodes or is refused, never crashes
+
+
+def test_markers_beyond_the_first_scan_are_found_when_the_data_is_front_loaded(monkeypatch):
+    # Noise in the top third, flat grey below: the intervals above the box hold nearly all
+    # the entropy bytes, so the first scan (sized by the intervals' share) stops short and
+    # the rest of the file must be scanned too.
+    from shards import jpegband
+
+    rng = np.random.default_rng(0)
+    pixels = np.full((768, 1024, 3), 128, np.uint8)
+    pixels[:256] = rng.integers(0, 256, (256, 1024, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, restart_marker_blocks=4)
+    data = buffer.getvalue()
+    scans = []
+    original = jpegband._markers
+
+    def spy(data, start, stop, count, first=0):
+        scans.append((start, stop))
+        return original(data, start, stop, count, first)
+
+    monkeypatch.setattr(jpegband, "_markers", spy)
+    box = (300, 380, 500, 420)
+    band = crop_band(data, *box)
+    assert band is not None and len(scans) == 2  # the first stopped short of the markers
+    np.testing.assert_array_equal(band_pixels(data, box), whole(data)[380:420, 300:500])
