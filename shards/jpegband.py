@@ -128,30 +128,17 @@ def crop_band(
         return None
     if (first, last, first_column, last_column) == (0, layout.rows, 0, per_row):
         return None
-    ends = _interval_ends(data, layout, (last - 1) * per_row + last_column)
-    if ends is None:
+    # The band reads where intervals end from the one before its first (-1: none, the band
+    # starts the scan) through the last of its last row.
+    before = first * per_row + first_column - 1
+    low, high = max(0, before), last * per_row
+    scanned = _interval_ends(data, layout, high)
+    if scanned is None:
         return None
-    # One piece per MCU row: its intervals [first_column, last_column) lie one after the
-    # other in the file, their own markers between them; a marker goes between two pieces.
-    # Then every marker of the band is numbered RST0, RST1, ... in turn.
-    view = memoryview(data)
-    pieces = [view[: layout.scan_at]]
-    numbered = []  # where each marker's code byte lands in the band
-    at = layout.scan_at  # where the next piece lands
-    for row in range(first, last):
-        begin, end = row * per_row + first_column, row * per_row + last_column - 1
-        start = layout.scan_at if begin == 0 else ends[begin - 1] + 2
-        if row > first:
-            pieces.append(_RST0)
-            numbered.append(at + 1)
-            at += 2
-        numbered += [marker - start + at + 1 for marker in ends[begin:end]]
-        pieces.append(view[start : ends[end]])
-        at += ends[end] - start
-    pieces.append(_EOI)
-    band = bytearray().join(pieces)
-    for number, code_at in enumerate(numbered):
-        band[code_at] = 0xD0 + (number & 7)
+    ends = scanned[low:]
+    if before < 0:  # the scan's first byte, as if after a marker
+        ends.insert(0, layout.scan_at - 2)
+    band = _splice(data, layout, ends, last - first, (first_column, last_column))
     band_left, band_top = first_column * span, first * layout.mcu_height
     band_width = min(layout.width, last_column * span) - band_left
     band_height = min(layout.height, last * layout.mcu_height) - band_top
@@ -159,9 +146,50 @@ def crop_band(
     return Band(band, band_left, band_top, band_width, band_height)
 
 
+def _splice(
+    data: bytes, layout: _Layout, ends: list[int], rows: int, columns: tuple[int, int]
+) -> bytearray:
+    """The header, then intervals `columns` of `rows` MCU rows, markers renumbered from RST0.
+
+    `ends` holds where intervals end (their marker's 0xFF), from the one before the band's
+    first through the last of its last row. Each row's intervals lie one after the other in
+    the file, their own markers between them, so a row is one piece (whole rows are all one
+    piece); a marker goes between two pieces. Then the band's markers are numbered RST0,
+    RST1, ... in turn.
+    """
+    first_column, last_column = columns
+    per_row = layout.columns // layout.interval
+    view = memoryview(data)
+    if first_column == 0 and last_column == per_row:  # whole rows: one piece
+        start, stop = ends[0] + 2, ends[rows * per_row]
+        band = bytearray().join((view[: layout.scan_at], view[start:stop], _EOI))
+        shift = layout.scan_at + 1 - start
+        markers = [end + shift for end in ends[1 : rows * per_row]]
+    else:
+        width = last_column - first_column
+        pieces = [view[: layout.scan_at]]
+        markers = []  # where each of the band's marker codes is
+        at = layout.scan_at  # where the next piece lands in the band
+        for row in range(0, rows * per_row, per_row):
+            start, stop = ends[row] + 2, ends[row + width]
+            if row:
+                pieces.append(_RST0)
+                markers.append(at + 1)
+                at += 2
+            shift = at + 1 - start
+            markers += [end + shift for end in ends[row + 1 : row + width]]
+            pieces.append(view[start:stop])
+            at += stop - start
+        pieces.append(_EOI)
+        band = bytearray().join(pieces)
+    if markers:
+        np.frombuffer(band, np.uint8)[markers] = _RST_ARRAY[: len(markers)]
+    return band
+
+
 def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None:
     """Where each of the first `count` intervals' entropy data ends (the next marker's
-    0xFF, or the end marker's for the image's last interval), or None.
+    0xFF, or the end marker's for the image's last interval), found by scanning, or None.
 
     Interval i starts after the marker RST((i - 1) % 8): None unless the markers read RST0,
     RST1, ... in turn (one missing, extra or misnumbered) and the file keeps its end marker
@@ -219,6 +247,7 @@ _FEW_MARKERS = 48
 # The code bytes of restart markers in turn, RST0, RST1, ... RST7, RST0, ...: enough for
 # 65,536 intervals (a 4096-px-square image with 64-px intervals has 16,384).
 _RST_CODES = bytes(0xD0 + (k & 7) for k in range(1 << 16))
+_RST_ARRAY = np.frombuffer(_RST_CODES, np.uint8)
 
 
 def _layout(data: bytes) -> _Layout | None:
