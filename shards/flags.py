@@ -127,6 +127,7 @@ def flag_help(name: str, text: str, default: Any = MISSING) -> str:
     """The help of one flag, ending in its default (a field without help text is a bug)."""
     if not text.strip():
         raise TypeError(f"{name} has no help text: every flag must say what it does")
+    text = text.replace("%", "%%")  # argparse %-formats help strings: "2% larger" stays so
     if "default:" in text or default is MISSING:
         return text  # says in words what the default is (None would tell nothing)
     return f"{text} (default: {show_default(default)})"

@@ -56,3 +56,15 @@ def test_every_valued_flag_shows_its_default(name):
         if action.option_strings and action.nargs != 0 and not action.required:
             assert "default" in action.help, f"{command} {action.option_strings}: {action.help!r}"
             assert "(default: None)" not in action.help, f"{command}: say what None means"
+
+
+@pytest.mark.parametrize("name", ["preprocess", "pipeline", *(f"train {c}" for c in COMMANDS)])
+def test_every_help_text_renders_as_written(name):
+    # argparse %-formats help: an unescaped "0.6% of a file" would raise, "3% larger" would
+    # print garbage. Each flag's help is expanded as `--help` expands it.
+    parser = dict(all_parsers())[name]
+    formatter = parser._get_formatter()  # argparse keeps no public way to expand one help
+    for command, action in walk(name, parser):
+        if action.help and action.help is not argparse.SUPPRESS:
+            text = formatter._expand_help(action)
+            assert text.replace("%", "") == action.help.replace("%", ""), command
