@@ -50,9 +50,11 @@ _OTHER_FRAMES = frozenset(range(0xC2, 0xD0)) - {0xC4, 0xC8}
 # Measured on 512-px shards (a prototype of benchmarks/band_decode.py, 600 re-encoded
 # JPEGs): a crop 1.08x the marker-less limit with 4-MCU intervals, 1.05x with 8, 0.98x
 # with one interval per row, for files 1.75%, 0.9% and 0.2% larger than without markers.
-# Shorter intervals are not written: 2 MCUs gave 1.10x at 512 px for files 3.3% larger,
-# and on 256-px shards (22 MCUs a row: only 2 or 11 divide it) their ~175 markers cost the
-# band cut as much as the narrower band saved; such rows keep one interval per row.
+# Shorter intervals are not written: 2 MCUs gave 1.10x at 512 px for files 3.3% larger.
+# On 256-px shards (22 MCUs a row: only 2 or 11 divide it) 2-MCU intervals for those rows
+# made the loader ~2.5% faster end to end (`moonshot.py --workers 1`, 5 rounds) for files
+# 1.8% larger, and slowed every whole decode of them (any other reader's) by ~7%: such rows
+# keep one interval per row.
 TARGET_INTERVAL_MCUS = 4
 _INTERVAL_CHOICES = range(4, 9)
 
