@@ -118,6 +118,12 @@ class BuildConfig:
                 "--no-jpeg-restart-columns writes one interval per MCU row, as builds made "
                 "before the option did, and is how such a build resumes"
             ),
+            "jpeg_restart_narrow_rows": about(
+                "with column intervals, rows under 384 px (24 MCUs) keep one interval per row, "
+                "which the loader decodes faster there; --no-jpeg-restart-narrow-rows cuts "
+                "them into columns too, as builds made before the option did, and is how "
+                "such a build resumes"
+            ),
         },
     )
     shard_size: int = option(
@@ -280,8 +286,12 @@ class BuildConfig:
         # Column intervals: the same, and only where there are markers, so the records of
         # builds made before them (row intervals) match --no-jpeg-restart-columns, and the
         # record of a --no-jpeg-restarts build is what it was.
-        if not (markers and self.image.jpeg_restart_columns):
+        columns = markers and self.image.jpeg_restart_columns
+        if not columns:
             data["image"].pop("jpeg_restart_columns")
+        # Narrow rows kept whole: the same again, only with column intervals.
+        if not (columns and self.image.jpeg_restart_narrow_rows):
+            data["image"].pop("jpeg_restart_narrow_rows")
         return data
 
 
@@ -301,12 +311,22 @@ RECORDED_WHEN_ON = {
         "the build was started with restart intervals shorter than an MCU row; rerun "
         "without --no-jpeg-restart-columns to resume it",
     ),
+    "image.jpeg_restart_narrow_rows": (
+        "the build was started with column intervals in rows under 384 px too; rerun with "
+        "--no-jpeg-restart-narrow-rows to resume it",
+        "the build was started with one interval per row under 384 px; rerun without "
+        "--no-jpeg-restart-narrow-rows to resume it",
+    ),
 }
 
 
 # Switches recorded only while another one is on: when that one differs too, its line alone
-# says what to rerun with (`--no-jpeg-restarts` already writes no restart intervals at all).
-RECORDED_UNDER = {"image.jpeg_restart_columns": "image.jpeg_restarts"}
+# says what to rerun with (`--no-jpeg-restarts` already writes no restart intervals at all,
+# `--no-jpeg-restart-columns` no column intervals).
+RECORDED_UNDER = {
+    "image.jpeg_restart_columns": "image.jpeg_restarts",
+    "image.jpeg_restart_narrow_rows": "image.jpeg_restart_columns",
+}
 
 
 def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -86,7 +86,9 @@ starts each interval after the first. With `jpeg_restart_columns` (on by default
 interval is `shards.jpegband.restart_interval(width)` MCUs: about 64 px of a row, 4 MCUs of
 16 px where the row's MCU count, ceil(width / 16) for our 4:2:0 output, allows it, else its
 divisor in 5..8, else the whole row (a count with no such divisor: the 22 MCUs of a 341-px
-row, 43 MCUs). Every row starts a new interval either way. Without it (builds started
+row, 43 MCUs). Rows of fewer than 24 MCUs (384 px: every image of a 256-px build) keep one
+interval per row too (`jpeg_restart_narrow_rows`, on by default; builds started before it
+resume with it off). Every row starts a new interval either way. Without it (builds started
 before it) an interval is one MCU row (libjpeg's `restart_in_rows = 1`).
 The loader decodes only the rows a crop needs by splicing the intervals between markers into
 a smaller JPEG, and with column intervals only the interval columns it covers too. Markers
@@ -142,7 +144,7 @@ from shards.imagedata import (
     refuse_foreign_format,
     to_rgb,
 )
-from shards.jpegband import restart_interval
+from shards.jpegband import MIN_COLUMN_MCUS, restart_interval
 from shards.sample import SampleError
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
@@ -200,6 +202,10 @@ class ImageConfig:
             the row's MCU count has no divisor in 4..8) instead of one MCU row, so the loader
             can decode only the columns a crop needs too, for files ~1.5% larger. False
             writes the files of builds made before the option.
+        jpeg_restart_narrow_rows: with `jpeg_restart_columns`, rows of fewer than
+            `shards.jpegband.MIN_COLUMN_MCUS` MCUs (384 px) keep one interval per row,
+            whose bands decode faster than column bands of so few MCUs. False writes
+            column intervals in them too, as builds made before the option did.
     """
 
     image_size: int = 256
@@ -215,6 +221,7 @@ class ImageConfig:
     backend: str = "auto"
     jpeg_restarts: bool = True
     jpeg_restart_columns: bool = True
+    jpeg_restart_narrow_rows: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("resize", self.resize, RESIZE_POLICIES)
@@ -499,7 +506,8 @@ def _restart_blocks(width: int, config: ImageConfig) -> int:
     if not config.jpeg_restarts:
         return 0
     if config.jpeg_restart_columns:
-        return restart_interval(width, _MCU_WIDTH)
+        narrowest = MIN_COLUMN_MCUS if config.jpeg_restart_narrow_rows else 0
+        return restart_interval(width, _MCU_WIDTH, narrowest)
     return -(-width // _MCU_WIDTH)  # one MCU row
 
 

@@ -469,12 +469,14 @@ def test_mild_shrinks_stay_bilinear_and_match_pillow(monkeypatch):
 def marked_jpeg(
     width: int, height: int, seed: int = 0, subsampling: int = 2, layout: str = "columns"
 ) -> bytes:
-    """What build-shards writes (`columns`: intervals of a few MCUs), or what it wrote
-    before (`rows`: an interval per MCU row)."""
+    """Restart intervals of a few MCUs whatever the width (`columns`: build-shards' for
+    rows of 24 MCUs or more, and for any row before it kept narrow rows whole), or an
+    interval per MCU row (`rows`)."""
     if layout == "rows":
         params = {"restart_marker_rows": 1}
     else:
-        params = {"restart_marker_blocks": restart_interval(width, 8 if subsampling == 0 else 16)}
+        interval = restart_interval(width, 8 if subsampling == 0 else 16, min_mcus=0)
+        params = {"restart_marker_blocks": interval}
     return photo_jpeg(width, height, seed, subsampling=subsampling, **params)
 
 

@@ -1,6 +1,7 @@
 """Restart markers in the JPEGs `build-shards` writes: an interval of
-`restart_interval(width)` MCUs (or one per MCU row with --no-jpeg-restart-columns), pixels
-unchanged.
+`restart_interval(width)` MCUs (one per MCU row under 24 MCUs, or everywhere with
+--no-jpeg-restart-columns; columns in narrow rows too with --no-jpeg-restart-narrow-rows),
+pixels unchanged.
 
 Real builds of a real sample, through `main([...])`, with both backends and both shard
 formats; the markers are read from the files' own bytes. The loader splices the intervals
@@ -31,9 +32,11 @@ from shards.manifest import read_manifest
 from shards.parquet import iter_parquet_samples
 from shards.tar import iter_tar_samples
 
-# 176 px: the shorter side spans 11 MCU rows, so even row markers wrap (RST7, then RST0),
-# and the sample's widths have intervals of 4 MCUs (313 px: 20 MCUs), 5 (235 px), 2 (220
-# px) and a whole row (176 and 264 px: 11 and 17 MCUs, no divisor in 2..8).
+# 176 px: the shorter side spans 11 MCU rows, so even row markers wrap (RST7, then RST0).
+# The sample's rows are all under 24 MCUs, so a default build keeps one interval per row;
+# with --no-jpeg-restart-narrow-rows its widths have intervals of 4 MCUs (313 px: 20 MCUs),
+# 5 (235 px), 7 (220 px) and a whole row (176 and 264 px: 11 and 17 MCUs, no divisor in
+# 4..8).
 BUILD = [
     "build-shards",
     "--image-size",
@@ -135,10 +138,12 @@ def builds(sample, tmp_path_factory) -> dict[str, Path]:
     variants = {
         "fast": ["--backend", "fast"],
         "fast-rows": ["--backend", "fast", "--no-jpeg-restart-columns"],
+        "fast-narrow": ["--backend", "fast", "--no-jpeg-restart-narrow-rows"],
         "fast-plain": ["--backend", "fast", "--no-jpeg-restarts"],
         "fast-png": ["--backend", "fast", "--encode", "png"],
         "pillow": ["--backend", "pillow"],
         "pillow-rows": ["--backend", "pillow", "--no-jpeg-restart-columns"],
+        "pillow-narrow": ["--backend", "pillow", "--no-jpeg-restart-narrow-rows"],
         "pillow-plain": ["--backend", "pillow", "--no-jpeg-restarts"],
     }
     outputs = {}
@@ -174,6 +179,14 @@ def check_intervals(images: dict[str, bytes], interval_of) -> set[int | str]:
 @pytest.mark.parametrize("backend", ["fast", "pillow"])
 def test_every_restart_interval_of_a_default_build_starts_at_a_marker(builds, backend, fmt):
     seen = check_intervals(images_by_key(builds[backend], fmt), restart_interval)
+    assert seen == {"row"}  # every row of the sample is under 24 MCUs
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("backend", ["fast", "pillow"])
+def test_no_jpeg_restart_narrow_rows_cuts_narrow_rows_into_columns(builds, backend, fmt):
+    images = images_by_key(builds[f"{backend}-narrow"], fmt)
+    seen = check_intervals(images, lambda width: restart_interval(width, 16, min_mcus=0))
     # 4 MCUs where the row allows it, other divisors, and a whole row where none fits.
     assert seen == {4, 5, 7, "row"}
 
@@ -230,19 +243,28 @@ def pillow_jpeg(image: Image.Image, **restarts: int) -> bytes:
     return buffer.getvalue()
 
 
-# 4, 2 (22 MCUs), 5 (25 MCUs), 3 (27 MCUs) MCUs an interval, a whole row (43 and 7 MCUs,
-# no divisor in 2..8) and a one-MCU row.
-@pytest.mark.parametrize("width", [512, 341, 400, 430, 688, 100, 9])
-@pytest.mark.parametrize("columns", [True, False])
-def test_both_encoders_write_the_same_bytes_for_the_same_pixels(width, columns):
+# 4 (32 MCUs) and 5 (25 MCUs) MCUs an interval, a whole row (22, 27 and 43 MCUs, no divisor
+# in 4..8), and narrow rows (16 and 7 MCUs, a one-MCU row): whole unless
+# --no-jpeg-restart-narrow-rows.
+@pytest.mark.parametrize("width", [512, 341, 400, 430, 688, 256, 100, 9])
+@pytest.mark.parametrize("layout", ["columns", "narrow", "rows"])
+def test_both_encoders_write_the_same_bytes_for_the_same_pixels(width, layout):
     # Widths the sample build does not reach, through the two encoders themselves.
     pixels = np.random.default_rng(width).integers(0, 256, (40, width, 3), dtype=np.uint8)
-    config = ImageConfig(backend="pillow", jpeg_restart_columns=columns)
+    config = ImageConfig(
+        backend="pillow",
+        jpeg_restart_columns=layout != "rows",
+        jpeg_restart_narrow_rows=layout != "narrow",
+    )
     simplejpeg, cv2 = load_fast_backends()
     ours = preprocess_images._encode_jpeg_array(simplejpeg, cv2, pixels, config)
     assert ours == preprocess_images._encode(Image.fromarray(pixels), config)
-    row_mcus = math.ceil(width / 16)
-    assert jpeg_layout(ours).interval == (restart_interval(width) if columns else row_mcus)
+    intervals = {
+        "columns": restart_interval(width),
+        "narrow": restart_interval(width, 16, min_mcus=0),
+        "rows": math.ceil(width / 16),
+    }
+    assert jpeg_layout(ours).interval == intervals[layout]
 
 
 def test_build_without_the_option_resumes_only_with_no_jpeg_restarts(
@@ -328,6 +350,47 @@ def test_build_with_column_intervals_refuses_to_resume_without_them(
     assert all_files(new) == before
 
 
+def test_build_with_narrow_column_intervals_resumes_only_with_no_jpeg_restart_narrow_rows(
+    sample, builds, tmp_path, capsys
+):
+    # A build made before narrow rows were kept whole has no `jpeg_restart_narrow_rows` in
+    # its records, which is what --no-jpeg-restart-narrow-rows writes.
+    old = tmp_path / "old"
+    shutil.copytree(builds["fast-narrow"], old)
+    for record in (old / "_build" / "config.json", old / "manifest.json"):
+        image = json.loads(record.read_text())["config"]["image"]
+        assert image["jpeg_restart_columns"] is True and "jpeg_restart_narrow_rows" not in image
+    change = "image.jpeg_restart_narrow_rows: False -> True"
+    assert_refused_then_resumed(sample, old, capsys, change, "--no-jpeg-restart-narrow-rows")
+
+
+def test_build_keeping_narrow_rows_whole_refuses_to_resume_without_it(
+    sample, builds, tmp_path, capsys
+):
+    new = tmp_path / "new"
+    shutil.copytree(builds["fast"], new)
+    before = all_files(new)
+    capsys.readouterr()
+    flags = ("--backend", "fast", "--no-jpeg-restart-narrow-rows")
+    assert main(build_args(sample, new, *flags)) == 1
+    err = capsys.readouterr().err
+    changes = [line for line in err.splitlines() if "jpeg_restart" in line]
+    assert len(changes) == 1, err
+    assert "image.jpeg_restart_narrow_rows: True -> False" in changes[0]
+    assert "without --no-jpeg-restart-narrow-rows" in changes[0]
+    assert all_files(new) == before
+
+
+def test_no_jpeg_restart_columns_ignores_no_jpeg_restart_narrow_rows(sample, builds, tmp_path):
+    # With one interval per row everywhere the flag changes neither a byte nor a record.
+    record = json.loads((builds["fast-rows"] / "_build" / "config.json").read_text())
+    assert "jpeg_restart_narrow_rows" not in record["config"]["image"]
+    both = tmp_path / "both"
+    flags = ("--backend", "fast", "--no-jpeg-restart-columns", "--no-jpeg-restart-narrow-rows")
+    assert main(build_args(sample, both, *flags)) == 0
+    assert all_files(both) == all_files(builds["fast-rows"])
+
+
 def test_no_jpeg_restarts_ignores_no_jpeg_restart_columns(sample, builds, tmp_path):
     # Without markers there are no intervals: the flag changes neither a byte nor a record,
     # so a --no-jpeg-restarts build made before the option resumes with or without it.
@@ -350,6 +413,7 @@ def test_restart_markers_are_not_recorded_for_other_encodings(builds):
     record = json.loads((builds["fast-png"] / "_build" / "config.json").read_text())
     assert "jpeg_restarts" not in record["config"]["image"]
     assert "jpeg_restart_columns" not in record["config"]["image"]
+    assert "jpeg_restart_narrow_rows" not in record["config"]["image"]
 
 
 def test_help_shows_the_flag(capsys):
@@ -359,3 +423,4 @@ def test_help_shows_the_flag(capsys):
     out = capsys.readouterr().out
     assert "--jpeg-restarts, --no-jpeg-restarts" in out and "restart marker" in out
     assert "--jpeg-restart-columns, --no-jpeg-restart-columns" in out
+    assert "--jpeg-restart-narrow-rows, --no-jpeg-restart-narrow-rows" in out

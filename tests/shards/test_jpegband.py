@@ -37,8 +37,9 @@ def marked(width: int, height: int, subsampling: int = 2, seed: int = 0) -> byte
 
 
 def columned(width: int, height: int, subsampling: int = 2, seed: int = 0) -> bytes:
-    """A photo-like JPEG with build-shards' restart intervals: a few MCUs of a row each."""
-    interval = restart_interval(width, MCU_WIDTH[subsampling])
+    """A photo-like JPEG with restart intervals of a few MCUs of a row each, whatever its
+    width (build-shards keeps narrow rows whole; its builds before that did not)."""
+    interval = restart_interval(width, MCU_WIDTH[subsampling], min_mcus=0)
     return photo_jpeg(width, height, seed, subsampling=subsampling, restart_marker_blocks=interval)
 
 
@@ -101,7 +102,8 @@ def test_every_asked_pixel_is_bit_identical_to_the_whole_decode(writer, width, h
     # Row intervals give whole rows; shorter ones cut columns too (build-shards' rule keeps
     # one interval per row where no divisor of 4-8 MCUs fits: 22 MCUs at 341 px, 38 at 300).
     mcus = -(-width // MCU_WIDTH[subsampling])
-    intervals = {"rows": 1, "columns": mcus // restart_interval(width, MCU_WIDTH[subsampling])}
+    columns = mcus // restart_interval(width, MCU_WIDTH[subsampling], min_mcus=0)
+    intervals = {"rows": 1, "columns": columns}
     assert (narrower > 0) == (intervals.get(writer, mcus) > 1)
 
 
