@@ -316,92 +316,83 @@ def test_build_with_markers_refuses_to_resume_without_them(sample, builds, tmp_p
     assert "True -> False" in changes[0] and "without --no-jpeg-restarts" in changes[0]
 
 
-def test_build_without_column_intervals_resumes_only_with_no_jpeg_restart_columns(
-    sample, builds, tmp_path, capsys
+@pytest.mark.parametrize(
+    ("build", "field", "under"),
+    [
+        ("fast-rows", "jpeg_restart_columns", "jpeg_restarts"),
+        ("fast-narrow", "jpeg_restart_narrow_rows", "jpeg_restart_columns"),
+    ],
+)
+def test_build_made_before_an_interval_switch_resumes_only_with_its_no_flag(
+    sample, builds, tmp_path, capsys, build, field, under
 ):
-    # A build made before column intervals existed (one interval per row) has no
-    # `jpeg_restart_columns` in its records, which is what --no-jpeg-restart-columns writes.
+    # A build made before the switch existed (one interval per row; column intervals in
+    # narrow rows too) has no `field` in its records, which is what its --no- flag writes.
     old = tmp_path / "old"
-    shutil.copytree(builds["fast-rows"], old)
+    shutil.copytree(builds[build], old)
     for record in (old / "_build" / "config.json", old / "manifest.json"):
         image = json.loads(record.read_text())["config"]["image"]
-        assert image["jpeg_restarts"] is True and "jpeg_restart_columns" not in image
-    # Markers are on both times: only the interval differs.
-    change = "image.jpeg_restart_columns: False -> True"
-    assert_refused_then_resumed(sample, old, capsys, change, "--no-jpeg-restart-columns")
+        assert image[under] is True and field not in image
+    # The switch it is recorded under is on both times: only this one differs.
+    flag = "--no-" + field.replace("_", "-")
+    assert_refused_then_resumed(sample, old, capsys, f"image.{field}: False -> True", flag)
 
 
 def test_build_with_column_intervals_refuses_to_resume_without_them(
     sample, builds, tmp_path, capsys
 ):
-    new = tmp_path / "new"
-    shutil.copytree(builds["pillow"], new)
-    record = json.loads((new / "_build" / "config.json").read_text())
+    record = json.loads((builds["pillow"] / "_build" / "config.json").read_text())
     assert record["config"]["image"]["jpeg_restart_columns"] is True
+    flag = "--no-jpeg-restart-columns"
+    assert_refused_with(sample, builds["pillow"], tmp_path, capsys, ("--backend", "pillow", flag))
+
+
+def assert_refused_with(sample, started: Path, tmp_path, capsys, flags) -> None:
+    """A copy of the build `started` with defaults, rerun with `flags` (the last one a
+    `--no-jpeg-restart-*` switch), is refused with one line naming that switch, writing
+    nothing."""
+    new = tmp_path / "new"
+    shutil.copytree(started, new)
     before = all_files(new)
     capsys.readouterr()
-    flags = ("--backend", "pillow", "--no-jpeg-restart-columns")
     assert main(build_args(sample, new, *flags)) == 1
     err = capsys.readouterr().err
     changes = [line for line in err.splitlines() if "jpeg_restart" in line]
     assert len(changes) == 1, err
-    assert "image.jpeg_restart_columns: True -> False" in changes[0]
-    assert "without --no-jpeg-restart-columns" in changes[0]
+    field = flags[-1].removeprefix("--no-").replace("-", "_")
+    assert f"image.{field}: True -> False" in changes[0]
+    assert f"without {flags[-1]}" in changes[0]
     assert all_files(new) == before
-
-
-def test_build_with_narrow_column_intervals_resumes_only_with_no_jpeg_restart_narrow_rows(
-    sample, builds, tmp_path, capsys
-):
-    # A build made before narrow rows were kept whole has no `jpeg_restart_narrow_rows` in
-    # its records, which is what --no-jpeg-restart-narrow-rows writes.
-    old = tmp_path / "old"
-    shutil.copytree(builds["fast-narrow"], old)
-    for record in (old / "_build" / "config.json", old / "manifest.json"):
-        image = json.loads(record.read_text())["config"]["image"]
-        assert image["jpeg_restart_columns"] is True and "jpeg_restart_narrow_rows" not in image
-    change = "image.jpeg_restart_narrow_rows: False -> True"
-    assert_refused_then_resumed(sample, old, capsys, change, "--no-jpeg-restart-narrow-rows")
 
 
 def test_build_keeping_narrow_rows_whole_refuses_to_resume_without_it(
     sample, builds, tmp_path, capsys
 ):
-    new = tmp_path / "new"
-    shutil.copytree(builds["fast"], new)
-    before = all_files(new)
-    capsys.readouterr()
     flags = ("--backend", "fast", "--no-jpeg-restart-narrow-rows")
-    assert main(build_args(sample, new, *flags)) == 1
-    err = capsys.readouterr().err
-    changes = [line for line in err.splitlines() if "jpeg_restart" in line]
-    assert len(changes) == 1, err
-    assert "image.jpeg_restart_narrow_rows: True -> False" in changes[0]
-    assert "without --no-jpeg-restart-narrow-rows" in changes[0]
-    assert all_files(new) == before
+    assert_refused_with(sample, builds["fast"], tmp_path, capsys, flags)
 
 
-def test_no_jpeg_restart_columns_ignores_no_jpeg_restart_narrow_rows(sample, builds, tmp_path):
-    # With one interval per row everywhere the flag changes neither a byte nor a record.
-    record = json.loads((builds["fast-rows"] / "_build" / "config.json").read_text())
-    assert "jpeg_restart_narrow_rows" not in record["config"]["image"]
+@pytest.mark.parametrize(
+    ("build", "off", "ignored"),
+    [
+        ("fast-plain", "--no-jpeg-restarts", "jpeg_restart_columns"),
+        ("fast-rows", "--no-jpeg-restart-columns", "jpeg_restart_narrow_rows"),
+    ],
+)
+def test_a_switch_under_one_that_is_off_changes_nothing(
+    sample, builds, tmp_path, build, off, ignored
+):
+    # Without markers there are no intervals, and with one interval per row everywhere no
+    # narrow rows to keep whole: the flag changes neither a byte nor a record, so a build
+    # made before it resumes with or without it.
+    record = json.loads((builds[build] / "_build" / "config.json").read_text())
+    assert ignored not in record["config"]["image"]
     both = tmp_path / "both"
-    flags = ("--backend", "fast", "--no-jpeg-restart-columns", "--no-jpeg-restart-narrow-rows")
+    flags = ("--backend", "fast", off, "--no-" + ignored.replace("_", "-"))
     assert main(build_args(sample, both, *flags)) == 0
-    assert all_files(both) == all_files(builds["fast-rows"])
-
-
-def test_no_jpeg_restarts_ignores_no_jpeg_restart_columns(sample, builds, tmp_path):
-    # Without markers there are no intervals: the flag changes neither a byte nor a record,
-    # so a --no-jpeg-restarts build made before the option resumes with or without it.
-    record = json.loads((builds["fast-plain"] / "_build" / "config.json").read_text())
-    assert "jpeg_restart_columns" not in record["config"]["image"]
-    both = tmp_path / "both"
-    flags = ("--backend", "fast", "--no-jpeg-restarts", "--no-jpeg-restart-columns")
-    assert main(build_args(sample, both, *flags)) == 0
-    assert all_files(both) == all_files(builds["fast-plain"])
+    assert all_files(both) == all_files(builds[build])
     resumed = tmp_path / "resumed"
-    shutil.copytree(builds["fast-plain"], resumed)
+    shutil.copytree(builds[build], resumed)
     before = all_files(resumed)
     assert main(build_args(sample, resumed, *flags)) == 0
     assert all_files(resumed) == before
