@@ -86,7 +86,7 @@ starts each interval after the first. With `jpeg_restart_columns` (on by default
 interval is `shards.jpegband.restart_interval(width)` MCUs: about 64 px of a row, 4 MCUs of
 16 px where the row's MCU count, ceil(width / 16) for our 4:2:0 output, allows it, else its
 divisor in 5..8, else the whole row (a count with no such divisor: the 22 MCUs of a 341-px
-row, 43 MCUs). Rows of fewer than 24 MCUs (384 px: every image of a 256-px build) keep one
+row, 43 MCUs). Rows of fewer than 24 MCUs (384 px: all but the widest images of a 256-px build) keep one
 interval per row too (`jpeg_restart_narrow_rows`, on by default; builds started before it
 resume with it off). Every row starts a new interval either way. Without it (builds started
 before it) an interval is one MCU row (libjpeg's `restart_in_rows = 1`).

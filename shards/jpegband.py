@@ -142,13 +142,12 @@ def crop_band(
     if (first, last, first_column, last_column) == (0, layout.rows, 0, per_row):
         return None
     # The band reads where intervals end from the one before its first (-1: none, the band
-    # starts the scan) through the last of its last row.
+    # starts the scan) through its last: the scan stops there.
     before = first * per_row + first_column - 1
-    low, high = max(0, before), last * per_row
-    scanned = _interval_ends(data, layout, high)
+    scanned = _interval_ends(data, layout, (last - 1) * per_row + last_column)
     if scanned is None:
         return None
-    ends = scanned[low:]
+    ends = scanned[max(0, before) :]
     if before < 0:  # the scan's first byte, as if after a marker
         ends.insert(0, layout.scan_at - 2)
     band = _splice(data, layout, ends, last - first, (first_column, last_column))
