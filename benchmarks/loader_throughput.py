@@ -20,7 +20,6 @@ import gc
 import json
 import multiprocessing
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -28,12 +27,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
-import PIL
 import torch
-from decode_limit import plain_loop
+from common import describe_machine
 from loader_baselines import (
     BATCH_SIZE,
     CROP_SIZE,
@@ -44,9 +43,11 @@ from loader_baselines import (
     time_epoch,
     with_cpu,
 )
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from pipeline import LoaderConfig, build_loader
+from pipeline.decode import draft_scale
 from pipeline.transforms import sample_crop_box
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
@@ -72,6 +73,8 @@ SAME_FILTER_LIMIT_1 = "limit: the loader's crop, whole decode, 1 process"
 SAME_FILTER_LIMIT = "limit: the loader's crop, whole decode, 2 processes"
 WDS = "stock webdataset"
 NAIVE = "naive ImageFolder on source files"
+# Versions recorded with every run.
+PACKAGES = ("torch", "pillow", "numpy", "webdataset", "simplejpeg", "opencv-python-headless")
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -287,8 +290,21 @@ def loop_part(loop: PlainLoop, index: int, seed: int, barrier, queue) -> None:
     queue.put((start, time.perf_counter(), len(jpegs)))
 
 
-# The plain Pillow decode + crop + flip loop is decode_limit's, so both benchmarks time the same code.
-plain_pillow_crop = plain_loop
+def plain_pillow_crop(data: bytes, rng: random.Random) -> np.ndarray:
+    """What one writes by hand with Pillow: open, draft, crop + resize, flip, asarray. No checks."""
+    image = Image.open(BytesIO(data))
+    box = sample_crop_box(*image.size, SCALE, RATIO, rng)
+    flip = rng.random() < 0.5
+    scale = draft_scale(box[2] - box[0], box[3] - box[1], (CROP_SIZE, CROP_SIZE))
+    if scale > 1:
+        width, height = image.size
+        extent = image.draft("RGB", (width // scale, height // scale))[1]
+        f = extent[2] / width
+        box = (box[0] * f, box[1] * f, box[2] * f, box[3] * f)
+    out = image.resize((CROP_SIZE, CROP_SIZE), Image.Resampling.BILINEAR, box=box)
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.asarray(out)
 
 
 class PlainFastCrop:
@@ -530,29 +546,10 @@ def print_targets(results: dict[str, list[Measurement]]) -> list[dict]:
 
 
 def machine_info() -> dict:
-    """What the numbers were measured on: cores, CPU, memory, load, versions."""
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), "")
-    meminfo = Path("/proc/meminfo").read_text().splitlines()
-    mem_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal"))
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    versions["pillow"], versions["numpy"] = PIL.__version__, np.__version__
-    for name, module in (
-        ("webdataset", "webdataset"),
-        ("simplejpeg", "simplejpeg"),
-        ("opencv", "cv2"),
-    ):
-        try:
-            versions[name] = __import__(module).__version__
-        except ImportError:
-            versions[name] = "not installed"
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "ram_gib": round(mem_kb / 2**20, 1),
-        "loadavg": os.getloadavg(),
-        "versions": versions,
-    }
+    """What the numbers were measured on: cores, CPU, memory, load, versions (common's harness)."""
+    machine: dict = describe_machine(PACKAGES)
+    machine["loadavg"] = os.getloadavg()
+    return machine
 
 
 def plot(results: dict[str, list[Measurement]], path: Path) -> None:

@@ -1,7 +1,7 @@
 """Scale run of `preprocess build-shards`: wall time, peak memory of the whole process tree, disk.
 
-Runs the real CLI as a child process (local Ray starts under it, so the Ray
-workers are in its tree) and samples RSS/PSS of every process in the tree.
+Runs the real CLI as a child process (its workers, a local pool or Ray, start under
+it, so they are in its tree) and samples RSS/PSS of every process in the tree.
 Usage:
     python benchmarks/scale_build.py --input /data/sample500k --output /data/shards500k --formats tar
 """
