@@ -13,7 +13,6 @@ import datetime
 import itertools
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from shards.io import atomic_write_bytes
 
 log = logging.getLogger("trainers")
 
@@ -387,9 +388,7 @@ def write_thresholds(
         "classes": rows,
     }
     path = Path(run_dir) / "thresholds.json"
-    tmp = path.with_name(".thresholds.json.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(document, indent=1) + "\n").encode())
     return path
 
 
@@ -415,11 +414,8 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def rewrite_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.rewrite")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    """Replace a JSONL file with `rows`, atomically (a resumed run trims rows past its step)."""
+    atomic_write_bytes(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
 
 
 class Trace:

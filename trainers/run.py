@@ -24,6 +24,7 @@ from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
+from shards.io import atomic_write_bytes
 from shards.redact import redact_url
 from trainers.checkpoint import (
     FORMAT_NAME,
@@ -302,7 +303,5 @@ def write_config(run_dir: str | Path, config: TrainConfig, extra: dict[str, Any]
     """`RUN_DIR/config.json`: the resolved config plus derived figures (batch plan, lr)."""
     path = Path(run_dir) / "config.json"
     document = {"config": config.to_dict(), **extra}
-    tmp = path.with_name(".config.json.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(document, indent=1) + "\n").encode())
     return path

@@ -194,6 +194,23 @@ def test_overwrite_replaces_an_earlier_sample(tmp_path):
     assert len(list(summary.output.rglob("img_*"))) == 6
 
 
+def test_overwrite_removes_what_a_killed_run_left(tmp_path):
+    """A run killed mid-image leaves a `shards.io` temporary: --overwrite takes it as ours."""
+    first = make_sample(tmp_path / "out", 4, classes=1, workers=1)
+    image = next(first.output.rglob("img_*"))
+    (image.parent / f".{image.name}.tmp-123-0a1b2c3d").write_bytes(b"partial")
+    (image.parent / "img_9.jpg.tmp").write_bytes(b"partial, an older run")
+    summary = make_sample(tmp_path / "out", 3, classes=1, workers=1, overwrite=True)
+    assert sorted(p.name for p in (summary.output / "class_000").iterdir()) == [
+        "img_0000000.jpg",
+        "img_0000001.jpg",
+        "img_0000002.jpg",
+    ]
+    (summary.output / "class_000" / ".img_0.jpg.tmp-x").write_bytes(b"not one of ours")
+    with pytest.raises(ValueError, match="not written by make-sample"):
+        make_sample(tmp_path / "out", 3, classes=1, workers=1, overwrite=True)
+
+
 def test_output_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
