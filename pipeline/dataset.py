@@ -5,7 +5,8 @@ resume point are known: plan this worker's pieces -> read shard samples ->
 shuffle buffer of encoded bytes -> skip what a resumed run already delivered ->
 decode and augment -> batch. Every worker yields exactly its planned number of
 batches, refilling from recent samples when data is bad, so DDP ranks stay in
-step to the end of the epoch.
+step to the end of the epoch; an exactly-once epoch (eval, the `uneven` rule)
+never repeats a sample and ends short instead (`StreamSettings.exactly_once`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from shards.sample import (
     SampleError,
     collate_values,
     field_value,
+    member_caps,
     read_fields,
 )
 
@@ -84,6 +86,7 @@ class WorkerStats:
     bad_shards: Counter = field(default_factory=Counter)  # reason -> shards
     bad_shard_examples: list = field(default_factory=list)  # the first few, named
     refilled: int = 0
+    unfilled: int = 0  # exactly-once epochs: planned slots left empty (their samples were bad)
     decode_s: float = 0.0
     pillow_fallbacks: int = 0  # samples the fast crops handed to Pillow (non-JPEG, CMYK, ...)
     budget: int = 10  # skips allowed before the worker stops
@@ -96,6 +99,7 @@ class WorkerStats:
             "bad_shards": dict(self.bad_shards),
             "bad_shard_examples": list(self.bad_shard_examples),
             "refilled": self.refilled,
+            "unfilled": self.unfilled,
             "decode_s": self.decode_s,
             "pillow_fallbacks": self.pillow_fallbacks,
         }
@@ -164,10 +168,16 @@ class StreamSettings:
     verify_checksums: bool = False  # hash each shard against the manifest before reading it
     limits: ReadLimits = DEFAULT_LIMITS
     fields: tuple[Field, ...] = DEFAULT_FIELDS  # what each batch carries, in this order
+    num_classes: int | None = None  # the manifest's class count: labels past it are skips
+    # Eval with the `uneven` rule: every good sample once and none twice, so a batch the
+    # stream cannot fill (its bad samples were skipped) is delivered short, never refilled.
+    exactly_once: bool = False
 
 
 class ShardStream(IterableDataset):
-    """Yields ready batches `(values, size, keys, stats)`.
+    """Yields ready batches `(values, size, keys, stats)`; an exactly-once epoch that ends
+    short ends with `((), 0, None, stats)`, its final counts (`ShardLoader` yields no batch
+    for it).
 
     `values` holds one collated entry per field of `settings.fields`, in that order:
     images uint8 `[B, 3, H, W]` (or a ring `SlotBatch`), labels int64 `[B]`, text and
@@ -194,6 +204,11 @@ class ShardStream(IterableDataset):
         self.total = int(self.counts.sum())
         self.settings = settings
         self.read_fields = read_fields(settings.fields)
+        # Each member's cap goes to the reader, which skips an oversized member unread
+        # instead of holding it in the shuffle buffer until its decode refuses it.
+        caps = settings.limits.member_caps + member_caps(settings.fields)
+        self.read_limits = dataclasses.replace(settings.limits, member_caps=caps)
+        self.ranged = class_ranged_fields(settings.fields, settings.num_classes)
         self.transform = transform
         self.direct = direct_image_field(settings, transform)
         self.shared = shared
@@ -307,7 +322,7 @@ class ShardStream(IterableDataset):
     def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
         """Samples `[start, stop)` of one shard, capped by what its manifest entry says."""
         s = self.settings
-        limits = s.limits
+        limits = self.read_limits
         if spec.bytes is not None:
             limits = dataclasses.replace(limits, shard_bytes=max(1, spec.bytes))
         with open_shard(spec, s.retry, s.storage_options, s.verify_checksums) as stream:
@@ -326,6 +341,7 @@ class ShardStream(IterableDataset):
     ) -> Iterator[tuple]:
         reserve: deque = deque(maxlen=RESERVE_SIZE)
         fallbacks = pillow_fallbacks()  # this process's count before this epoch's decodes
+        sizes = iter(sizes)  # what an exactly-once epoch leaves unfilled is summed from it
         for size in sizes:
             target = self.image_target(size)
             try:
@@ -334,19 +350,32 @@ class ShardStream(IterableDataset):
                 if target is not None:
                     target.abandon()  # a worker's slot is free again, not leaked
                 raise
-            stats.samples += size
+            if len(rows) < size:  # exactly once: the stream ran dry, its bad samples skipped
+                stats.unfilled += size - len(rows)
+                if not rows:  # no empty batch: the worker's final counts, and the end
+                    if target is not None:
+                        target.abandon()
+                    stats.unfilled += sum(sizes)  # the planned batches left, unfilled too
+                    yield (), 0, None, stats.snapshot()
+                    return
+                if target is not None:
+                    target.shorten(len(rows))
+            stats.samples += len(rows)
             stats.pillow_fallbacks = pillow_fallbacks() - fallbacks
             yield self.collate(rows, keys, stats, target)
 
     def fill_batch(
         self, shuffled, size: int, epoch: int, stats: WorkerStats, reserve: deque, target
     ) -> tuple[list[tuple], list[str]]:
-        """Decode `size` good samples (skipping bad ones, refilling when the stream ends)."""
+        """Decode `size` good samples, skipping bad ones; when the stream ends, refill from
+        recent good samples, or (`exactly_once`) return the batch short."""
         rows: list[tuple] = []
         keys: list[str] = []
         while len(rows) < size:
             sample, repeat = next(shuffled, None), 0
             if sample is None:
+                if self.settings.exactly_once:
+                    break
                 sample, repeat = self.refill(reserve, stats)
             out = None if target is None else target.arrays[len(rows)]
             try:
@@ -400,9 +429,12 @@ class ShardStream(IterableDataset):
                         out[...] = value
                 else:
                     value = self.transform(value, rng)
-            elif spec.transform is not None:
-                rng = SampleRandom(f"{spec.name}:{seed}:{epoch}:{key}:{repeat}")
-                value = spec.transform(value, rng)
+            else:
+                if index in self.ranged:
+                    check_class_range(spec, value, self.settings.num_classes, key)
+                if spec.transform is not None:
+                    rng = SampleRandom(f"{spec.name}:{seed}:{epoch}:{key}:{repeat}")
+                    value = spec.transform(value, rng)
             row.append(value)
         stats.decode_s += time.perf_counter() - started
         return tuple(row)
@@ -450,6 +482,42 @@ class ShardStream(IterableDataset):
                 values.append(torch.from_numpy(collated) if is_array else collated)
         keys = keys if self.settings.with_keys else None
         return tuple(values), len(rows), keys, stats.snapshot()
+
+
+def class_ranged_fields(fields: Sequence[Field], num_classes: int | None) -> frozenset[int]:
+    """Indices of the label and multi-label fields whose classes the manifest bounds.
+
+    A multi-label field no wider than the manifest's classes is bounded by its own
+    `num_classes` already (`bad_labels` in `field_value`).
+    """
+    if num_classes is None:
+        return frozenset()
+    return frozenset(
+        index
+        for index, spec in enumerate(fields)
+        if spec.kind == "label" or (spec.kind == "multi_label" and spec.num_classes > num_classes)
+    )
+
+
+def check_class_range(spec: Field, value: object, num_classes: int, key: str) -> None:
+    """Refuse a class id the manifest does not name: one compare for a label.
+
+    Raises:
+        SampleError: `bad_label` or `bad_labels`, as the field's own checks name them.
+    """
+    if spec.kind == "label":
+        if value < num_classes:
+            return
+        reason, shown = "bad_label", f"class {value}"
+    else:
+        if not value or max(value) < num_classes:
+            return
+        reason, shown = "bad_labels", f"class {max(value)}"
+    raise SampleError(
+        reason,
+        f"sample {key!r} field {spec.name!r}: {shown} is not one of the {num_classes} "
+        "classes the manifest names; rebuild the shard or its manifest",
+    )
 
 
 def stack_outputs(spec: Field, outputs: list, keys: list[str]) -> torch.Tensor | list:
@@ -524,6 +592,18 @@ class ImageTarget:
         """Give an unfinished batch's slot back (an error stopped the batch)."""
         if isinstance(self.batch, SlotBatch) and self.ring is not None:
             self.ring.release(self.batch.slot)
+
+    def shorten(self, count: int) -> None:
+        """Keep the first `count` images: a short batch of an exactly-once epoch.
+
+        The batch dimension is the outermost of either layout, so the first `count`
+        images are the slot's (or tensor's) first bytes: nothing moves.
+        """
+        self.arrays = self.arrays[:count]
+        if isinstance(self.batch, SlotBatch):
+            self.batch.shape = (count, *self.batch.shape[1:])
+        else:
+            self.batch = self.batch[:count]
 
 
 def stack_images(

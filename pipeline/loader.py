@@ -60,7 +60,10 @@ class LoaderConfig:
         drop_last: drop a rank's last partial batch; default True for train.
         epoch_rule: how ranks get equal work when samples don't divide:
             `pad` (repeat a few samples; train default), `drop`, or `uneven`
-            (exactly once, ranks may differ by one batch; eval default).
+            (exactly once, ranks may differ by one batch; eval default). In eval
+            (`train=False`) `uneven` never delivers a sample twice: where bad samples
+            were skipped the stream's last batches come short (`stats.unfilled`), where
+            training refills them from recent good samples (`stats.refilled`).
         pin_memory: default True when CUDA is available.
         channels_last: images keep the NHWC memory layout the workers build them in
             (shape still `[B, 3, H, W]`, `torch.channels_last` strides), as FFCV
@@ -240,6 +243,8 @@ class ShardLoader:
             verify_checksums=config.verify_checksums,
             limits=config.read_limits,
             fields=fields,
+            num_classes=len(source.classes) if source.classes else None,
+            exactly_once=not train and rule == "uneven" and not self.resampling(config),
         )
         self.settings = settings
         self.shared = SharedState()
@@ -260,8 +265,13 @@ class ShardLoader:
         log_epoch_plan(self)
 
     @staticmethod
+    def resampling(config: LoaderConfig) -> bool:
+        """Whether samples are drawn with replacement (`resampled`, `class_balance`)."""
+        return config.resampled or config.class_balance
+
+    @staticmethod
     def epoch_samples_for(config: LoaderConfig, source: ResolvedSource) -> int | None:
-        if not (config.resampled or config.class_balance):
+        if not ShardLoader.resampling(config):
             if config.epoch_samples is not None:
                 raise ValueError("epoch_samples needs resampled=True (or class_balance=True)")
             return None
@@ -370,6 +380,9 @@ class ShardLoader:
             if batch is None:
                 break
             values, size, keys, worker_stats = batch
+            if not size:  # an exactly-once worker ended short: its last counts, no samples
+                self.stats.record_worker(worker_stats)
+                continue
             # A ring slot becomes a tensor (once pinned, it already is one).
             values = tuple(materialize(value) for value in values)
             self.stats.record_batch(time.perf_counter() - waited, size, worker_stats, started)

@@ -42,6 +42,10 @@ class LoaderStats:
         self.elapsed_s = now - self.epoch_started
         self.workers[worker["worker"]] = worker
 
+    def record_worker(self, worker: dict) -> None:
+        """A worker's latest counts, without a batch (an exactly-once worker ending short)."""
+        self.workers[worker["worker"]] = worker
+
     def end_epoch(self) -> None:
         self.elapsed_s = time.perf_counter() - self.epoch_started
 
@@ -74,6 +78,12 @@ class LoaderStats:
         return sum(w["refilled"] for w in self.workers.values())
 
     @property
+    def unfilled(self) -> int:
+        """Planned batch slots an exactly-once (eval) epoch left empty rather than repeat a
+        sample: its last batches came short by this many (the skipped samples)."""
+        return sum(w.get("unfilled", 0) for w in self.workers.values())
+
+    @property
     def pillow_fallbacks(self) -> int:
         """Samples the fast crops handed to Pillow this epoch (non-JPEG, CMYK, rare JPEGs)."""
         return sum(w.get("pillow_fallbacks", 0) for w in self.workers.values())
@@ -89,5 +99,6 @@ class LoaderStats:
             "bad_shards": dict(self.bad_shards),
             "bad_shard_examples": self.bad_shard_examples,
             "refilled": self.refilled,
+            "unfilled": self.unfilled,
             "pillow_fallbacks": self.pillow_fallbacks,
         }

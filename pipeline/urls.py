@@ -21,6 +21,10 @@ Decisions (reliability.md §10 D1-D4, §11.1):
       The expansion size is computed before anything is generated.
     * Duplicates after expansion are an error, not silently dropped: a shard
       listed twice would be read twice per epoch.
+    * Credentials in an object-store URL (`s3://KEY:SECRET@bucket/...`) are refused
+      (`shards.redact.url_credentials_problem`): s3fs would take them for a bucket
+      name and log them. http(s) `user:password@` is Basic auth, sent to that origin
+      only and redacted in every message.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import re
 from collections.abc import Collection, Sequence
 from urllib.parse import unquote, urlsplit
 
-from shards.redact import redact_url
+from shards.redact import redact_url, url_credentials_problem
 
 MAX_SHARDS = 1_000_000
 
@@ -146,6 +150,9 @@ def _file_url_path(url: str) -> str:
 
 
 def _check_remote(url: str, scheme: str) -> None:
+    credentials = url_credentials_problem(url)  # s3://KEY:SECRET@bucket: never handed on
+    if credentials is not None:
+        raise ValueError(credentials)
     # http.client needs RFC 3986 anyway; object-store keys may hold spaces and more.
     if scheme in HTTP_SCHEMES and not _REMOTE_URL_CHARS.match(url):
         raise ValueError(

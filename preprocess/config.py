@@ -14,6 +14,7 @@ from preprocess.sizing import parse_bytes
 from preprocess.sources import LABEL_MODES, InputColumns
 from shards.flags import about, option
 from shards.manifest import LAYOUTS, SHARD_FORMATS
+from shards.redact import url_credentials_problem
 
 # Where shard tasks run (see `preprocess.pool.resolve_executor`); all write the same bytes.
 EXECUTORS = ("auto", "ray", "local", "inline")
@@ -214,6 +215,10 @@ class BuildConfig:
 
     def __post_init__(self) -> None:
         self.input_columns()  # a bad --label or --fields is one error before any work
+        for flag, location in (("--input", self.input), ("--output", self.output)):
+            credentials = url_credentials_problem(str(location))
+            if credentials is not None:
+                raise ValueError(f"{flag} {credentials}")
         if self.shard_size < 1:
             raise ValueError("--shard-size must be at least 1")
         if self.shard_bytes is not None and self.shard_bytes < 1:
@@ -254,7 +259,7 @@ class BuildConfig:
         for name in RUNTIME_ONLY:
             data.pop(name)
         # The layout shapes the output too, but the build record keeps it apart
-        # (`preprocess.job.build_record`): records of builds made before it existed
+        # (`preprocess.output.build_record`): records of builds made before it existed
         # still match, and a rerun without --layout keeps the layout it started with.
         data.pop("layout")
         # One of the two sizes shapes the output; without a byte target the record is the

@@ -31,14 +31,14 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from preprocess.sources import InputColumns, InputError, SourceItem
+from preprocess.sources import MAX_MULTI_LABEL_CLASSES, InputColumns, InputError, SourceItem
 from shards.io import atomic_write_bytes
 from shards.manifest import fields_entry
 from shards.sample import check_key
 
 # 1: every split listed in memory and shuffled with `random.Random(f"{seed}:{split}")`.
 # 2: the keyed-hash order below. Samples land in other shards, so a build started
-# by version 1 cannot be resumed by this one (`preprocess.job.prepare_output`).
+# by version 1 cannot be resumed by this one (`preprocess.output.prepare_output`).
 PLAN_VERSION = 2
 PLAN_INDEX = "plan.json"
 SPILL_DIR = "spill"
@@ -191,6 +191,7 @@ class Spill:
         self.split_inputs: Counter = Counter()  # split -> inputs
         self._keyed_by = order_key(seed)
         self._splits: set[str] = set()
+        self._multi_classes: set[str] = set()  # `--label multi`: checked against the cap
         self._probe: list[tuple[int, int, SourceItem]] = []  # max-heap on the key, bounded
         spill = self.directory / SPILL_DIR
         shutil.rmtree(spill, ignore_errors=True)
@@ -238,10 +239,29 @@ class Spill:
         if isinstance(item.label, str):
             self.counts[(split, item.label)] += 1
         elif item.label is not None:
+            self._add_classes(item)
             self.counts.update((split, name) for name in item.label)
         self.split_inputs[split] += 1
         self.inputs += 1
         self._keep_for_probe(key, item)
+
+    def _add_classes(self, item: SourceItem) -> None:
+        """Note a multi-label input's classes; past `MAX_MULTI_LABEL_CLASSES`, refuse the list.
+
+        Raises:
+            InputError: naming the row that names one class too many.
+        """
+        known = self._multi_classes
+        if all(name in known for name in item.label):
+            return
+        known.update(item.label)
+        if len(known) > MAX_MULTI_LABEL_CLASSES:
+            raise InputError(
+                f"{item.where or item.rel}: the list names over {MAX_MULTI_LABEL_CLASSES} "
+                f"classes by this row ({len(known)}), more than --label multi takes "
+                f"(MAX_MULTI_LABEL_CLASSES, multi-hot targets of that width); check the "
+                "row's `label` column, or merge rare classes"
+            )
 
     def _keep_for_probe(self, key: str, item: SourceItem) -> None:
         entry = (-int(key, 16), self.inputs, item)

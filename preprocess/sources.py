@@ -7,7 +7,9 @@ input, so a list of any length streams through in constant memory, and no image
 is opened here. Problems that make the input list itself untrustworthy (paths
 escaping the root, missing columns, NUL or control characters in a listed path)
 are errors before any work starts; duplicates are found by the plan, which sorts
-(`preprocess.plan`).
+(`preprocess.plan`). Every row of a list is bounded before it is held (`MAX_ROW_CHARS`,
+`MAX_LIST_ROW_GROUP_BYTES`; Parquet decodes only the columns the options name), every
+value it holds by its cap, and a refusal names the file and the row.
 
 Symlinks are followed, file and directory links alike, as torchvision's
 ImageFolder does; a directory link to one of its own ancestors is a loop, left out
@@ -16,7 +18,8 @@ and named. With `confine` a directory link resolving outside the root is left ou
 also catches a link that appears after listing (`preprocess.images.read_source`).
 
 A tree file is an input when its suffix names a format of the decode policy
-(`IMAGE_SUFFIXES`, from `shards.imagedata.INPUT_FORMATS`); every other file is
+(`IMAGE_SUFFIXES`: the suffixes Pillow registers for `shards.imagedata.INPUT_FORMATS`,
+so listing and decoding agree by construction); every other file is
 counted by its suffix in `Listing.left_out_suffixes` (`.txt: 3, .tga: 2`), and
 `NOT_DECODED` says why the image types among them are not read. A list file's
 rows are inputs whatever their suffix: the content decides (`unidentified`,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import io
 import json
 import os
 import posixpath
@@ -36,25 +40,32 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from PIL import Image
+
 from shards.imagedata import INPUT_FORMATS
+from shards.redact import url_credentials_problem
 from shards.sample import MAX_FIELD_BYTES, Field, SampleError, check_value, decode_text, parse_json
 
-# File suffixes of each format the decode policy accepts (Pillow's format names). MPO is
-# read by the JPEG plugin (camera JPEGs; the first picture), PPM covers PBM, PGM and PPM.
-_FORMAT_SUFFIXES = {
-    "JPEG": (".jpg", ".jpeg", ".jpe", ".jfif", ".mpo"),
-    "PNG": (".png",),
-    "WEBP": (".webp",),
-    "GIF": (".gif",),
-    "BMP": (".bmp", ".dib"),
-    "TIFF": (".tif", ".tiff"),
-    "PPM": (".ppm", ".pgm", ".pbm", ".pnm"),
-    "ICO": (".ico",),
-    "AVIF": (".avif",),
-}
-IMAGE_SUFFIXES = frozenset(
-    suffix for name in INPUT_FORMATS for suffix in _FORMAT_SUFFIXES.get(name, ())
-)
+# Formats a plugin of the decode policy opens under a name of its own: Pillow's JPEG
+# plugin reads a camera's multi-picture JPEG and calls it MPO (the first picture is used).
+_OPENED_AS = {"MPO": "JPEG"}
+
+
+def decoded_suffixes(formats: tuple[str, ...] = INPUT_FORMATS) -> frozenset[str]:
+    """The file suffixes of what the decoder opens: every suffix Pillow registers for a
+    format in `formats` (or one its plugins open, `_OPENED_AS`).
+
+    Derived, not listed by hand, so the listing and the decoder cannot disagree: a
+    suffix Pillow gives to a format outside `formats` (`.dib`, a headerless bitmap) is
+    never an input, and a new suffix of an allowed format (`.apng`) is one.
+    """
+    registered = Image.registered_extensions()  # loads the plugins' names; parses nothing
+    return frozenset(
+        suffix for suffix, name in registered.items() if _OPENED_AS.get(name, name) in formats
+    )
+
+
+IMAGE_SUFFIXES = decoded_suffixes()
 # Image types a tree may hold that are not read, and why: named in the build summary beside
 # their counts, so a user knows whether to convert them.
 NOT_DECODED = {
@@ -70,19 +81,21 @@ NOT_DECODED = {
     ".svg": "vector graphics need a renderer; rasterize to PNG first",
     ".jp2": "JPEG 2000 is not on the decoder allowlist; convert to JPEG or PNG",
     ".j2k": "JPEG 2000 is not on the decoder allowlist; convert to JPEG or PNG",
-    ".pfm": "floating-point PFM has no agreed display range; convert to 8- or 16-bit PNG",
     ".dng": "camera raw needs demosaicing; develop it to JPEG first",
     ".cr2": "camera raw needs demosaicing; develop it to JPEG first",
     ".nef": "camera raw needs demosaicing; develop it to JPEG first",
     ".arw": "camera raw needs demosaicing; develop it to JPEG first",
+    ".dib": "a headerless Windows bitmap (DIB) is not on the decoder allowlist; rename a "
+    "file that starts with `BM` to .bmp, or convert it to PNG",
     ".pcx": "PCX is not on the decoder allowlist; convert to PNG",
     ".dds": "DDS textures are not on the decoder allowlist; convert to PNG",
     ".qoi": "QOI is not on the decoder allowlist; convert to PNG",
     ".exr": "HDR images have no agreed 8-bit rendering; tone-map to PNG or JPEG",
     ".hdr": "HDR images have no agreed 8-bit rendering; tone-map to PNG or JPEG",
 }
-if ".avif" not in IMAGE_SUFFIXES:
-    NOT_DECODED[".avif"] = "this Pillow was built without AVIF support; convert to JPEG"
+for _suffix in (".avif", ".avifs"):
+    if _suffix not in IMAGE_SUFFIXES:
+        NOT_DECODED[_suffix] = "this Pillow was built without AVIF support; convert to JPEG"
 NO_SUFFIX = "(none)"  # the `left_out_suffixes` key of files without a suffix
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".parquet")
 # Tree entries that are not inputs and are only counted, not named one by one:
@@ -133,6 +146,13 @@ _LIST_COLUMNS = frozenset(("path", "label", "split"))
 _WEIGHT = Field("weight", "weight")
 _NO_VALUE = {"txt": "no_text", "json": "no_json", "weight": "no_weight"}
 _FIX_ROW = "fix or remove the row and rerun (the row is skipped until then)"
+# Multi-label targets are multi-hot: a batch of 256 at 65,536 classes is 64 MiB of float32,
+# and every class costs a count per split and shard. ImageNet-21k has 21,841 classes,
+# OpenImages' image-level labels ~20k. A row may name this many labels (OpenImages' most
+# labelled images have a few hundred); a row naming more is a counted skip (`bad_labels`),
+# and a list naming more classes than this is refused (`preprocess.plan.Spill.add`).
+MAX_LABELS_PER_ROW = 1024
+MAX_MULTI_LABEL_CLASSES = 65_536
 
 
 @dataclass(frozen=True)
@@ -227,10 +247,10 @@ class InputColumns:
             if spec.member == "txt":
                 values["txt"] = decode_text(value, at)
                 continue
-            parsed = parse_json(value if from_text else _json_text(value, at), at)
             if spec.member == "weight":
-                values["weight"] = check_value(_WEIGHT, parsed, at)
+                values["weight"] = _weight_value(value, at, from_text)
             else:
+                parsed = parse_json(value if from_text else _json_text(value, at), at)
                 values.setdefault("json", {})[spec.column] = parsed
         if "json" in values and len(_json_text(values["json"], where)) > MAX_FIELD_BYTES // 2:
             raise SampleError(
@@ -262,6 +282,15 @@ def _field_column(spec: str) -> FieldColumn:
     return FieldColumn(column, member)
 
 
+def _weight_value(value: object, where: str, from_text: bool) -> float:
+    """A weight cell checked as the loader checks `.weight`: anything else is `bad_weight`."""
+    try:
+        parsed = parse_json(value if from_text else _json_text(value, where), where)
+    except SampleError as error:  # NaN, infinity, a huge integer, not JSON at all
+        raise SampleError("bad_weight", error.detail) from error
+    return check_value(_WEIGHT, parsed, where)
+
+
 def _json_text(value: object, where: str) -> str:
     """A JSONL or Parquet cell as JSON text; a value JSON cannot hold is `bad_json`."""
     try:
@@ -277,6 +306,10 @@ class _RefuseValue:
         self.where = where
 
     def __call__(self, value: object) -> object:
+        if isinstance(value, HugeInteger):
+            raise SampleError(
+                "bad_json", f"{self.where}: {value}, more than a JSON reader converts"
+            )
         raise SampleError("bad_json", f"{self.where}: a {type(value).__name__} is not JSON")
 
 
@@ -290,9 +323,18 @@ def _label_names(where: str, value: object, from_text: bool) -> list[str]:
     if from_text and isinstance(value, str) and not value.lstrip().startswith("["):
         value = [name.strip() for name in value.split("|")] if value.strip() else []
     elif from_text and isinstance(value, str):
-        value = parse_json(value, at)
+        try:
+            value = parse_json(value, at)
+        except SampleError as error:
+            raise SampleError("bad_labels", error.detail) from error
     if not isinstance(value, list):
         raise SampleError("bad_labels", f"{at} is not a list of class names")
+    if len(value) > MAX_LABELS_PER_ROW:
+        raise SampleError(
+            "bad_labels",
+            f"{at} holds {len(value)} labels; --label multi takes at most {MAX_LABELS_PER_ROW} "
+            "a row (MAX_LABELS_PER_ROW)",
+        )
     names = set()
     for item in value:
         if type(item) not in (str, int):
@@ -304,9 +346,11 @@ def _label_names(where: str, value: object, from_text: bool) -> list[str]:
                 f"{at}: class name {ascii(name):.60} is empty, holds a control character or "
                 "is not valid Unicode",
             )
+        if len(name) > MAX_NAME_BYTES // 4 and len(name.encode("utf-8")) > MAX_NAME_BYTES:
+            raise SampleError(
+                "bad_labels", f"{at}: a class name over the {MAX_NAME_BYTES}-byte limit"
+            )
         names.add(name)
-    if sum(len(name) for name in names) > MAX_FIELD_BYTES:
-        raise SampleError("bad_labels", f"{at} holds over {MAX_FIELD_BYTES} bytes of names")
     return sorted(names)
 
 
@@ -740,9 +784,21 @@ def _column_item(
     except SampleError as error:
         listing.left_out.append(LeftOut(rel, error.reason, f"{error.detail}; {_FIX_ROW}", True))
         return None
-    split = row.get("split")
+    split = _split_name(where, row.get("split"))
     label = labels if columns.label == "multi" else label
-    return SourceItem(path, rel, label, str(split) if split else None, where, values)
+    return SourceItem(path, rel, label, split, where, values)
+
+
+def _split_name(where: str, value: object) -> str | None:
+    """A row's `split` cell as a name (None: assigned by hash), refused naming the row
+    when no split could be called that."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f"{where}: split is {value!s:.40}, not a name such as `train`")
+    split = str(value)
+    _check_name(where, "split", split, MAX_NAME_BYTES)
+    return split
 
 
 def _row_fields(where: str, row: dict, label_mode: str = "single") -> tuple[str, str | None]:
@@ -754,21 +810,56 @@ def _row_fields(where: str, row: dict, label_mode: str = "single") -> tuple[str,
     if not raw_path or label is None or str(label) == "":
         needs = "`path` and `label`" if label_mode == "single" else "`path`"
         raise InputError(f"{where}: every row needs {needs}; fix the row and rerun")
-    raw_path, label = str(raw_path), str(label)
-    for name, value in (("path", raw_path), ("label", label)):
-        bad = _CONTROL.search(value)
-        if bad is not None:
-            raise InputError(
-                f"{where}: {name} {value!r} holds the control character {bad.group()!r} "
-                "(a NUL byte or another character below 0x20); fix or remove this row "
-                "of the list and rerun"
-            )
-        if not _is_utf8(value):
-            raise InputError(
-                f"{where}: {name} {ascii(value)} is not valid Unicode (a lone surrogate); "
-                "fix or remove this row of the list and rerun"
-            )
+    if not isinstance(raw_path, str):
+        raise InputError(
+            f"{where}: path must be text, not {type(raw_path).__name__}; write the file's "
+            "path relative to the list, as a string"
+        )
+    if isinstance(label, HugeInteger):
+        raise InputError(f"{where}: label is {label}; a class name is text or a small integer")
+    label = str(label)
+    for name, value, limit in (
+        ("path", raw_path, MAX_PATH_BYTES),
+        ("label", label, MAX_NAME_BYTES),
+    ):
+        _check_name(where, name, value, limit)
     return raw_path, (label if label_mode == "single" else None)
+
+
+def _check_name(where: str, name: str, value: str, limit: int) -> None:
+    """Refuse a path or class name that no file system or class list can hold."""
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise InputError(
+            f"{where}: {name} {_shown(value)} holds the control character {bad.group()!r} "
+            "(a NUL byte or another character below 0x20); fix or remove this row "
+            "of the list and rerun"
+        )
+    if not _is_utf8(value):
+        raise InputError(
+            f"{where}: {name} {_shown(_undecoded(value))} is not UTF-8 text (bytes that are "
+            "not UTF-8, or a lone surrogate escape); save the list as UTF-8, or fix or remove "
+            "this row, and rerun"
+        )
+    if len(value) > limit // 4 and len(value.encode("utf-8")) > limit:
+        raise InputError(
+            f"{where}: {name} {_shown(value)} is {len(value.encode('utf-8'))} bytes, over the "
+            f"{limit}-byte limit of a {name}; fix or remove this row of the list and rerun"
+        )
+
+
+def _undecoded(value: str) -> str:
+    """`value` with the bytes that were not UTF-8 shown as `\\xNN`, as the file holds them."""
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON `\\ud800` escape
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _shown(value: str) -> str:
+    """A row's value for a message: escaped, and at most about 80 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _iter_rows(
@@ -778,79 +869,207 @@ def _iter_rows(
 
     `where` names the file and row; `opener` is `open` or an fsspec filesystem's.
     CSV and JSONL rows are named by their line, Parquet rows by their index from 1.
-    The first row must have the `required` columns.
+    The first row must have the `required` columns. Every row is bounded before it is
+    held (`MAX_ROW_CHARS`, `MAX_LIST_ROW_GROUP_BYTES`): a row past the bound is an
+    `InputError` naming the file and row, read no further than the bound.
     """
     suffix = os.path.splitext(str(manifest))[1].lower()
     if suffix == ".parquet":
-        rows = _iter_parquet_rows(manifest, opener)
+        rows = _iter_parquet_rows(manifest, opener, required)
     else:
         rows = _iter_csv_or_jsonl(manifest, opener, suffix)
-    try:
-        first = next(rows, None)
-        if first is None:
-            return
-        missing = [name for name in required if name not in first[1]]
-        if missing:
-            declared = " (--fields and --label name the columns beyond `path`)"
-            raise InputError(
-                f"{manifest} needs columns {', '.join(f'`{n}`' for n in required)}; it has no "
-                f"{', '.join(f'`{n}`' for n in missing)} (has {sorted(first[1])})"
-                + (declared if len(required) > 2 or "label" not in required else "")
-                + "; fix the list or the options and rerun"
-            )
-        yield first
-        yield from rows
-    except UnicodeDecodeError as error:
+    first = next(rows, None)
+    if first is None:
+        return
+    missing = [name for name in required if name not in first[1]]
+    if missing:
+        declared = " (--fields and --label name the columns beyond `path`)"
         raise InputError(
-            f"{manifest} is not UTF-8 text ({error.reason} at byte {error.start}); "
-            "save it as UTF-8 and rerun"
-        ) from error
-    except csv.Error as error:
-        raise InputError(
-            f"{manifest}: not a readable CSV file ({error}); fix it and rerun"
-        ) from error
+            f"{manifest} needs columns {', '.join(f'`{n}`' for n in required)}; it has no "
+            f"{', '.join(f'`{n}`' for n in missing)} (has {sorted(map(str, first[1]))[:20]})"
+            + (declared if len(required) > 2 or "label" not in required else "")
+            + "; fix the list or the options and rerun"
+        )
+    yield first
+    yield from rows
 
 
+# Bounds on one row of an input list, so that no row costs more than its share of memory
+# whatever the file holds. A CSV or JSONL row may hold this many characters: a caption and
+# JSON columns at their caps (`MAX_FIELD_BYTES` each) with room for quoting and escapes; a
+# longer line is refused after reading this much of it, never held whole.
+MAX_ROW_CHARS = 8 * MAX_FIELD_BYTES
 # A CSV cell may be this long: twice the cap of a caption or JSON value, so a cell just
 # over the cap is that row's counted skip (`bad_text`), not the whole list's refusal.
 # The csv module's own default is 128 KiB; this only ever raises its (global) limit.
 MAX_CSV_CELL = 2 * MAX_FIELD_BYTES
+MAX_PATH_BYTES = 4096  # PATH_MAX on Linux: no file system opens a longer path
+MAX_NAME_BYTES = 1024  # a class name (or a split's): 4x NAME_MAX, the longest directory name
+
+
+class HugeInteger:
+    """A JSON integer too long for Python to convert (over `sys.get_int_max_str_digits()`).
+
+    Stands in for the value in a parsed row: a column nobody declared is never read, a
+    declared one holding it is refused (`bad_json`, `bad_weight`, `bad_labels`).
+    """
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __str__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+    __repr__ = __str__
+
+
+class _BoundedLines:
+    """The lines of a text list file, each (and each CSV row) at most `MAX_ROW_CHARS`.
+
+    A line is read with `readline(MAX_ROW_CHARS + 1)`, so a 100 MB line costs the bound,
+    not 100 MB, before it is refused naming its file and line. `number` is the line last
+    read; `row_chars` counts the characters since `start_row`, for rows of several lines
+    (a quoted CSV cell holding newlines).
+    """
+
+    def __init__(self, file, name: str) -> None:
+        self.file, self.name = file, name
+        self.number = 0
+        self.row_chars = 0
+
+    def __iter__(self) -> _BoundedLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.file.readline(MAX_ROW_CHARS + 1)
+        if not line:
+            raise StopIteration
+        self.number += 1
+        self.row_chars += len(line)
+        if self.row_chars > MAX_ROW_CHARS:
+            raise InputError(
+                f"{self.name} line {self.number}: a row of over {MAX_ROW_CHARS} characters "
+                "(a missing line break or quote, or a value far over its cap); fix the row "
+                "and rerun"
+            )
+        return line
+
+    def start_row(self) -> None:
+        self.row_chars = 0
 
 
 def _iter_csv_or_jsonl(manifest: Path | str, opener, suffix: str) -> Iterator[tuple[str, dict]]:
-    if suffix == ".csv":
-        if csv.field_size_limit() < MAX_CSV_CELL:
-            csv.field_size_limit(MAX_CSV_CELL)
-        with opener(manifest, "rt", newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            for row in reader:
-                yield f"{manifest} line {reader.line_num}", row
-        return
-    with opener(manifest, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    """Rows of a CSV or JSONL list, decoded as UTF-8 (a leading BOM dropped).
+
+    Bytes that are not UTF-8 become lone surrogates (`surrogateescape`) instead of
+    refusing the whole file unnamed: a path or class name holding one is refused naming
+    its row (`_check_name`), a caption or JSON column is that row's skip, and a column
+    nobody declared is never looked at.
+    """
+    with opener(manifest, "rb") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        lines = _BoundedLines(text, str(manifest))
+        if suffix == ".csv":
+            yield from _iter_csv(manifest, lines)
+            return
+        for line in lines:
+            lines.start_row()
             if line.strip():
-                yield f"{manifest} line {i}", _parse_json_line(f"{manifest} line {i}", line)
+                where = f"{manifest} line {lines.number}"
+                yield where, _parse_json_line(where, line)
+
+
+def _iter_csv(manifest: Path | str, lines: _BoundedLines) -> Iterator[tuple[str, dict]]:
+    if csv.field_size_limit() < MAX_CSV_CELL:
+        csv.field_size_limit(MAX_CSV_CELL)
+    reader = csv.DictReader(lines)
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as error:
+            raise InputError(
+                f"{manifest} line {lines.number}: not readable as CSV ({error}); fix the row "
+                "and rerun"
+            ) from error
+        if row is None:
+            return
+        lines.start_row()
+        yield f"{manifest} line {reader.line_num}", row
 
 
 # Parquet rows are decoded a batch at a time: a few MB, whatever the list's length.
 _PARQUET_BATCH = 8192
+# The decoded bytes of the columns read, per row group, that a list may hold (its footer
+# says): pyarrow decodes a row group's pages as the batches need them, and this bounds
+# what a batch can hold. 1 GiB is ~10^7 rows of path, label and a short caption.
+MAX_LIST_ROW_GROUP_BYTES = 2**30
 
 
-def _iter_parquet_rows(manifest: Path | str, opener) -> Iterator[tuple[str, dict]]:
+def _iter_parquet_rows(
+    manifest: Path | str, opener, required: tuple[str, ...]
+) -> Iterator[tuple[str, dict]]:
+    """Rows of a Parquet list: only the columns the build reads are decoded.
+
+    A column nobody declared is never read, whatever it holds.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     number = 0
     try:
         with opener(manifest, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH):
-                for row in batch.to_pylist():
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            wanted = [name for name in (*required, "split") if name in names]
+            if len(wanted) < len(required):  # `_iter_rows` names what is missing
+                yield f"{manifest} row 1", dict.fromkeys(names)
+                return
+            _check_row_groups(manifest, parquet.metadata, wanted)
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
+                for row in _batch_rows(manifest, batch, number):
                     number += 1
                     yield f"{manifest} row {number}", row
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:
         raise InputError(
-            f"{manifest}: not a readable Parquet file ({error}); rewrite it and rerun"
+            f"{manifest}: not a readable Parquet file (near row {number + 1}: {error}); "
+            "rewrite it and rerun"
         ) from error
+
+
+def _check_row_groups(manifest: Path | str, metadata, wanted: list[str]) -> None:
+    """Refuse a row group whose read columns decode to over `MAX_LIST_ROW_GROUP_BYTES`."""
+    first = 1
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        size = sum(
+            group.column(i).total_uncompressed_size
+            for i in range(group.num_columns)
+            if group.column(i).path_in_schema.split(".")[0] in wanted
+        )
+        if size > MAX_LIST_ROW_GROUP_BYTES:
+            raise InputError(
+                f"{manifest} rows {first}-{first + group.num_rows - 1} (row group {index}): "
+                f"columns {wanted} take {size} bytes decoded, over {MAX_LIST_ROW_GROUP_BYTES}; "
+                "rewrite the list with smaller row groups (pyarrow: row_group_size=100_000)"
+            )
+        first += group.num_rows
+
+
+def _batch_rows(manifest: Path | str, batch, before: int) -> list[dict]:
+    """A record batch's rows as dicts; a cell Python cannot hold is refused naming its row."""
+    try:
+        return batch.to_pylist()
+    except (UnicodeDecodeError, RecursionError, ValueError):
+        pass
+    for index in range(batch.num_rows):  # only on failure: find the row, one at a time
+        try:
+            batch.slice(index, 1).to_pylist()
+        except (UnicodeDecodeError, RecursionError, ValueError) as error:
+            raise InputError(
+                f"{manifest} row {before + index + 1}: a value Python cannot read "
+                f"({type(error).__name__}: {str(error)[:120]}); fix or remove the row and rerun"
+            ) from error
+    return batch.to_pylist()
 
 
 def _parse_json_line(where: str, line: str) -> dict:
@@ -862,9 +1081,18 @@ def _parse_json_line(where: str, line: str) -> dict:
         raise InputError(
             f"{where}: JSON nested too deeply; each line is one flat object"
         ) from error
+    except ValueError:  # an integer past Python's digit limit: parse again, holding it as such
+        row = json.loads(line, parse_int=_bounded_int)
     if not isinstance(row, dict):
         raise InputError(f"{where}: each line must be a JSON object")
     return row
+
+
+def _bounded_int(text: str) -> int | HugeInteger:
+    try:
+        return int(text)
+    except ValueError:
+        return HugeInteger(len(text.lstrip("-")))
 
 
 # Object stores an input may live in. Listing goes through fsspec; no scheme
@@ -892,6 +1120,9 @@ def iter_remote(
     scheme = url.split("://", 1)[0].lower()
     if scheme not in REMOTE_SCHEMES:
         raise InputError(f"input scheme {scheme}:// is not supported; use one of {REMOTE_SCHEMES}")
+    credentials = url_credentials_problem(url)
+    if credentials is not None:
+        raise InputError(f"input {credentials}")
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
     if root.lower().endswith(MANIFEST_SUFFIXES):

@@ -59,6 +59,31 @@ MAX_ROW_GROUP_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
+class MemberCap:
+    """A cap on one member (a tar member, a Parquet column's cells) tighter than
+    `ReadLimits.member_bytes`, set by the field that reads it.
+
+    A reader checks a member's size against its cap before reading it (a tar header
+    gives the size first): one over it is passed over unread and its sample carries
+    `__error__ = SampleError(reason, ...)` (`shards.sample.oversized_member`), the
+    reason its field's decode would have given, so it costs what any other bad value
+    costs: one counted skip, and no bytes held in the shuffle buffer.
+
+    Attributes:
+        member: the member (tar field, Parquet column): `txt`, `json`, `cls`, ...
+        max_bytes: the most bytes it may hold.
+        reason: the skip reason: `bad_text`, `bad_json`, `bad_label`, `bad_labels`,
+            `bad_weight` (`shards.sample.BAD_VALUE_REASONS`), or `member_too_large`.
+        field: the loader field that set the cap, for the message (empty: none).
+    """
+
+    member: str
+    max_bytes: int
+    reason: str
+    field: str = ""
+
+
+@dataclass(frozen=True)
 class ReadLimits:
     """Caps one shard read obeys; past any of them the shard is bad (`ShardError`).
 
@@ -70,6 +95,9 @@ class ReadLimits:
         shard_bytes: bytes of one shard; the manifest's byte count when known.
         row_group_bytes: one Parquet row group's uncompressed size, which is what
             reading it costs in memory; rebuild with a smaller `--row-group-size`.
+        member_caps: tighter caps on named members (the loader sets one per member
+            its text, JSON, label, multi-label and weight fields read, from their
+            `Field.max_bytes`: `shards.sample.member_caps`); see `cap_for`.
     """
 
     member_bytes: int = MAX_MEMBER_BYTES
@@ -77,12 +105,28 @@ class ReadLimits:
     members: int = MAX_MEMBERS
     shard_bytes: int = MAX_SHARD_BYTES
     row_group_bytes: int = MAX_ROW_GROUP_BYTES
+    member_caps: tuple[MemberCap, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("member_bytes", "header_bytes", "members", "shard_bytes", "row_group_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ReadLimits.{name} must be a positive integer, got {value!r}")
+        caps = self.member_caps
+        if not isinstance(caps, tuple) or not all(isinstance(cap, MemberCap) for cap in caps):
+            raise ValueError(f"ReadLimits.member_caps must be a tuple of MemberCap, got {caps!r}")
+
+    def cap_for(self, member: str) -> MemberCap:
+        """The cap a reader applies to `member` before reading it: the smallest of its
+        `member_caps` when under `member_bytes`, else `member_bytes` (`member_too_large`).
+
+        Readers call it once per member name per shard, never per sample.
+        """
+        cap = MemberCap(member, self.member_bytes, "member_too_large")
+        for candidate in self.member_caps:
+            if candidate.member == member and candidate.max_bytes < cap.max_bytes:
+                cap = candidate
+        return cap
 
 
 DEFAULT_LIMITS = ReadLimits()

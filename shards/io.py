@@ -14,11 +14,12 @@ import contextlib
 import hashlib
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 TMP_MARK = ".tmp-"
 _HASH_CHUNK = 4 * 2**20
@@ -78,6 +79,39 @@ def atomic_write_bytes(final: str | os.PathLike, data: bytes, *, durable: bool =
     """Write a small file (manifest, marker, metrics, config) atomically (`atomic_path`)."""
     with atomic_path(final, durable=durable) as tmp:
         tmp.write_bytes(data)
+
+
+class NotRegularFileError(OSError):
+    """A path names a FIFO, device or directory where a file is expected."""
+
+
+def open_regular_file(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
+    """Open a local file for reading; only a regular file is one.
+
+    Opened non-blocking first, so a FIFO or device planted under a manifest's, side
+    table's or shard's name is refused at once instead of blocking `open()` forever.
+
+    Raises:
+        NotRegularFileError: it is not a regular file.
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(
+                f"{Path(path).name} is not a regular file (a FIFO, device or directory)"
+            )
+        os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike) -> bytes:
+    """All bytes of a local regular file (`open_regular_file`)."""
+    with open_regular_file(path) as stream:
+        return stream.read()
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -189,7 +223,7 @@ class LocalStore(OutputStore):
             return None
 
     def read_bytes(self, name: str) -> bytes:
-        return (self.root / name).read_bytes()
+        return read_regular_file(self.root / name)
 
     def write_bytes_atomic(self, name: str, data: bytes) -> None:
         (self.root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.formats import FORMAT_NAMES, get_format
-from shards.io import OutputStore, atomic_write_bytes
+from shards.io import NotRegularFileError, OutputStore, atomic_write_bytes, open_regular_file
 from shards.redact import redact_text, redact_url
 from shards.sample import ALLOWED_FIELDS, FIELD_KINDS, IMAGE_FIELDS
 
@@ -100,6 +100,13 @@ INLINE_MAX_SHARDS = 2048
 # class counts; 4 GiB is 10x a 10M-shard table, 2**26 shards 1,000x LAION-5B's.
 MAX_TABLE_BYTES = 4 * 2**30
 MAX_TABLE_ROWS = 2**26
+# The fewest bytes one shard takes in a side table, per format: its sha256, 32 random
+# bytes that `encode_table` stores plainly (no compression, no dictionary) and that no
+# codec shrinks. So a table of `rows` shards in F formats is at least `rows * 32 * F`
+# bytes, and a table claiming more rows than `bytes // (32 * F)` was not written by us:
+# it is refused before it is read, whatever its columns compress to and whether or not
+# the digests are read (2**26 zero rows in 1.7 MB would cost ~4 GiB to load).
+MIN_TABLE_ROW_BYTES = 32
 TABLE_PREFIX = "_shards-"
 TABLE_SUFFIX = ".parquet"
 
@@ -855,7 +862,8 @@ class MappedFile:
     CHUNK = 1 << 20
 
     def __init__(self, path: Path) -> None:
-        self.file = path.open("rb")  # kept until hashed: the bytes hashed are the ones mapped
+        # Kept open until hashed: the bytes hashed are the ones mapped.
+        self.file = open_regular_file(path)
         self.size = os.fstat(self.file.fileno()).st_size
         self.map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
@@ -908,8 +916,9 @@ def read_manifest(
 
     Raises:
         FileNotFoundError: there is no manifest (the build did not finish).
-        ManifestError: the file is larger than `MAX_MANIFEST_BYTES` or not a valid
-            manifest, or a side table it names is missing or invalid.
+        ManifestError: the file is larger than `MAX_MANIFEST_BYTES`, not a regular
+            file (a FIFO: refused, never waited on) or not a valid manifest, or a side
+            table it names is missing, not a regular file, or invalid.
     """
     path = Path(path)
     if path.is_dir():
@@ -919,7 +928,12 @@ def read_manifest(
             f"no manifest at {path}: the build did not finish; rerun the same "
             "`preprocess build-shards` command to complete it"
         )
-    with path.open("rb") as file:
+    try:
+        file = open_regular_file(path)
+    except NotRegularFileError as error:
+        problem = f"{error}; a manifest is a file"
+        raise ManifestError(path, "(file)", problem) from error
+    with file:
         data = file.read(MAX_MANIFEST_BYTES + 1)
     return Manifest.from_json(
         data,
@@ -1570,6 +1584,13 @@ class _ManifestReader:
         digest = data.get("sha256", _MISSING)
         if type(digest) is not str or not _SHA256(digest):
             self.fail(f"{where}.sha256", _wrong(digest, "64 lowercase hex digits"))
+        row_bytes = MIN_TABLE_ROW_BYTES * len(self.formats)
+        if rows > size // row_bytes:
+            self.fail(
+                f"{where}.rows",
+                f"is {rows}, more shards than a {size}-byte side table can hold (at least "
+                f"{row_bytes} bytes a shard: a 32-byte sha256 per format)",
+            )
         return _TableRef(name, rows, size, digest)
 
     def fetch_table(self, where: str, ref: _TableRef) -> bytes | MappedFile:
@@ -1694,21 +1715,32 @@ class _TableDecoder:
         self.fail(f".shards[{row}]{field}", problem)
 
     def decode(self) -> ShardTable:
-        """Fetch and check the side file, read the selected columns, check them."""
+        """Fetch and check the side file, read the selected columns, check them.
+
+        Whatever pyarrow or a decoder raises on the file's bytes (a corrupt footer, a
+        column name that is not UTF-8, pages that do not decode) is a `ManifestError`
+        naming the file, raised from it; a `MemoryError` stays one.
+        """
         data = self.reader.fetch_table(f"{self.where}.table", self.ref)
         try:
-            buffer = data.map if isinstance(data, MappedFile) else data
-            parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buffer)))
-            schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
-        except (pa.ArrowException, OSError) as error:
-            self.fail(".table", f"not a readable Parquet table: {error}")
+            return self.decode_bytes(data)
+        except (ManifestError, MemoryError):
+            raise
+        except _TABLE_ERRORS as error:
+            detail = redact_text(str(error).strip())[:300]
+            problem = f"not a readable Parquet table ({type(error).__name__}: {detail})"
+            raise ManifestError(
+                self.reader.source, f"{self.where}.table", f"{problem} (in {self.ref.name})", FIX
+            ) from error
+
+    def decode_bytes(self, data: bytes | MappedFile) -> ShardTable:
+        buffer = data.map if isinstance(data, MappedFile) else data
+        parquet = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buffer)))
+        schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
         if rows != self.ref.rows:
             self.fail(".table", f"holds {rows} shards, the manifest records {self.ref.rows}")
         columns = self.columns_to_read(schema)
-        try:
-            arrow = parquet.read(columns=columns, use_threads=False)
-        except (pa.ArrowException, OSError) as error:
-            self.fail(".table", f"not a readable Parquet table: {error}")
+        arrow = parquet.read(columns=columns, use_threads=False)
         del parquet, buffer, data  # the file: the columns are read, and checks need memory
         for name in columns:
             if arrow.column(name).null_count and name not in ("class_ids", "class_counts"):
@@ -1894,6 +1926,12 @@ class _ClassEntries:
     samples: np.ndarray
     counted: np.ndarray
     num_classes: int
+
+
+# What reading a side table's bytes may raise: pyarrow's errors (ArrowInvalid, which is
+# also a ValueError, ArrowTypeError, ...), OSError for pages that do not decode, and
+# UnicodeDecodeError (a ValueError) for a column name that is not UTF-8.
+_TABLE_ERRORS = (pa.ArrowException, OSError, ValueError)
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

@@ -16,6 +16,7 @@ others: a plain binary image column, and no `__key__` column.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -31,9 +33,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.errors import DEFAULT_LIMITS, MemberCap, ReadLimits, ShardError
 from shards.redact import redact_text, redact_url
-from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, Sample, SampleError, check_key
+from shards.sample import (
+    ALLOWED_FIELDS,
+    IMAGE_FIELDS,
+    Sample,
+    SampleError,
+    check_key,
+    oversized_member,
+)
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 ROW_GROUP_SIZE = 128
@@ -409,11 +418,14 @@ class ParquetLayout:
             `__key__` first when the shard has one.
         image_struct: the image column is HF's `{bytes, path}` struct: only its
             `bytes` leaf is read, never `path`.
+        classes: `(label column, class count)` for each label column read whose
+            classes the file's metadata names (`metadata_classes`).
     """
 
     image_field: str
     columns: tuple[str, ...]
     image_struct: bool = False
+    classes: tuple[tuple[str, int], ...] = ()
 
     @property
     def has_key(self) -> bool:
@@ -459,13 +471,57 @@ def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> Parquet
     image_struct = _check_image_column(schema, url, image_field)
     if image_field in fields:
         columns.append(image_field)
-    columns += _label_columns(schema, url, fields)
+    labels = _label_columns(schema, url, fields)
+    columns += labels
     for name in OPTIONAL_FIELDS:
         if name in fields and schema.get_all_field_indices(name):
             wanted, checks = _OPTIONAL_TYPES.get(name, ("string", _STRING))
             _expect(schema, url, name, wanted, checks)
             columns.append(name)
-    return ParquetLayout(image_field, tuple(columns), image_struct)
+    named = metadata_classes(schema.metadata)
+    classes = tuple((name, named[name]) for name in labels if name in named)
+    return ParquetLayout(image_field, tuple(columns), image_struct, classes)
+
+
+def metadata_classes(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
+    """`{label column: class count}` for the label columns whose classes a file names.
+
+    Our `shardpipe` document names them (`class_names`, for its `label_field`), and
+    HF datasets' `huggingface` features do for a `ClassLabel` column (`names`). A
+    document that is not what those writers write names nothing: the file is read,
+    its labels are not range-checked here.
+    """
+    metadata = metadata or {}
+    found: dict[str, int] = {}
+    ours = _json_document(metadata.get(METADATA_KEY))
+    if isinstance(ours, dict) and ours.get("label_field") in LABEL_COLUMNS:
+        names = ours.get("class_names")
+        if isinstance(names, list):
+            found[ours["label_field"]] = len(names)
+    hf = _json_document(metadata.get(HF_METADATA_KEY))
+    info = hf.get("info") if isinstance(hf, dict) else None
+    features = info.get("features") if isinstance(info, dict) else None
+    for name in LABEL_COLUMNS:
+        feature = features.get(name) if isinstance(features, dict) else None
+        if name in found or not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
+            continue
+        names, count = feature.get("names"), feature.get("num_classes")
+        if isinstance(names, list):
+            found[name] = len(names)
+        elif type(count) is int and count >= 0:
+            found[name] = count
+    return found
+
+
+def _json_document(raw: bytes | None) -> object:
+    """A metadata value parsed as JSON; None when absent or not JSON."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    # ValueError: not UTF-8 or not JSON; RecursionError: nested past the parser's stack.
+    except (ValueError, RecursionError):
+        return None
 
 
 def _is_integer_list(kind: pa.DataType) -> bool:
@@ -614,15 +670,18 @@ def iter_parquet_samples(
     Raises:
         ShardError: the shard is not Parquet (`not_parquet`, `bad_footer`,
             `bad_data`), breaks the schema contract (`schema`), has a row group over
-            the cap (`row_group_too_large`), ends before `stop` (`shard_short`), or
-            holds more rows than `declared` (`shard_long`, once the declared ones
-            are out). Exceptions of the stream itself (network, disk) propagate as
-            they are.
+            the cap (`row_group_too_large`), repeats a key among the rows read
+            (`non_adjacent_key`, as a tar, after the rows before it), ends before
+            `stop` (`shard_short`), or holds more rows than `declared` (`shard_long`,
+            once the declared ones are out). Exceptions of the stream itself
+            (network, disk) propagate as they are.
 
     A null key, image or label cell (an HF image struct without bytes too), a key
-    that is not UTF-8 and a cell over `limits.member_bytes` make their row a sample
-    with `__error__` set to a `SampleError` (`null_cell`, `bad_name`,
-    `member_too_large`). A shard without `__key__` gets `{file stem}-{row:09d}` keys.
+    that is not UTF-8, a label outside the classes the file's metadata names and a
+    cell over its column's cap (`limits.cap_for`) make their row a sample with
+    `__error__` set to a `SampleError` (`null_cell`, `bad_name`, `bad_label`, the
+    cap's reason: `member_too_large`, `bad_text`, ...), without that cell. A shard
+    without `__key__` gets `synthetic_key_prefix(url)-{row:09d}` keys.
     """
     _check_window(start, stop, declared)
     with _open_source(source) as stream:
@@ -631,15 +690,19 @@ def iter_parquet_samples(
         counts = _row_counts(parquet, stream, url)
         rows = sum(counts)
         end = stop if stop is not None else declared if declared is not None else rows
+        # The keys of the rows read so far: a repeat is `non_adjacent_key`, as in a tar.
+        # Only the window's rows are seen (row groups outside it stay unread, which is
+        # what lets a loader split a shard): a whole read, as `preprocess verify` does,
+        # sees every repeat.
+        seen: set[bytes] | None = set() if layout.has_key else None
         first = 0
         for group, count in enumerate(counts):
             if first >= end:
                 break
             lo, hi = max(start, first), min(end, first + count)
             if lo < hi:
-                yield from _iter_group(
-                    parquet, stream, group, lo - first, hi - first, first, layout, url, limits
-                )
+                where = _Group(group, lo - first, hi - first, first)
+                yield from _iter_group(parquet, stream, where, layout, url, limits, seen)
             first += count
     if rows < end:
         expected = (
@@ -670,91 +733,189 @@ def _check_window(start: int, stop: int | None, declared: int | None) -> None:
         raise ValueError(f"row window [{start}, {stop}) reaches past the declared {declared} rows")
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Rows `[lo, hi)` of row group `index`, whose first row is row `first_row` of the file."""
+
+    index: int
+    lo: int
+    hi: int
+    first_row: int
+
+
 def _iter_group(
     parquet: pq.ParquetFile,
     stream: _WatchedStream,
-    group: int,
-    lo: int,
-    hi: int,
-    first_row: int,
+    group: _Group,
     layout: ParquetLayout,
     url: str,
     limits: ReadLimits,
+    seen: set[bytes] | None,
 ) -> Iterator[Sample]:
-    """Rows `[lo, hi)` of row group `group`, converted a batch at a time."""
-    size = _check_row_group(parquet, group, url, limits)
-    count = parquet.metadata.row_group(group).num_rows
+    """Rows `[lo, hi)` of a row group, converted a batch at a time.
+
+    `seen` holds the keys of the rows read before; a key met twice stops the shard
+    with `non_adjacent_key` after the rows before it, as in a tar.
+    """
+    size = _check_row_group(parquet, group.index, url, limits)
+    count = parquet.metadata.row_group(group.index).num_rows
     batch_rows = max(1, min(count, BATCH_BYTES * count // max(1, size)))
-    stream.budget(limits.row_group_bytes, partial(_row_group_too_large, url, group, count, limits))
+    refuse = partial(_row_group_too_large, url, group.index, count, limits)
+    stream.budget(limits.row_group_bytes, refuse)
     batches = parquet.iter_batches(
-        batch_size=batch_rows, row_groups=[group], columns=layout.read_paths
+        batch_size=batch_rows, row_groups=[group.index], columns=layout.read_paths
     )
     safe_url = redact_url(url)
     key_prefix = None if layout.has_key else synthetic_key_prefix(safe_url)
+    caps = {name: limits.cap_for(name) for name in layout.columns}
+    lo, hi = group.lo, group.hi
     offset = 0  # row, within the group, of the next batch's first row
     while offset < hi:
         with _arrow_errors(stream, url, "bad_data"):
             batch = next(batches, None)
             if batch is None:
-                raise pa.ArrowInvalid(f"row group {group} ended after {offset} of {count} rows")
+                raise pa.ArrowInvalid(
+                    f"row group {group.index} ended after {offset} of {count} rows"
+                )
             a, b = max(lo - offset, 0), min(hi - offset, batch.num_rows)
-            values = _batch_values(batch.slice(a, b - a), layout, limits) if a < b else None
+            values = _batch_values(batch.slice(a, b - a), layout, caps) if a < b else None
             rows, batch = batch.num_rows, None
         if batch_rows < count:
             # pyarrow's default pool (mimalloc) keeps a freed batch resident for a
             # while and takes fresh pages for the next one; returning them now keeps
             # a big row group's cost at about its own size.
             pa.default_memory_pool().release_unused()
+        first_index = group.first_row + offset
         if values is not None:
-            where = _Where(first_row + offset + a, safe_url, key_prefix)
-            yield from _row_samples(values, b - a, where, layout, limits)
+            repeat = None if seen is None else _first_repeat(seen, values["__key__"])
+            where = _Where(first_index + a, safe_url, key_prefix)
+            good = b - a if repeat is None else repeat
+            yield from islice(_row_samples(values, b - a, where, layout), good)
+            if repeat is not None:
+                raise _repeated_key(values["__key__"][repeat], first_index + a + repeat, safe_url)
         offset += rows
+
+
+def _first_repeat(seen: set[bytes], keys: list) -> int | None:
+    """Add `keys` to `seen`; the position of the first key already there, else None.
+
+    One set build and one disjointness test a batch (C loops); the Python loop runs
+    only for a batch that holds a repeat. Null and oversized cells are not keys.
+    """
+    present = [key for key in keys if type(key) is bytes]
+    fresh = set(present)
+    if len(fresh) == len(present) and seen.isdisjoint(fresh):
+        seen |= fresh
+        return None
+    for position, key in enumerate(keys):
+        if type(key) is bytes:
+            if key in seen:
+                return position
+            seen.add(key)
+    return None
+
+
+def _repeated_key(raw_key: bytes, index: int, url: str) -> ShardError:
+    key = _row_key(raw_key, index, url)[0]
+    return ShardError(
+        "non_adjacent_key",
+        url,
+        f"row {index} has the key {key} of an earlier row: a key names one sample; "
+        f"run `preprocess verify` on the dataset to list the bad shards, then rebuild them",
+        key,
+    )
 
 
 @dataclass(frozen=True)
 class _Oversized:
-    """A cell over `ReadLimits.member_bytes`, left unconverted."""
+    """A cell over its column's cap (`ReadLimits.cap_for`), left unconverted.
+
+    `size` is its byte count; for a typed list of ids, the least its JSON can take.
+    """
 
     size: int
+    cap: MemberCap
 
 
-def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, limits: ReadLimits) -> dict:
+@dataclass(frozen=True)
+class _BadLabel:
+    """A label outside the classes the file's metadata names."""
+
+    value: int
+    classes: int
+
+
+def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, caps: dict) -> dict:
     values = {}
+    classes = dict(layout.classes)
     for name in layout.columns:
         array = batch.column(name)
         if layout.image_struct and name == layout.image_field:
             array = pc.struct_field(array, "bytes")  # null where the struct itself is null
-        if name in JSON_VALUE_FIELDS and not any(check(array.type) for check in _STRING):
-            values[name] = _json_cells(array, limits.member_bytes)
+        if name in classes:
+            values[name] = _label_values(array, classes[name])
+        elif name in JSON_VALUE_FIELDS and not any(check(array.type) for check in _STRING):
+            values[name] = _json_cells(array, caps[name])
         else:
-            values[name] = _column_values(array, limits.member_bytes)
+            values[name] = _column_values(array, caps[name])
     return values
 
 
-def _json_cells(array: pa.Array, limit: int) -> list:
+def _label_values(array: pa.Array, classes: int) -> list:
+    """A label column's ints, with `_BadLabel` for those outside `[0, classes)`."""
+    cells = array.to_pylist()
+    outside = pc.or_(pc.less(array, 0), pc.greater_equal(array, classes))
+    if not pc.any(outside).as_py():
+        return cells
+    return [
+        value if value is None or 0 <= value < classes else _BadLabel(value, classes)
+        for value in cells
+    ]
+
+
+def _json_cells(array: pa.Array, cap: MemberCap) -> list:
     """A typed `labels` or `weight` column as the JSON bytes its tar members hold.
 
     A number becomes a float's JSON (`2.0`: what the build writes in both formats),
-    a list of ids `[0, 3]`; None for null cells, `_Oversized` past `limit` bytes. The
-    values are not judged here: the loader's field checks do that (`bad_labels`).
+    a list of ids `[0, 3]`; None for null cells, `_Oversized` past the cap. A list
+    whose JSON cannot fit (each id takes at least 3 bytes: a digit and `, `) is never
+    turned into Python objects. The values are not judged here: the loader's field
+    checks do that (`bad_labels`).
     """
+    limit = cap.max_bytes
     if _is_number(array.type):
-        return [
-            None if value is None else json.dumps(float(value)).encode("ascii")
-            for value in array.to_pylist()
+        cells = []
+        for value in array.to_pylist():
+            data = None if value is None else json.dumps(float(value)).encode("ascii")
+            cells.append(_Oversized(len(data), cap) if data and len(data) > limit else data)
+        return cells
+    least = pc.multiply(pc.list_value_length(array), 3)
+    over = pc.greater(least, limit)
+    if pc.any(over).as_py():
+        kept = pc.if_else(over, pa.scalar(None, array.type), array).to_pylist()
+        sizes = least.to_pylist()
+        values = [
+            _Oversized(size, cap) if size and size > limit else v
+            for size, v in zip(sizes, kept, strict=True)
         ]
+    else:
+        values = array.to_pylist()
     cells = []
-    for value in array.to_pylist():
-        data = None if value is None else json.dumps(value).encode("ascii")
-        cells.append(_Oversized(len(data)) if data is not None and len(data) > limit else data)
+    for value in values:
+        if value is None or isinstance(value, _Oversized):
+            cells.append(value)
+            continue
+        data = json.dumps(value).encode("ascii")
+        cells.append(_Oversized(len(data), cap) if len(data) > limit else data)
     return cells
 
 
-def _column_values(array: pa.Array, limit: int) -> list:
+def _column_values(array: pa.Array, cap: MemberCap) -> list:
     """Python values of one column: bytes for binary and strings (never decoded here),
-    ints for `cls`, None for null cells, `_Oversized` for cells over `limit` bytes."""
+    ints for `cls`, None for null cells, `_Oversized` for cells over the cap."""
     if pa.types.is_integer(array.type):
         return array.to_pylist()
+    limit = cap.max_bytes
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     array = array.cast(pa.large_binary() if large else pa.binary())  # a view, no copy
     lengths = pc.binary_length(array)
@@ -764,20 +925,30 @@ def _column_values(array: pa.Array, limit: int) -> list:
     over = pc.greater(lengths, limit)
     values = pc.if_else(over, pa.scalar(None, array.type), array).to_pylist()
     return [
-        _Oversized(size) if size is not None and size > limit else value
+        _Oversized(size, cap) if size is not None and size > limit else value
         for size, value in zip(lengths.to_pylist(), values, strict=True)
     ]
 
 
 def synthetic_key_prefix(url: str) -> str:
-    """The start of the keys made for a shard without `__key__`: its file name's stem.
+    """The start of the keys made for a shard without `__key__`: its stem and directory.
 
-    Keys are `{stem}-{row:09d}`, valid for `check_key` (other characters become `_`),
-    the same wherever the file is moved, and distinct across the files of a dataset.
+    Keys are `{stem}-{digest}-{row:09d}`, valid for `check_key` (other characters of
+    the stem become `_`), where `digest` is 8 hex digits of the sha256 of the file's
+    directory (its absolute path, or scheme, host and path of a URL; never its
+    credentials or query): the same on every run, and distinct for files of one name
+    in two directories, as HF datasets lays out its configs
+    (`cfgA/train-00000-of-00001.parquet`, `cfgB/train-00000-of-00001.parquet`).
     """
-    name = urlsplit(url).path.rsplit("/", 1)[-1] if "://" in url else os.path.basename(url)
+    if "://" in url:
+        parts = urlsplit(url)
+        directory, name = parts.path.rsplit("/", 1) if "/" in parts.path else ("", parts.path)
+        directory = f"{parts.scheme}://{parts.hostname or ''}{directory}"
+    else:
+        directory, name = os.path.split(os.path.abspath(url))
     stem = name[: -len(".parquet")] if name.lower().endswith(".parquet") else name
-    return re.sub(r"[^A-Za-z0-9_-]", "_", stem)[:100] or "row"
+    digest = hashlib.sha256(directory.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', stem)[:100] or 'row'}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -789,41 +960,35 @@ class _Where:
     key_prefix: str | None  # None: the shard has a `__key__` column
 
 
-def _row_samples(
-    values: dict, rows: int, where: _Where, layout: ParquetLayout, limits: ReadLimits
-) -> Iterator[Sample]:
+def _row_samples(values: dict, rows: int, where: _Where, layout: ParquetLayout) -> Iterator[Sample]:
     names = layout.columns
     cells = zip(*(values[name] for name in names), strict=True) if names else [()] * rows
     for offset, row in enumerate(cells):
         index = where.first_index + offset
         key = None if where.key_prefix is None else f"{where.key_prefix}-{index:09d}"
-        yield _sample(dict(zip(names, row, strict=True)), index, where.url, limits, key, layout)
+        yield _sample(dict(zip(names, row, strict=True)), index, where.url, key, layout)
 
 
-def _sample(
-    cells: dict, index: int, url: str, limits: ReadLimits, key: str | None, layout: ParquetLayout
-) -> Sample:
+def _sample(cells: dict, index: int, url: str, key: str | None, layout: ParquetLayout) -> Sample:
     """One row's sample; `key` is the synthetic key, None when the row has a `__key__` cell."""
     error = None
     if key is None:
-        key, error = _row_key(cells.pop("__key__"), index, url, limits)
+        key, error = _row_key(cells.pop("__key__"), index, url)
     sample = {"__key__": key, "__url__": url}
     for name, value in cells.items():
         if isinstance(value, (bytes, int)):
             sample[name] = str(value).encode("ascii") if name in LABEL_COLUMNS else value
         elif value is not None or name not in OPTIONAL_FIELDS:  # a null json is no json
-            error = error or _cell_error(name, value, index, url, limits, key, layout)
+            error = error or _cell_error(name, value, index, url, key, layout)
     if error is not None:
         sample["__error__"] = error
     return sample
 
 
-def _row_key(
-    raw_key: object, index: int, url: str, limits: ReadLimits
-) -> tuple[str, SampleError | None]:
+def _row_key(raw_key: object, index: int, url: str) -> tuple[str, SampleError | None]:
     """A `__key__` cell as a printable key, and the error that makes its row a skip."""
     if not isinstance(raw_key, bytes):
-        return f"<row {index}>", _cell_error("__key__", raw_key, index, url, limits)
+        return f"<row {index}>", _cell_error("__key__", raw_key, index, url)
     error = None
     try:
         key = raw_key.decode("utf-8")
@@ -843,14 +1008,17 @@ def _cell_error(
     value: object,
     index: int,
     url: str,
-    limits: ReadLimits,
     key: str | None = None,
     layout: ParquetLayout | None = None,
 ) -> SampleError:
     where = f"column {name!r} of row {index}" + (f" ({key})" if key else "") + f" in {url}"
     if isinstance(value, _Oversized):
+        return oversized_member(value.cap, where, value.size)
+    if isinstance(value, _BadLabel):
         return SampleError(
-            "member_too_large", f"{where} is {value.size} bytes (cap {limits.member_bytes})"
+            "bad_label",
+            f"{where} is class {value.value}, outside the {value.classes} classes the file's "
+            "metadata names",
         )
     if layout is not None and layout.image_struct and name == layout.image_field:
         return SampleError(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shards.errors import MemberCap
+
 # Field names a shard may carry. Anything else is ignored by our readers, so a
 # planted `.pkl` or `.pth` member is never even read, let alone unpickled. Image
 # fields are tried in this order: ours first, then the names other writers use
@@ -146,7 +148,9 @@ class Field:
         key: for `json`, `multi_label` and `weight`: take this key of the JSON
             object the member holds (e.g. `source="json", key="tags"`).
         num_classes: `multi_label` only: the width of the multi-hot target.
-        max_bytes: text and JSON members over this are a counted skip.
+        max_bytes: members this field reads over this many bytes are a counted skip
+            (its `bad_` reason), passed over unread by the shard readers
+            (`member_caps`); not applied to images, capped by `ReadLimits.member_bytes`.
         transform: `transform(value, rng) -> tensor | ndarray | object`, run in the
             worker on the decoded value (a tokenizer, a caption picker); the same rules
             as the image transform: picklable (a module-level class or
@@ -247,7 +251,9 @@ def field_value(sample: Sample, field: Field, parsed: dict | None = None) -> obj
 
     Raises:
         SampleError: `no_<kind>` (`no_image`, `no_label`, `no_text`, ...) when none of
-            the field's members is present, `bad_<kind>` when the value is invalid.
+            the field's members is present, the kind's `BAD_VALUE_REASONS` entry
+            (`bad_text`, `bad_weight`, ...) when its value is invalid, unparsable or
+            over `field.max_bytes`.
     """
     if field.kind == "image":
         return sample[image_field_of(sample, field.source)]
@@ -265,7 +271,14 @@ def field_value(sample: Sample, field: Field, parsed: dict | None = None) -> obj
         return decode_text(sample[member], where, field.max_bytes)
     cache = {} if parsed is None else parsed
     if member not in cache:
-        cache[member] = parse_json(sample[member], where, field.max_bytes)
+        try:
+            cache[member] = parse_json(sample[member], where, field.max_bytes)
+        except SampleError as error:
+            if field.kind == "json":
+                raise
+            # A `.weight` of `nan` or a `.labels` that is not JSON is a bad weight or
+            # bad labels: each field kind has one `bad_` reason, as the docs' table says.
+            raise SampleError(BAD_VALUE_REASONS[field.kind], error.detail) from error
     value = cache[member]
     if field.key is not None:
         if not isinstance(value, dict) or field.key not in value:
@@ -277,6 +290,49 @@ def field_value(sample: Sample, field: Field, parsed: dict | None = None) -> obj
 
 
 _SLUG = {"text": "text", "json": "json", "multi_label": "labels", "weight": "weight"}
+# The one skip reason of a bad value of each field kind (an image's come from its decoder).
+BAD_VALUE_REASONS = {
+    "label": "bad_label",
+    "text": "bad_text",
+    "json": "bad_json",
+    "multi_label": "bad_labels",
+    "weight": "bad_weight",
+}
+
+
+def member_caps(fields: Sequence[Field]) -> tuple[MemberCap, ...]:
+    """The caps `fields` put on the members they read, for `ReadLimits.member_caps`.
+
+    Every member a text, JSON, label, multi-label or weight field reads is capped at
+    that field's `max_bytes` (the smallest, and the first field of those, when several
+    read it), with the field kind's `bad_` reason: what decoding the member would give,
+    so a reader can skip an oversized member unread and count the same skip. Image
+    members keep `ReadLimits.member_bytes` (`member_too_large`).
+    """
+    caps: dict[str, MemberCap] = {}
+    for field in fields:
+        if field.kind == "image":
+            continue
+        for member in field.source:
+            known = caps.get(member)
+            if known is None or field.max_bytes < known.max_bytes:
+                reason = BAD_VALUE_REASONS[field.kind]
+                caps[member] = MemberCap(member, field.max_bytes, reason, field.name)
+    return tuple(caps.values())
+
+
+def oversized_member(cap: MemberCap, where: str, size: int) -> SampleError:
+    """The skip of a member of `size` bytes over `cap`, passed over unread.
+
+    Args:
+        where: the member and the shard, e.g. `member k1.txt of s3://b/x.tar` or
+            `column 'txt' of row 5 in x.parquet`.
+    """
+    if cap.field:
+        limit = f"the {cap.max_bytes}-byte cap of field {cap.field!r} (Field.max_bytes)"
+    else:
+        limit = f"the {cap.max_bytes}-byte cap (ReadLimits.member_bytes)"
+    return SampleError(cap.reason, f"{where} is {size} bytes, over {limit}; not read")
 
 
 def decode_text(data: object, where: str, max_bytes: int = MAX_FIELD_BYTES) -> str:
@@ -303,23 +359,75 @@ def parse_json(
     """A JSON document (UTF-8 bytes or str) parsed, within a size and a nesting cap.
 
     Raises:
-        SampleError: `bad_json`: over `max_bytes`, not UTF-8, not JSON, or nested
-            deeper than `max_depth`.
+        SampleError: `bad_json`: over `max_bytes`, not UTF-8, not strict JSON
+            (`loads_strict_json`), or nested deeper than `max_depth`.
     """
     try:
         text = decode_text(data, where, max_bytes)
     except SampleError as error:
         raise SampleError("bad_json", error.detail) from error
     try:
-        value = json.loads(text)
-    # ValueError: not JSON (JSONDecodeError), or an int past Python's digit limit;
-    # RecursionError: nesting deep enough to exhaust the parser's stack.
+        value = loads_strict_json(text)
+    # ValueError: not JSON (JSONDecodeError), not strict JSON, or an int past Python's
+    # digit limit; RecursionError: nesting deep enough to exhaust the parser's stack.
     except (ValueError, RecursionError) as error:
         raise SampleError("bad_json", f"{where} is not JSON ({error})"[:300]) from error
     # Containers are never deeper than there are brackets: most documents skip the walk.
     if text.count("[") + text.count("{") > max_depth and _depth(value) > max_depth:
         raise SampleError("bad_json", f"{where} nests deeper than {max_depth} levels")
     return value
+
+
+# A `\uD800`-`\uDFFF` escape: the only way a lone surrogate gets into parsed JSON
+# (UTF-8 text cannot hold one). Pairs are joined by the parser; lone ones survive.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads_strict_json(text: str) -> object:
+    """`json.loads` under the manifest parser's rules (RFC 8259 as interchange needs it).
+
+    Python's parser takes `NaN`, `Infinity` and `-Infinity`, turns `1e999` into an
+    infinite float, keeps the last of repeated keys and passes lone surrogates
+    (`"\\ud800"`) into strings that cannot be encoded again; other readers of the
+    same document (a Rust or JS trainer, `jq`) refuse or read them differently.
+
+    Raises:
+        ValueError: not JSON (`json.JSONDecodeError`), or any of those four, named.
+    """
+    value = _STRICT_DECODER.decode(text)
+    if _SURROGATE_ESCAPE.search(text):
+        try:  # a C-speed walk of every string; only documents with such escapes pay it
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError("a string holds a lone surrogate escape (\\ud800-\\udfff)") from error
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {json.dumps(key)[:60]} appears twice in one object")
+    return obj
+
+
+def _refuse_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf (1e999); NaN cannot come from a JSON number
+        raise ValueError(f"{text[:40]} overflows to infinity")
+    return value
+
+
+# One decoder for every document: `json.loads` with hooks builds a new one per call
+# (~1 us of a 4 us parse of a 200-byte document).
+_STRICT_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_refuse_constant, parse_float=_finite_float
+)
 
 
 def _depth(value: object) -> int:

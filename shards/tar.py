@@ -17,7 +17,14 @@ from typing import BinaryIO
 
 from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
 from shards.redact import redact_url
-from shards.sample import ALLOWED_FIELDS, Sample, SampleError, check_key
+from shards.sample import (
+    ALLOWED_FIELDS,
+    IMAGE_FIELDS,
+    Sample,
+    SampleError,
+    check_key,
+    oversized_member,
+)
 
 BLOCK = 512
 
@@ -110,6 +117,7 @@ _SKIP_CHUNK = 1 * 2**20
 _CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
 # One bit per allowlisted field: a duplicate is found without a per-sample set.
 _FIELD_BITS = {field: 1 << bit for bit, field in enumerate(sorted(ALLOWED_FIELDS))}
+_IMAGE_MASK = sum(_FIELD_BITS[field] for field in IMAGE_FIELDS)
 # Longest decimal a pax length or size may have: 10**20 bytes is past every cap, and
 # `int` refuses strings past 4300 digits with a ValueError we would rather not meet.
 _MAX_DECIMAL_DIGITS = 20
@@ -126,6 +134,10 @@ _ADVICE = {
     "duplicate_field": f"{_VERIFY}",
     "too_many_fields": f"{_VERIFY}",
 }
+_DOTTED_ADVICE = (
+    "webdataset splits a member name at the first dot of its basename, so sample keys "
+    "must not contain dots: rename the keys (e.g. `a.b` -> `a_b`) and rewrite the shard"
+)
 
 
 def _error(reason: str, url: str, detail: str, key: str | None = None) -> ShardError:
@@ -380,10 +392,14 @@ def iter_tar_samples(
 ) -> Iterator[Sample]:
     """Yield the samples with index in `[start, stop)` of a tar stream.
 
-    A sample is a group of adjacent members with one key, at least one of them an
-    allowlisted field (`ALLOWED_FIELDS`); indices count every sample whatever
-    `fields` asks for. Only members in `fields` are read; the rest, and the samples
-    before `start`, are passed over unread (seeking when the stream can), so
+    A sample is a group of adjacent members with one key (the name up to the first
+    dot of its basename, as webdataset splits it), at least one of them an
+    allowlisted field (`ALLOWED_FIELDS`) or a dotted one (below); indices count
+    every sample whatever `fields` asks for. Only members in `fields` are read, each
+    within its cap (`limits.cap_for`: `ReadLimits.member_bytes`, or the tighter cap
+    of the field that reads it), which the header gives before any data is read;
+    the rest, the samples before `start` and every member of a sample already
+    found bad are passed over unread (seeking when the stream can), so
     `fields=frozenset()` lists keys from the headers alone. A sample is yielded only
     once the next key starts or the archive ends cleanly, so a truncated shard never
     leaks a partial sample; reading stops at the header of sample `stop`.
@@ -399,10 +415,14 @@ def iter_tar_samples(
 
     Yields:
         Sample dicts with `__key__`, `__url__` and the fields in `fields` the sample
-        has. A sample with a member over `limits.member_bytes` comes without that
-        member and with `__error__ = SampleError("member_too_large")`; one whose
-        member name is not UTF-8 comes with a printable key, no fields and
-        `__error__ = SampleError("bad_name")`: each is one counted skip.
+        has. A sample with a problem comes with `__key__`, `__url__`, no fields and
+        `__error__` set to a `SampleError`, one counted skip: a member over its cap
+        (`member_too_large`, or the reading field's reason: `bad_text`, `bad_json`,
+        ...), image members that together pass one image's cap (`member_too_large`:
+        a sample is decoded from one), a member name that is not UTF-8 (`bad_name`,
+        with a printable key), or a group whose only fields are dotted ones such as
+        `b.jpg` (members `a.b.jpg`, `a.b.cls`: a key `a.b` written by a writer that
+        allows dots; `dotted_key`).
 
     Raises:
         ShardError: after every good sample before the problem was yielded:
@@ -440,12 +460,19 @@ def _iter_samples(
 ) -> Generator[Sample, None, int]:
     """`iter_tar_samples` past its checks; returns how many samples the archive holds."""
     seekable = stream.seekable()
-    max_member = limits.member_bytes
+    # Each read member's cap, looked up once per shard (`fields` may be any container).
+    caps = {field: limits.cap_for(field) for field in _FIELD_BITS if field in fields}
+    cap_bytes = {field: cap.max_bytes for field, cap in caps.items()}
+    # A sample is decoded from one image member, so the ones it holds (jpg and png, say)
+    # share one image's cap: per sample, at most one image's bytes reach the buffer.
+    image_cap = max((cap_bytes[field] for field in IMAGE_FIELDS if field in cap_bytes), default=0)
     seen: set[str] = set()
     pending: Sample | None = None
     current: str | None = None
+    first = ""  # the current group's first member, named by a dotted_key skip
     index = -1
-    mask = extra = 0
+    mask = extra = images = 0
+    failed = False  # the pending sample carries an error: read nothing more for it
     read = stream.read
     for name, key, field, regular, size, bad in _iter_members(stream, url, limits):
         bit = _FIELD_BITS.get(field) if regular else None
@@ -453,13 +480,22 @@ def _iter_samples(
             if key == current:
                 extra += 1
                 if extra > MAX_MEMBERS_PER_SAMPLE:
-                    raise _error(
-                        "too_many_fields", url, f"over {MAX_MEMBERS_PER_SAMPLE} members", key
-                    )
-            _pass_over(stream, seekable, size, url, name, key)
-            continue
+                    detail = f"over {MAX_MEMBERS_PER_SAMPLE} members"
+                    if not mask:
+                        detail = f"{detail} (from {first}); {_DOTTED_ADVICE}"
+                    raise _error("too_many_fields", url, detail, key)
+                _pass_over(stream, seekable, size, url, name, key)
+                continue
+            if not (regular and field.rpartition(".")[2] in _FIELD_BITS):
+                _pass_over(stream, seekable, size, url, name, key)
+                continue
+            # `a.b.jpg`: key `a`, field `b.jpg`. A sample key with a dot; its group is
+            # a sample (a counted `dotted_key` skip) unless it has an allowlisted field.
+            bit = 0
         if key != current:
             if pending is not None:
+                if not mask and not failed:
+                    _fail(pending, _dotted_key(first, url))
                 yield pending
                 pending = None
             index += 1
@@ -475,34 +511,78 @@ def _iter_samples(
             if key in seen:
                 raise _error("non_adjacent_key", url, f"{key} appears twice", key)
             seen.add(key)
-            current, mask, extra = key, 0, 0
+            current, mask, extra, images, first, failed = key, 0, 0, 0, name, False
             if index >= start:
                 pending = {"__key__": key, "__url__": url}
         if mask & bit:
             raise _error("duplicate_field", url, f"{name} appears twice", key)
         mask |= bit
-        if pending is None or bad or field not in fields:
-            if bad and pending is not None and "__error__" not in pending:
-                pending["__error__"] = SampleError(
-                    "bad_name",
-                    f"member {name} of {url} has a name that is not UTF-8 or holds control "
-                    "characters",
+        if pending is None or failed:
+            _pass_over(stream, seekable, size, url, name, key)
+            continue
+        limit = cap_bytes.get(field)
+        if bad or limit is None or size > limit:
+            if bad or limit is not None:  # a bad name, or a member over its cap: one skip
+                failed = True
+                _fail(
+                    pending,
+                    _bad_name(name, url) if bad else _over_cap(caps, field, name, url, size),
                 )
             _pass_over(stream, seekable, size, url, name, key)
             continue
-        if size > max_member:
-            pending["__error__"] = SampleError(
-                "member_too_large", f"{name} in {url} is {size} bytes (cap {max_member})"
-            )
-            _pass_over(stream, seekable, size, url, name, key)
-            continue
+        if bit & _IMAGE_MASK:
+            images += size
+            if images > image_cap:
+                failed = True
+                _fail(pending, _images_over_cap(key, url, images, image_cap))
+                _pass_over(stream, seekable, size, url, name, key)
+                continue
         data = read(size)
         if len(data) != size:  # a short read: keep reading until EOF before giving up
             data += _read_exact(stream, size - len(data), url, f"member {name}", key)
         pending[field] = data
     if pending is not None:
+        if not mask and not failed:
+            _fail(pending, _dotted_key(first, url))
         yield pending
     return index + 1
+
+
+def _fail(sample: Sample, error: SampleError) -> None:
+    """Make `sample` one counted skip: its error and none of the bytes read for it,
+    which would otherwise sit in the shuffle buffer until its decode drops them."""
+    key, url = sample["__key__"], sample["__url__"]
+    sample.clear()
+    sample.update(__key__=key, __url__=url, __error__=error)
+
+
+def _bad_name(name: str, url: str) -> SampleError:
+    return SampleError(
+        "bad_name",
+        f"member {name} of {url} has a name that is not UTF-8 or holds control characters",
+    )
+
+
+def _over_cap(caps: dict, field: str, name: str, url: str, size: int) -> SampleError:
+    return oversized_member(caps[field], f"member {name} of {url}", size)
+
+
+def _images_over_cap(key: str, url: str, images: int, cap: int) -> SampleError:
+    return SampleError(
+        "member_too_large",
+        f"the image members of sample {key} in {url} add up to at least {images} bytes, over the "
+        f"{cap}-byte cap of one image (ReadLimits.member_bytes): a sample is decoded from one "
+        "image member, so it may hold several only within one's cap; not read",
+    )
+
+
+def _dotted_key(first: str, url: str) -> SampleError:
+    key, field = split_member_name(first)
+    return SampleError(
+        "dotted_key",
+        f"member {first} of {url} is read as key {key!r} with field {field!r}, which no "
+        f"reader reads; {_DOTTED_ADVICE}",
+    )
 
 
 def _pass_over(stream: BinaryIO, seekable: bool, size: int, url: str, name: str, key: str) -> None:

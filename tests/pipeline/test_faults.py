@@ -208,3 +208,95 @@ def test_an_unreadable_shard_counts_against_the_skip_budget(shard_copy):
 def test_storage_options_never_appear_in_config_reprs():
     config = LoaderConfig(source="s3://bucket/manifest.json", storage_options={"secret": "hunter2"})
     assert "hunter2" not in repr(config)
+
+
+# --- exactly-once eval: a bad shard's samples are skipped, never replaced by repeats -------
+
+
+def strip_labels(directory: Path, fmt: str, index: int = 0) -> set[str]:
+    """Take the class out of one train shard (its `cls` members or column); its keys."""
+    import pyarrow.parquet as pq
+
+    path = shard_path(directory, "train", index, fmt)
+    if fmt == "tar":
+        keys = set()
+
+        def drop_cls(_, sample):
+            keys.add(sample["__key__"])
+            return {k: v for k, v in sample.items() if k != "cls"}
+
+        rewrite_tar(path, drop_cls)
+        return keys
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["cls"]), path, row_group_size=16)
+    return set(table.column("__key__").to_pylist())
+
+
+def eval_epoch(directory, world: int, workers: int, **overrides) -> tuple[Counter, list, dict]:
+    """Every rank's eval epoch: keys delivered, batch sizes, and the summed counts."""
+    seen, sizes = Counter(), []
+    counts = {"skipped": Counter(), "refilled": 0, "unfilled": 0}
+    for rank in range(world):
+        loader = loader_for(
+            directory,
+            rank=rank,
+            world_size=world,
+            num_workers=workers,
+            max_skip_fraction=1.0,
+            persistent_workers=False,
+            **overrides,
+        )
+        for keys in epoch_keys(loader):
+            seen.update(keys)
+            sizes.append(len(keys))
+        counts["skipped"].update(loader.stats.skipped)
+        counts["refilled"] += loader.stats.refilled
+        counts["unfilled"] += loader.stats.unfilled
+    return seen, sizes, counts
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+@pytest.mark.parametrize("world, workers", [(1, 0), (2, 2)])
+def test_exactly_once_eval_never_delivers_a_sample_twice(shard_copy, fmt, world, workers):
+    """The issue's case: a shard without its `cls` gave its count of doubled samples in eval.
+
+    Now every good sample comes exactly once, the bad ones are counted skips, and the
+    batches they would have filled come short (`unfilled`); nothing is refilled.
+    """
+    from tests.pipeline.test_loader import split_keys
+
+    everything = split_keys(shard_copy, "train")
+    bad = strip_labels(shard_copy, fmt)
+    seen, sizes, counts = eval_epoch(shard_copy, world, workers, format=fmt, train=False)
+    assert max(seen.values()) == 1  # no sample twice
+    assert set(seen) == set(everything) - bad  # every good one
+    assert sum(counts["skipped"].values()) == len(bad) == counts["unfilled"]
+    assert counts["refilled"] == 0
+    assert sum(sizes) == len(everything) - len(bad) and 0 not in sizes  # short, never empty
+
+
+def test_training_keeps_its_equal_batches_by_refilling(shard_copy):
+    """Training (the `pad` rule) still fills every batch, so DDP ranks stay in step."""
+    from tests.pipeline.test_loader import split_keys
+
+    bad = strip_labels(shard_copy, "tar")
+    whole = eval_epoch(shard_copy, 2, 0, train=True, drop_last=True)
+    damaged_loader = loader_for(shard_copy, rank=0, world_size=2, drop_last=True)
+    seen, sizes, counts = eval_epoch(shard_copy, 2, 0, train=True, drop_last=True)
+    assert set(sizes) == {8} and len(sizes) == len(whole[1]) == 2 * len(damaged_loader)
+    assert counts["refilled"] == sum(counts["skipped"].values()) > 0 and counts["unfilled"] == 0
+    assert not set(seen) & bad and len(split_keys(shard_copy, "train")) > len(bad)
+
+
+def test_an_eval_worker_whose_last_batches_are_all_bad_reports_its_counts(shard_copy):
+    """A worker that ends before its planned batches still hands over its final skips."""
+    from tests.pipeline.test_loader import split_keys
+
+    everything = split_keys(shard_copy, "train")
+    bad = set()
+    for index in range(len(shard_files(shard_copy, "tar", "train"))):
+        if index % 2:
+            bad |= strip_labels(shard_copy, "tar", index)
+    seen, sizes, counts = eval_epoch(shard_copy, 1, 2, train=False)
+    assert Counter(seen) == Counter(set(everything) - bad)
+    assert counts["skipped"] == {"no_label": len(bad)} and counts["unfilled"] == len(bad)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.dataset import LoaderDataError
+from pipeline.dataset import LoaderDataError, check_class_range, class_ranged_fields
 from shards.manifest import read_manifest
 from shards.sample import (
     Field,
@@ -403,6 +403,23 @@ def one(sample_fields: dict, field: Field):
         ({"json": b'{"w": NaN}'}, Field("w", "weight", "json", "w"), "bad_weight"),
         ({"json": b'{"w": -1}'}, Field("w", "weight", "json", "w"), "bad_weight"),
         ({"weight": b"1" + b"0" * 400}, Field("w", "weight"), "bad_weight"),
+        # Each kind has its one bad_ reason, whatever made the value bad (the docs' table).
+        ({"weight": b"nan"}, Field("w", "weight"), "bad_weight"),
+        ({"weight": b"NaN"}, Field("w", "weight"), "bad_weight"),
+        ({"weight": b""}, Field("w", "weight"), "bad_weight"),
+        ({"weight": b"1" * 100}, Field("w", "weight", max_bytes=64), "bad_weight"),
+        ({"labels": b"1 2"}, Field("t", "multi_label", num_classes=7), "bad_labels"),
+        ({"labels": b"[1, 2"}, Field("t", "multi_label", num_classes=7), "bad_labels"),
+        ({"labels": b"[1, 1e999]"}, Field("t", "multi_label", num_classes=7), "bad_labels"),
+        (
+            {"json": b'{"t": [1], "t": [2]}'},
+            Field("t", "multi_label", "json", "t", 7),
+            "bad_labels",
+        ),
+        ({"json": b'{"a": NaN}'}, Field("json", "json"), "bad_json"),
+        ({"json": b'{"a": 1, "a": 1}'}, Field("json", "json"), "bad_json"),
+        ({"json": b'{"a": "\\udc00"}'}, Field("json", "json"), "bad_json"),
+        ({"txt": "\ud800"}, Field("txt", "text"), "bad_text"),
         ({"jpeg": b"x"}, Field("label", "label"), "no_label"),
     ],
 )
@@ -410,6 +427,22 @@ def test_bad_field_values_are_sample_errors_naming_the_sample(members, field, re
     with pytest.raises(SampleError) as caught:
         one(members, field)
     assert caught.value.reason == reason and "k1" in caught.value.detail
+
+
+def test_labels_past_the_manifests_classes_are_the_label_fields_skips():
+    label = Field("label", "label")
+    wide = Field("t", "multi_label", num_classes=10)
+    narrow = Field("t", "multi_label", num_classes=3)
+    fields = (Field("image", "image"), label, wide, narrow)
+    # The narrow multi-label field is bounded by its own width already.
+    assert class_ranged_fields(fields, 4) == {1, 2} and class_ranged_fields(fields, None) == set()
+    check_class_range(label, 3, 4, "k1")
+    check_class_range(wide, [0, 3], 4, "k1")
+    check_class_range(wide, [], 4, "k1")
+    for spec, value, reason in ((label, 4, "bad_label"), (wide, [1, 9], "bad_labels")):
+        with pytest.raises(SampleError) as caught:
+            check_class_range(spec, value, 4, "k1")
+        assert caught.value.reason == reason and "4 classes the manifest names" in str(caught.value)
 
 
 def test_good_field_values_and_their_collation():

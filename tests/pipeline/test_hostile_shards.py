@@ -14,9 +14,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 from pipeline.dataset import LoaderDataError
 from pipeline.loader import LoaderConfig, build_loader
@@ -358,3 +360,54 @@ def test_errors_of_url_checks_and_manifest_parsing_hide_credentials(shard_copy):
             loader_for(f"{secret}/manifest.json?X-Amz-Signature=sig0123456789")
     assert "manifest.json" in str(malformed.value)
     assert "hunter2" not in str(malformed.value) and "sig0123456789" not in str(malformed.value)
+
+
+def relabel_first_sample(path: Path, value: bytes) -> str:
+    """Give the first sample of a tar shard the class id `value` (same length: the
+    shard keeps its byte count); returns the sample's key."""
+    data = bytearray(path.read_bytes())
+    offset = 0
+    while True:
+        name = bytes(data[offset : offset + 100]).split(b"\0", 1)[0]
+        size = int(bytes(data[offset + 124 : offset + 136]).strip(b"\0 "), 8)
+        if name.endswith(b".cls"):
+            assert size == len(value)
+            data[offset + BLOCK : offset + BLOCK + size] = value
+            path.write_bytes(bytes(data))
+            return name[: -len(b".cls")].decode()
+        offset += BLOCK + size + (-size % BLOCK)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_label_outside_the_manifests_classes_is_a_counted_bad_label(shards, workers):
+    classes = read_manifest(shards).classes
+    reference = manifest_keys(shards)
+    key = relabel_first_sample(shard_path(shards, "train", 0), str(len(classes)).encode())
+    loader, keys = full_epoch(shards, num_workers=workers)
+    assert loader.stats.skipped == {"bad_label": 1} and loader.stats.refilled == 1
+    assert key not in keys and set(keys) == set(reference) - {key}
+    labels = [int(v) for _, labels, _ in loader_for(shards, train=False) for v in labels]
+    assert max(labels) < len(classes)
+
+
+def small_jpeg(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (24, 32, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def test_a_webdataset_shard_with_dotted_keys_counts_them_as_dotted_key_skips(tmp_path, caplog):
+    wds = pytest.importorskip("webdataset")
+    keys = ["s0", "s1.a", "s2", "s3.b.c", "s4", "s5.d", "s6"]
+    path = tmp_path / "part-00000.tar"
+    with wds.TarWriter(str(path)) as writer:
+        for index, key in enumerate(keys):
+            writer.write({"__key__": key, "jpg": small_jpeg(index), "cls": index % 2})
+    loader, delivered = full_epoch(str(path), train=False, batch_size=2)
+    # 7 written: 4 delivered, 3 counted (they used to vanish: 7 written, 3 delivered).
+    assert loader.stats.skipped == {"dotted_key": 3}
+    assert sorted(set(delivered)) == ["s0", "s2", "s4", "s6"]
+    # Eval is exactly once: the 3 skips are never refilled with repeats, the batches come short.
+    assert len(delivered) == 4 and loader.stats.unfilled == 3 and not loader.stats.refilled
+    assert "must not contain dots" in caplog.text

@@ -325,3 +325,31 @@ def test_retrying_stream_is_a_raw_stream(server, data):
         stream.close()
         with pytest.raises(ValueError):
             stream.readinto(buffer)
+
+
+def test_object_store_credentials_never_reach_the_store_client(monkeypatch, caplog):
+    """Refused before any fsspec filesystem is made, and no log line holds the secret."""
+    import logging
+
+    import pipeline.opener as opener
+
+    def no_client(*args, **kwargs):
+        raise AssertionError("an fsspec filesystem was made for a URL holding credentials")
+
+    monkeypatch.setattr(opener, "object_store_filesystem", no_client)
+    caplog.set_level(logging.DEBUG)
+    url = "s3://AKIAEXAMPLE:s3cr3tKEY@bucket/train-000000.tar"
+    for random_access in (False, True):
+        with pytest.raises(ValueError, match=r"s3://\*\*\*@bucket.*storage_options") as info:
+            open_stream(url, FAST, random_access=random_access)
+        assert "s3cr3tKEY" not in str(info.value) and "AKIAEXAMPLE" not in str(info.value)
+    assert "s3cr3tKEY" not in caplog.text
+
+
+def test_loader_sources_with_object_store_credentials_are_refused(tmp_path):
+    from pipeline.loader import LoaderConfig, build_loader
+
+    for source in ("s3://K3Y:s3cr3tKEY@bucket/train-{000..003}.tar", "gs://K3Y:s3cr3tKEY@b/m.json"):
+        with pytest.raises(ValueError, match="holds credentials") as info:
+            build_loader(LoaderConfig(source=source, num_workers=0))
+        assert "s3cr3tKEY" not in str(info.value)

@@ -292,3 +292,34 @@ def test_format_of_url(url, expected):
 def test_format_of_url_refuses_others(url):
     with pytest.raises(ValueError, match="format"):
         format_of_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://AKIAEXAMPLE:s3cr3tKEY@bucket/train-000000.tar",
+        "s3://AKIAEXAMPLE@bucket/train-000000.tar",  # a key alone is a credential too
+        "gs://svc:s3cr3tKEY@bucket/train-000000.tar",
+        "S3://AKIAEXAMPLE:s3cr3tKEY@bucket/a.tar",
+    ],
+)
+def test_object_store_urls_with_credentials_are_refused_redacted(url):
+    """`s3://KEY:SECRET@bucket` would reach s3fs as a bucket name, which it logs."""
+    for check in (validate_url, expand_urls):
+        with pytest.raises(ValueError) as info:
+            check(url)
+        text = str(info.value)
+        assert "s3cr3tKEY" not in text and "AKIAEXAMPLE" not in text and "svc" not in text
+        assert "***@bucket" in text and "storage_options" in text and "credential chain" in text
+    with pytest.raises(ValueError, match="holds credentials"):  # inside a brace pattern too
+        expand_urls(url.replace("a.tar", "{0..3}.tar").replace("000000", "{000..003}"))
+
+
+def test_http_credentials_stay_basic_auth_and_azure_containers_stay_legal():
+    assert validate_url("https://alice:pw@h/a.tar") == "https://alice:pw@h/a.tar"
+    from shards.redact import url_credentials_problem
+
+    assert url_credentials_problem("abfs://container@account.dfs.core.windows.net/a.tar") is None
+    assert "***@account" in url_credentials_problem("abfs://container:key@account/a.tar")
+    assert url_credentials_problem("s3://bucket/key@2x.tar") is None  # '@' in the key is fine
+    assert url_credentials_problem("/data/user:pw@x.tar") is None

@@ -339,8 +339,12 @@ def test_an_unreadable_input_is_a_skip_and_is_recovered_once_readable(tmp_path, 
     assert (rerun.retried, rerun.recovered, rerun.manifest.written) == (1, 1, 4)
 
 
-def test_a_list_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
-    listing = tmp_path / "list.csv"
-    listing.write_bytes(b"path,label\na/caf\xe9.jpg,x\n")
-    with pytest.raises(InputError, match=r"list\.csv is not UTF-8 text .*save it as UTF-8"):
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_list_row_that_is_not_utf8_is_refused_naming_the_file_and_row(tmp_path, kind):
+    listing = tmp_path / f"list.{kind}"
+    row = b"a/caf\xe9.jpg,x\n" if kind == "csv" else b'{"path": "a/caf\xe9.jpg", "label": "x"}\n'
+    head = b"path,label\na/ok.jpg,x\n" if kind == "csv" else b'{"path": "a/ok.jpg", "label": "x"}\n'
+    listing.write_bytes(head + row)
+    line = 3 if kind == "csv" else 2
+    with pytest.raises(InputError, match=rf"list\.{kind} line {line}: path .*caf\\+xe9.*not UTF-8"):
         build(listing, tmp_path / "out")

@@ -200,3 +200,284 @@ def test_inputs_in_an_object_store_are_listed_through_fsspec(sample_dir, built_s
     for shard in shards:
         name = shard.relative_to(built)
         assert (tmp_path / "out" / name).read_bytes() == shard.read_bytes(), name
+
+
+# --- hostile input-list rows: every value bounded, every problem named by file and row -----
+
+HUGE = "9" * 5000  # past Python's 4,300-digit int conversion limit
+
+
+def test_a_huge_integer_in_an_undeclared_column_is_ignored_and_the_build_runs(
+    sample_dir, tmp_path, capsys
+):
+    """The issue's case: one JSONL row's 5,000-digit `junk` refused the build unnamed."""
+    files = sorted(sample_dir.rglob("*.jpg"))[:6]
+    lines = [json.dumps({"path": str(f.relative_to(sample_dir)), "label": "a"}) for f in files]
+    lines[2] = lines[2][:-1] + f', "junk": {HUGE}}}'
+    listing = sample_dir / "huge.jsonl"
+    listing.write_text("\n".join(lines) + "\n")
+    try:
+        out = tmp_path / "out"
+        args = ["build-shards", "--input", str(listing), "--output", str(out)]
+        code = main([*args, "--executor", "inline", "--no-progress", "--val-fraction", "0"])
+    finally:
+        listing.unlink()
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["written"] == 6
+
+
+def hostile_rows(kind: str) -> list[tuple[str, object, str]]:
+    """(name, the bad row's cells or raw text, the expected outcome) for one list format.
+
+    Outcomes: `ok` (the row is read, its bad undeclared column ignored), `skip:<reason>` (a
+    counted skip naming the file and row), `error:<text>` (an InputError naming them).
+    """
+    ok = {"path": "a/bad.jpg", "label": "c", "caption": "fine", "meta": 1, "w": 1}
+    if kind == "jsonl":
+        text = json.dumps(ok)[:-1]
+        return [
+            ("huge_int_undeclared", text + f', "junk": {HUGE}}}', "ok"),
+            ("huge_int_json", text.replace('"meta": 1', f'"meta": {HUGE}') + "}", "skip:bad_json"),
+            ("huge_int_weight", text.replace('"w": 1', f'"w": {HUGE}') + "}", "skip:bad_weight"),
+            ("huge_int_label", text.replace('"c"', HUGE) + "}", "error:label is an integer"),
+            ("huge_int_split", text + f', "split": {HUGE}}}', "error:split is an integer"),
+            ("inf_weight", text.replace('"w": 1', '"w": 1e999') + "}", "skip:bad_weight"),
+            ("nan_json", text.replace('"meta": 1', '"meta": NaN') + "}", "skip:bad_json"),
+            ("huge_float_undeclared", text + ', "junk": 1e99999}', "ok"),
+            ("deep", text + ', "junk": ' + "[" * 50_000 + "]" * 50_000 + "}", "error:nested"),
+            ("long_caption", json.dumps({**ok, "caption": "x" * 3_000_000}), "skip:bad_text"),
+            ("long_path", json.dumps({**ok, "path": "a/" + "p" * 100_000}), "error:4096-byte"),
+            ("long_label", json.dumps({**ok, "label": "l" * 100_000}), "error:1024-byte"),
+            ("int_path", json.dumps({**ok, "path": 5}), "error:path must be text"),
+            ("nul_path", json.dumps({**ok, "path": "a/\x00.jpg"}), "error:control character"),
+            ("not_utf8", json.dumps(ok).replace("bad", "b\udce4d"), "error:not UTF-8"),
+        ]
+    if kind == "csv":
+        return [
+            ("huge_int_undeclared", f"a/bad.jpg,c,fine,1,1,{HUGE}", "ok"),
+            ("huge_int_json", f"a/bad.jpg,c,fine,{HUGE},1,", "skip:bad_json"),
+            ("huge_int_weight", f"a/bad.jpg,c,fine,1,{HUGE},", "skip:bad_weight"),
+            ("inf_weight", "a/bad.jpg,c,fine,1,1e999,", "skip:bad_weight"),
+            ("nan_weight", "a/bad.jpg,c,fine,1,NaN,", "skip:bad_weight"),
+            (
+                "deep_json",
+                "a/bad.jpg,c,fine," + "[" * 50_000 + "]" * 50_000 + ",1,",
+                "skip:bad_json",
+            ),
+            ("long_cell", "a/bad.jpg,c," + "x" * 3_000_000 + ",1,1,", "error:field larger"),
+            ("nul_caption", "a/bad.jpg,c,fi\x00ne,1,1,", "ok"),
+            ("long_path", "a/" + "p" * 100_000 + ",c,fine,1,1,", "error:4096-byte"),
+            ("not_utf8", "a/b\udce4d.jpg,c,fine,1,1,", "error:not UTF-8"),
+            ("many_cells", "a/bad.jpg,c,fine,1,1," + ",z" * 100_000, "ok"),
+        ]
+    return [
+        ("inf_weight", {**ok, "w": float("inf")}, "skip:bad_weight"),
+        ("nan_weight", {**ok, "w": float("nan")}, "skip:bad_weight"),
+        ("long_caption", {**ok, "caption": "x" * 3_000_000}, "skip:bad_text"),
+        ("huge_undeclared", {**ok, "junk": "x" * 50_000_000}, "ok"),
+        ("binary_path", {**ok, "path": b"a/bad.jpg"}, "error:path must be text"),
+        ("long_label", {**ok, "label": "l" * 100_000}, "error:1024-byte"),
+        ("nul_path", {**ok, "path": "a/\x00.jpg"}, "error:control character"),
+    ]
+
+
+def write_hostile_list(path, kind: str, bad: object) -> None:
+    """Two good rows around one bad one (row 2: line 2 of JSONL, line 3 of CSV)."""
+    good = [
+        {"path": f"a/{n}.jpg", "label": "c", "caption": "fine", "meta": 1, "w": 1} for n in "xy"
+    ]
+    if kind == "jsonl":
+        lines = [json.dumps(good[0]), bad, json.dumps(good[1])]
+        path.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
+    elif kind == "csv":
+        lines = [
+            "path,label,caption,meta,w,junk",
+            "a/x.jpg,c,fine,1,1,",
+            bad,
+            "a/y.jpg,c,fine,1,1,",
+        ]
+        path.write_bytes("\r\n".join(lines).encode("utf-8", "surrogateescape") + b"\r\n")
+    else:
+        rows = [{**good[0], "junk": None}, {"junk": None, **bad}, {**good[1], "junk": None}]
+        pq.write_table(pa.Table.from_pylist([{**r, "w": float(r["w"])} for r in rows]), path)
+
+
+@pytest.mark.parametrize(
+    "kind, name, bad, outcome",
+    [(kind, *case) for kind in ("jsonl", "csv", "parquet") for case in hostile_rows(kind)],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "",
+)
+def test_hostile_list_rows_are_read_skipped_or_refused_naming_the_file_and_row(
+    tmp_path, kind, name, bad, outcome
+):
+    from preprocess.sources import InputColumns, stream_sources
+
+    listing = tmp_path / f"list.{kind}"
+    write_hostile_list(listing, kind, bad)
+    where = f"{listing} {'row 2' if kind == 'parquet' else 'line 3' if kind == 'csv' else 'line 2'}"
+    if name == "binary_path":  # one bytes cell makes the whole column binary: row 1 is first
+        where = f"{listing} row 1"
+    columns = InputColumns.parse("single", ("caption:txt", "meta:json", "w:weight"))
+    found, items = stream_sources(str(listing), columns=columns)
+    if outcome.startswith("error:"):
+        with pytest.raises(InputError) as caught:
+            list(items)
+        message = str(caught.value)
+        assert message.startswith(where) and outcome[6:] in message, message
+        assert len(message) < 600  # never the hostile value itself
+        return
+    rels = sorted(item.rel for item in items)
+    if outcome == "ok":
+        assert len(rels) == 3 and not found.left_out
+        return
+    assert rels == ["a/x.jpg", "a/y.jpg"]
+    (left,) = found.left_out
+    assert (left.reason, left.is_input) == (outcome[5:], True)
+    assert left.detail.startswith(where) and len(left.detail) < 600
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_100_mb_line_is_refused_naming_it_without_being_held(tmp_path, kind):
+    import tracemalloc
+
+    from preprocess.sources import MAX_ROW_CHARS, stream_sources
+
+    listing = tmp_path / f"list.{kind}"
+    with open(listing, "w") as f:
+        f.write(
+            "path,label\na/x.jpg,c\n" if kind == "csv" else '{"path": "a/x.jpg", "label": "c"}\n'
+        )
+        f.write("a/y.jpg,c," if kind == "csv" else '{"path": "a/y.jpg", "label": "c", "x": "')
+        for _ in range(100):
+            f.write("x" * 2**20)
+        f.write("\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"line \d: a row of over \d+ characters") as caught:
+            list(stream_sources(str(listing))[1])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{listing} line {3 if kind == 'csv' else 2}" in str(caught.value)
+    assert peak < 4 * MAX_ROW_CHARS  # ~2x the bound (the line and its decode), not 100 MB
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path, kind):
+    from preprocess.sources import stream_sources
+
+    listing = tmp_path / f"list.{kind}"
+    if kind == "csv":
+        text = "path,label\r\na/x.jpg,c\r\na/y.jpg,d\r\n"
+    else:
+        text = '{"path": "a/x.jpg", "label": "c"}\r\n{"path": "a/y.jpg", "label": "d"}\r\n'
+    listing.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    items = sorted((item.rel, item.label) for item in stream_sources(str(listing))[1])
+    assert items == [("a/x.jpg", "c"), ("a/y.jpg", "d")]
+
+
+def test_a_parquet_list_reads_only_the_columns_the_build_uses(tmp_path, monkeypatch):
+    """A hostile column nobody declared is never decoded: its 50 MB cost nothing."""
+    import tracemalloc
+
+    from preprocess.sources import stream_sources
+
+    listing = tmp_path / "list.parquet"
+    rows = [{"path": "a/x.jpg", "label": "c", "junk": "x" * 50_000_000}]
+    pq.write_table(pa.Table.from_pylist(rows), listing)
+    tracemalloc.start()
+    try:
+        items = list(stream_sources(str(listing))[1])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [item.rel for item in items] == ["a/x.jpg"] and peak < 10 * 2**20
+
+
+def test_a_parquet_row_group_decoding_past_the_cap_is_refused_naming_its_rows(
+    tmp_path, monkeypatch
+):
+    from preprocess import sources
+
+    listing = tmp_path / "list.parquet"
+    rows = [{"path": f"a/{i}.jpg", "label": "c"} for i in range(100)]
+    pq.write_table(pa.Table.from_pylist(rows), listing, row_group_size=40)
+    monkeypatch.setattr(sources, "MAX_LIST_ROW_GROUP_BYTES", 300)
+    with pytest.raises(InputError, match=r"list\.parquet rows 1-40 \(row group 0\).*smaller row"):
+        list(sources.stream_sources(str(listing))[1])
+
+
+def test_an_unreadable_parquet_schema_is_one_error_naming_the_file(tmp_path):
+    from preprocess.sources import stream_sources
+
+    nested = pa.array([1])
+    for _ in range(120):  # past Arrow's schema depth limit of 100
+        nested = pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), nested)
+    listing = tmp_path / "list.parquet"
+    pq.write_table(pa.table({"path": ["a/x.jpg"], "label": ["c"], "deep": nested}), listing)
+    with pytest.raises(InputError, match=r"list\.parquet: not a readable Parquet file"):
+        list(stream_sources(str(listing))[1])
+
+
+# --- multi-label: ids per row and classes per list are capped ------------------------------
+
+
+def test_a_multi_label_row_with_too_many_ids_is_a_skip_naming_the_row_and_limit(tmp_path):
+    from preprocess.sources import MAX_LABELS_PER_ROW, InputColumns, stream_sources
+
+    listing = tmp_path / "list.jsonl"
+    rows = [
+        {"path": "a/x.jpg", "label": ["cat", "dog"]},
+        {"path": "a/y.jpg", "label": list(range(100_000))},  # the issue's 100,001 classes
+    ]
+    listing.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found, items = stream_sources(str(listing), columns=InputColumns.parse("multi", ()))
+    assert [(i.rel, i.label) for i in items] == [("a/x.jpg", ["cat", "dog"])]
+    (left,) = found.left_out
+    assert left.reason == "bad_labels" and left.path == "a/y.jpg"
+    assert f"{listing} line 2 column 'label' holds 100000 labels" in left.detail
+    assert f"--label multi takes at most {MAX_LABELS_PER_ROW}" in left.detail
+
+
+def test_a_multi_label_list_naming_too_many_classes_is_refused_naming_the_row(tmp_path):
+    from preprocess.sources import MAX_LABELS_PER_ROW, MAX_MULTI_LABEL_CLASSES
+
+    listing = tmp_path / "list.jsonl"
+    rows = MAX_MULTI_LABEL_CLASSES // MAX_LABELS_PER_ROW + 1
+    with open(listing, "w") as f:
+        for row in range(rows):
+            ids = range(row * MAX_LABELS_PER_ROW, (row + 1) * MAX_LABELS_PER_ROW)
+            f.write(json.dumps({"path": f"a/{row}.jpg", "label": list(ids)}) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as caught:
+        run_build(small_build_config(listing, out, label="multi"))
+    message = str(caught.value)
+    assert message.startswith(f"{listing} line {rows}: the list names over 65536 classes")
+    assert "--label multi" in message and "MAX_MULTI_LABEL_CLASSES" in message
+    assert not (out / "manifest.json").exists()
+
+
+# --- credentials in object-store URLs ------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--input", "--output"])
+def test_build_urls_with_credentials_are_refused_redacted(tmp_path, capsys, flag):
+    url = "s3://AKIAEXAMPLE:s3cr3tKEY@bucket/prefix"
+    other = str(tmp_path / ("out" if flag == "--input" else "in"))
+    args = {"--input": other, "--output": other, flag: url}
+    with pytest.raises(SystemExit):
+        main(["build-shards", *[x for pair in args.items() for x in pair], "--executor", "inline"])
+    err = capsys.readouterr().err
+    assert f"{flag} 's3://***@bucket/prefix' holds credentials" in err
+    assert "s3cr3tKEY" not in err and "AKIAEXAMPLE" not in err
+    assert "storage_options" in err and "credential chain" in err
+
+
+def test_listing_an_object_store_url_with_credentials_is_refused():
+    from preprocess.sources import stream_sources
+
+    with pytest.raises(
+        InputError, match=r"memory://\*\*\*@bucket/images' holds credentials"
+    ) as info:
+        list(stream_sources("memory://user:s3cr3tKEY@bucket/images")[1])
+    assert "s3cr3tKEY" not in str(info.value)

@@ -257,7 +257,7 @@ def test_bad_rows_are_counted_skips_with_the_loaders_reasons(image_root, tmp_pat
         rels[0]: ["", "0.5"],  # no caption
         rels[1]: ["x" * (2**20 + 1), "0.5"],  # over the 1 MiB cap
         rels[2]: ["fine", "-1"],  # a negative weight
-        rels[3]: ["fine", "nan"],  # not JSON
+        rels[3]: ["fine", "nan"],  # not JSON: a bad weight, as the loader counts it
         rels[4]: ["fine", "1e999"],  # infinite
     }
     rows = [[rel, *bad.get(rel, [f"caption {i}", "1"])] for i, rel in enumerate(rels)]
@@ -267,7 +267,7 @@ def test_bad_rows_are_counted_skips_with_the_loaders_reasons(image_root, tmp_pat
         listing, out, label="none", fields=("caption:txt", "w:weight"), max_skip_fraction=0.5
     )
     manifest = run_build(config).manifest
-    assert manifest.skipped == {"no_text": 1, "bad_text": 1, "bad_weight": 2, "bad_json": 1}
+    assert manifest.skipped == {"no_text": 1, "bad_text": 1, "bad_weight": 3}
     assert manifest.written == len(rels) - len(bad) and manifest.inputs == len(rels)
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert {e["path"] for e in errors} == set(bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fsspec
 import pytest
+from PIL import Image
 
 from preprocess.images import ImageConfig, process_image, read_source
 from preprocess.sources import (
@@ -68,6 +69,55 @@ def test_suffixes_follow_the_input_formats():
     assert (".avif" in IMAGE_SUFFIXES) == ("AVIF" in INPUT_FORMATS)
     assert (".avif" in NOT_DECODED) != ("AVIF" in INPUT_FORMATS)
     assert not set(NOT_DECODED) & IMAGE_SUFFIXES  # a suffix is read or named, never both
+
+
+# Modes Pillow needs to write a suffix's own kind of file (`.pbm` is bilevel, `.pfm` float).
+_SAVE_MODES = {".pbm": "1", ".pgm": "L", ".pfm": "F"}
+
+
+def sample_for_suffix(path, suffix: str) -> None:
+    """A small picture written by Pillow in the format it registers for `suffix`."""
+    image = oddimages.noise_image(40, 32).convert(_SAVE_MODES.get(suffix, "RGB"))
+    name = Image.registered_extensions()[suffix]
+    if name == "MPO":  # a camera's two-picture JPEG
+        image.save(path, "MPO", save_all=True, append_images=[image.transpose(0)])
+    else:
+        image.save(path, name)
+
+
+def test_every_listed_suffix_decodes_through_the_builds_image_function(tmp_path):
+    """The listing's suffixes are exactly what the decoder opens: a file of each, written in
+    the format Pillow registers for its suffix, is processed (before, `.dib` was listed and
+    always skipped `unidentified`, and `.pfm` decoded but was never listed)."""
+    registered = Image.registered_extensions()
+    assert ".dib" not in IMAGE_SUFFIXES and ".pfm" in IMAGE_SUFFIXES
+    for suffix in sorted(IMAGE_SUFFIXES):
+        path = tmp_path / f"sample{suffix}"
+        sample_for_suffix(path, suffix)
+        result = process_image(read_source(str(path), 2**24), ImageConfig(image_size=16))
+        assert result.width == 16 or result.height == 16, suffix
+    # And every suffix Pillow registers for an allowed format is listed.
+    opened = {"MPO": "JPEG"}
+    allowed = {s for s, name in registered.items() if opened.get(name, name) in INPUT_FORMATS}
+    assert allowed == IMAGE_SUFFIXES
+
+
+def test_a_suffix_of_a_format_the_decoder_refuses_is_counted_with_its_reason(tmp_path):
+    """A `.dib` Pillow writes (a headerless bitmap, format DIB) is not an input: it is left out
+    by suffix with the reason, never listed and then skipped as `unidentified`."""
+    cls = tmp_path / "tree" / "things"
+    cls.mkdir(parents=True)
+    oddimages.noise_image(16, 16).save(cls / "icon.dib", "DIB")
+    (cls / "ok.png").write_bytes(oddimages.encode(oddimages.noise_image(16, 16), "PNG"))
+    with pytest.raises(SampleError, match="unidentified"):  # what listing it would have cost
+        process_image((cls / "icon.dib").read_bytes(), ImageConfig())
+    listing = scan_sources(str(tmp_path / "tree"))
+    assert [item.rel for item in listing.items] == ["things/ok.png"]
+    assert listing.suffix_counts() == {".dib": 1}
+    assert (
+        "DIB" in listing.describe_suffixes()
+        and "not on the decoder allowlist" in NOT_DECODED[".dib"]
+    )
 
 
 def test_describe_suffixes_sums_the_long_tail():

@@ -16,7 +16,9 @@ by `test_corpus_replays`. Set `SHARDPIPE_FUZZ_CASES` to run more cases locally.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import random
 from collections import Counter
@@ -28,6 +30,7 @@ import pytest
 
 from shards.errors import ReadLimits, ShardError
 from shards.formats import PARQUET, TAR
+from shards.manifest import Manifest, ManifestError
 from shards.sample import ALLOWED_FIELDS
 from shards.tar import BLOCK, header_checksum
 
@@ -235,6 +238,15 @@ def parquet_bytes(rng: random.Random) -> bytes:
             rng.choice([pa.int64(), pa.int32()]),
         ),
     }
+    if rows > 1 and rng.random() < 0.15:  # a repeated key: `non_adjacent_key`, as in a tar
+        keys = columns["__key__"].to_pylist()
+        keys[rng.randrange(1, rows)] = keys[rng.randrange(rows)]
+        columns["__key__"] = pa.array(keys, pa.string())
+    metadata = None
+    if rng.random() < 0.15:  # classes named in HF's metadata: labels are range-checked
+        names = [f"c{i}" for i in range(rng.randrange(0, 12))]
+        feature = {"_type": "ClassLabel", "names": names}
+        metadata = {b"huggingface": json.dumps({"info": {"features": {"cls": feature}}})}
     mutation = rng.randrange(6)
     if mutation == 0:
         del columns[rng.choice(list(columns))]
@@ -245,7 +257,8 @@ def parquet_bytes(rng: random.Random) -> bytes:
     elif mutation == 3:
         columns["jpg"] = pa.array([b"z" * (100 * 2**10)] * min(rows, 2) + [b"a"] * max(0, rows - 2))
     buffer = io.BytesIO()
-    pq.write_table(pa.table(columns), buffer, row_group_size=rng.choice([1, 3, 100]))
+    table = pa.table(columns).replace_schema_metadata(metadata)
+    pq.write_table(table, buffer, row_group_size=rng.choice([1, 3, 100]))
     return buffer.getvalue()
 
 
@@ -361,6 +374,105 @@ def test_corpus_replays(path):
         assert problem is None, problem
 
 
+# --- side tables: resealed mutants of `_shards-train.parquet` ------------------------------
+
+
+class TableFiles:
+    """A `TableReader` over in-memory side tables."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def __call__(self, name: str, size: int) -> bytes:
+        return self.files[name][: size + 1]
+
+
+def side_table_dataset() -> tuple[dict, dict[str, bytes]]:
+    """A 40-shard manifest (two formats, class counts) and its side tables."""
+    from tests.shards.test_manifest_scale import synthetic_manifest
+
+    files = dict(synthetic_manifest(40).to_files(inline_max_shards=0))
+    return json.loads(files.pop("manifest.json")), files
+
+
+def mutate_side_table(rng: random.Random, data: bytes) -> bytes:
+    """Byte mutations of a side table, or pyarrow-made ones (columns retyped, dropped,
+    nulled, renamed to bytes that are not UTF-8, rows claimed by the thousand)."""
+    kind = rng.randrange(6)
+    if kind < 4:
+        return mutate_parquet(rng, data)
+    table = pq.read_table(io.BytesIO(data))
+    name = rng.choice(table.column_names)
+    if kind == 4:
+        column = table[name]
+        if rng.random() < 0.5:
+            table = table.drop_columns([name])
+        else:
+            nulls = pa.nulls(len(column), column.type)
+            table = table.set_column(table.column_names.index(name), name, nulls)
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        return buffer.getvalue()
+    renamed = table.rename_columns(["q" * 12 if n == name else n for n in table.column_names])
+    buffer = io.BytesIO()
+    pq.write_table(renamed, buffer, compression=rng.choice(["zstd", "none"]))
+    return buffer.getvalue().replace(b"q" * 12, rng.randbytes(12))
+
+
+def check_side_table_case(
+    document: dict, files: dict[str, bytes], data: bytes, rng: random.Random, outcomes: Counter
+) -> str | None:
+    """Load a manifest whose side table is `data`, resealed; None when only a
+    `ManifestError` naming the split's table (or a clean load) came of it."""
+    ref = document["splits"]["train"]["table"]
+    ref.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    if rng.random() < 0.2:  # and sometimes claim more rows than the bytes can hold
+        ref["rows"] = rng.choice([ref["rows"] + 1, len(data), 2**26])
+    text = json.dumps(document)
+    digests = rng.random() < 0.5
+    try:
+        Manifest.from_json(
+            text,
+            "https://u:fuzzsecret@h.example/m.json",
+            read_table=TableFiles({**files, "_shards-train.parquet": data}),
+            shard_digests=digests,
+            formats=rng.choice([None, ["tar"], ["parquet"]]),
+        )
+    except ManifestError as error:
+        outcomes[error.field.split(".shards[")[0]] += 1
+        if not error.field.startswith("splits.train") or "fuzzsecret" in str(error):
+            return f"ManifestError does not name the split's table safely: {error}"
+        return None
+    except Exception as error:  # noqa: BLE001 - the point: anything else is a finding
+        return f"{type(error).__name__}: {error}"
+    outcomes["loaded"] += 1
+    return None
+
+
+def run_side_table_cases(cases: int, seed: int) -> Counter:
+    document, files = side_table_dataset()
+    outcomes: Counter = Counter()
+    findings = []
+    for case in range(cases):
+        rng = random.Random(f"side:{seed}:{case}")
+        mutant = mutate_side_table(rng, files["_shards-train.parquet"])
+        fresh = json.loads(json.dumps(document))
+        problem = check_side_table_case(fresh, files, mutant, rng, outcomes)
+        if problem:
+            findings.append(f"case {case}: {problem}")
+    assert not findings, "\n".join(findings[:10])
+    return outcomes
+
+
+@pytest.mark.timeout(120)
+def test_resealed_side_table_mutants_load_or_raise_one_manifest_error():
+    cases = max(1, CASES // 5)
+    outcomes = run_side_table_cases(cases, seed=1)
+    assert sum(outcomes.values()) == cases and outcomes["loaded"] < cases / 2
+    assert outcomes["splits.train.table.rows"] > 0  # the row bound is reached
+
+
 if __name__ == "__main__":  # the outcome histogram quoted in docs/RELIABILITY.md
     for fmt, make, cases in ((TAR, make_tar_case, CASES), (PARQUET, make_parquet_case, CASES // 3)):
         print(fmt.name, cases, dict(run_cases(fmt, make, cases, seed=1).most_common()))
+    print("side table", CASES // 5, dict(run_side_table_cases(CASES // 5, seed=1).most_common()))

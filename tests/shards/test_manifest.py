@@ -616,7 +616,7 @@ def damage(directory, how: str) -> None:
         data[100] ^= 0xFF
         path.write_bytes(bytes(data))
     elif how == "garbage":
-        data = b"not parquet at all" * 10
+        data = b"not parquet at all" * 1000  # past the row bound: parsed, and refused
         path.write_bytes(data)
         edit_document(
             directory,

@@ -6,17 +6,23 @@ Every file here is a real Parquet file made with pyarrow, broken on purpose.
 import errno
 import io
 import json
+import os
+import random
 import re
+import string
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shards.errors import ReadLimits, ShardError
+from shards.errors import MemberCap, ReadLimits, ShardError
+from shards.formats import PARQUET, TAR
 from shards.parquet import ParquetShardWriter, count_parquet_samples, iter_parquet_samples
+from shards.sample import check_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,7 +317,7 @@ def test_cell_over_member_bytes_is_a_counted_skip_and_its_neighbours_survive():
     assert skipped == [5, 6, 7]
     assert all(got[i]["__error__"].reason == "member_too_large" for i in skipped)
     assert all("jpg" not in got[i] for i in skipped)
-    assert "105 bytes (cap 104)" in str(got[5]["__error__"])
+    assert "105 bytes, over the 104-byte cap" in str(got[5]["__error__"])
     assert [s["jpg"] for s in got[:5]] == [s["jpg"] for s in samples[:5]]
 
 
@@ -519,3 +525,195 @@ def test_a_key_with_control_characters_is_a_counted_skip_shown_escaped():
     samples = list(iter_parquet_samples(io.BytesIO(buffer.getvalue()), "mem.parquet"))
     assert "__error__" not in samples[0] and samples[1]["__error__"].reason == "bad_name"
     assert samples[1]["__key__"] == "b\\nforged"
+
+
+# --- Repeated keys: as in a tar ----------------------------------------------------------------
+
+
+def tar_shard(samples) -> bytes:
+    buffer = io.BytesIO()
+    writer = TAR.open_writer(buffer, "jpg", 0)
+    for sample in samples:
+        writer.write(sample)
+    writer.close()
+    return buffer.getvalue()
+
+
+def read_both(samples, start=0, stop=None, row_group_size=3):
+    """(keys yielded, ShardError reason or None) of the same samples as a tar and a Parquet shard."""
+    outcomes = []
+    for fmt, data in ((TAR, tar_shard(samples)), (PARQUET, write_shard(samples, row_group_size))):
+        got, reason = [], None
+        try:
+            for sample in fmt.iter_samples(io.BytesIO(data), f"s.{fmt.name}", start, stop):
+                got.append(sample["__key__"])
+        except ShardError as error:
+            reason = error.reason
+        outcomes.append((got, reason))
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    ("repeat", "window"),
+    [
+        ((7, 2), (0, None)),  # a later row group repeats an earlier one's key
+        ((5, 3), (0, None)),  # within one row group
+        ((5, 3), (3, 10)),  # both in the window
+        ((7, 2), (0, 7)),  # the window stops before the repeat: nothing to see
+        ((7, 2), (3, 7)),
+    ],
+)
+def test_a_repeated_key_ends_a_parquet_shard_as_it_ends_a_tar(repeat, window):
+    samples = make_samples(10)
+    at, original = repeat
+    samples[at]["__key__"] = samples[original]["__key__"]
+    tar, parquet = read_both(samples, *window)
+    assert parquet == tar
+    start, stop = window
+    if stop is None or stop > at:
+        assert parquet == ([s["__key__"] for s in samples[start:at]], "non_adjacent_key")
+
+
+def test_a_window_sees_the_repeats_within_it_and_reads_no_row_group_outside_it():
+    """A tar is read from its start, so it sees a key repeated from before the window;
+    a Parquet window reads only its own row groups: a whole read sees every repeat."""
+    samples = make_samples(10, size=30_000)  # row groups past pyarrow's 64 KiB footer read
+    samples[7]["__key__"] = samples[2]["__key__"]
+    data = write_shard(samples, row_group_size=3)
+    assert keys(read(data, "mem.parquet", 5, 10)) == keys(samples[5:10])
+    assert read_until_error(data)[1].reason == "non_adjacent_key"
+    start, _ = column_range(data, 0, "__key__")
+    _, stop = column_range(data, 1, "jpg")
+    stream = FailingStream(data, LinkDown("a row group before the window was read"), start, stop)
+    assert len(list(iter_parquet_samples(stream, "u", 6, 9))) == 3
+
+
+def test_a_repeated_key_is_named_and_null_keys_are_not_repeats():
+    got, error = read_until_error(
+        write_table({"__key__": ["a", None, "b", None, "a"], "jpg": [b"1"] * 5}, 2),
+        fields=frozenset({"jpg"}),
+    )
+    assert keys(got) == ["a", "<row 1>", "b", "<row 3>"]
+    assert error.reason == "non_adjacent_key" and error.key == "a"
+    assert "row 4" in str(error) and "mem.parquet" in str(error)
+
+
+# --- Made keys: distinct across directories -----------------------------------------------------
+
+
+def test_made_keys_differ_for_one_file_name_in_two_directories_and_repeat_across_runs(tmp_path):
+    """HF's per-config layout: `cfgA/train-00000-of-00001.parquet`, `cfgB/...` of the same name."""
+    data = write_table({"jpg": [b"x"] * 3, "label": [0, 1, 2]})
+    paths = []
+    for config in ("cfgA", "cfgB"):
+        (tmp_path / config).mkdir()
+        paths.append(tmp_path / config / "train-00000-of-00001.parquet")
+        paths[-1].write_bytes(data)
+    first, second = (keys(read(path.read_bytes(), str(path))) for path in paths)
+    assert len(set(first) | set(second)) == 6
+    assert all(check_key(key) and key.startswith("train-00000-of-00001-") for key in first)
+    assert keys(read(data, str(paths[0]))) == first  # the same on every read
+    relative = os.path.relpath(paths[0])
+    assert keys(read(data, relative)) == first  # a relative path names the same file
+    url = "https://u:secret@host.example/d/cfgA/train-00000-of-00001.parquet?sig=1"
+    other = "https://u:other@host.example/d/cfgA/train-00000-of-00001.parquet?sig=2"
+    assert keys(read(data, url)) == keys(read(data, other))  # not from credentials or query
+    assert keys(read(data, url)) != keys(read(data, url.replace("cfgA", "cfgB")))
+    child = (
+        "import sys; from shards.parquet import synthetic_key_prefix; "
+        "print(synthetic_key_prefix(sys.argv[1]))"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", child, str(paths[1])], capture_output=True, text=True, check=True
+    )
+    assert first[0] != second[0] and second[0].startswith(again.stdout.strip() + "-")
+
+
+# --- Labels against the classes the file names --------------------------------------------------
+
+
+def test_a_label_outside_the_classes_our_metadata_names_is_a_bad_label_skip():
+    buffer = io.BytesIO()
+    writer = ParquetShardWriter(buffer, "jpg", 4, class_names=["cat", "dog", "eel"])
+    samples = make_samples(6)
+    samples[2]["cls"], samples[4]["cls"] = b"3", b"7"
+    for sample in samples:
+        writer.write(sample)
+    writer.close()
+    got = read(buffer.getvalue())
+    assert keys(got) == keys(samples)
+    bad = {i: s["__error__"] for i, s in enumerate(got) if "__error__" in s}
+    assert sorted(bad) == [2, 4] and {e.reason for e in bad.values()} == {"bad_label"}
+    assert "class 7, outside the 3 classes" in str(bad[4]) and "cls" not in got[4]
+    assert [s["cls"] for s in got if "__error__" not in s] == [b"0", b"1", b"0", b"2"]
+
+
+def test_a_label_outside_hf_classlabel_names_is_a_bad_label_skip():
+    features = {"label": {"_type": "ClassLabel", "names": ["a", "b"]}, "jpg": {"_type": "Image"}}
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    table = pa.table({"jpg": [b"1", b"2", b"3"], "label": [1, 2, -1]}).replace_schema_metadata(
+        metadata
+    )
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    got = read(buffer.getvalue(), fields=frozenset({"jpg", "label"}))
+    assert [s.get("label") for s in got] == [b"1", None, None]
+    assert [s["__error__"].reason for s in got[1:]] == ["bad_label", "bad_label"]
+    # Metadata that names no classes (or is not JSON) checks nothing: the loader judges.
+    for odd in (b"{not json", b'{"info": {"features": {"label": {"_type": "Value"}}}}'):
+        buffer = io.BytesIO()
+        pq.write_table(table.replace_schema_metadata({b"huggingface": odd}), buffer)
+        assert not any("__error__" in s for s in read(buffer.getvalue()))
+
+
+# --- Caps before memory -------------------------------------------------------------------------
+
+
+def capped(*caps):
+    return ReadLimits(member_caps=tuple(caps))
+
+
+def test_a_text_cell_over_its_fields_cap_is_that_fields_skip_and_is_not_kept():
+    txt = ["short", "x" * 5000, "fine", "y" * 1025]
+    documents = ['{"a": 1}', '{"b": "' + "z" * 3000 + '"}', "{}", "{}"]
+    columns = {"__key__": list("abcd"), "jpg": [b"1"] * 4, "cls": [0] * 4, "txt": txt}
+    data = write_table({**columns, "json": documents})
+    limits = capped(MemberCap("txt", 1024, "bad_text", "txt"), MemberCap("json", 2048, "bad_json"))
+    got = read(data, limits=limits)
+    reasons = [s["__error__"].reason if "__error__" in s else None for s in got]
+    assert reasons == [None, "bad_json", None, "bad_text"]  # the first bad cell names the skip
+    assert "txt" not in got[1] and "txt" not in got[3] and got[2]["txt"] == b"fine"
+    assert "1025 bytes, over the 1024-byte cap of field 'txt'" in str(got[3]["__error__"])
+    assert "json" not in got[1]  # the 3010-byte document, over its own cap, is not kept
+    assert got[0]["txt"] == b"short" and got[0]["json"] == b'{"a": 1}'
+
+
+def test_a_typed_label_list_over_its_cap_is_refused_before_it_is_converted():
+    huge = list(range(400_000))  # 2.7 MB of JSON; as a Python list, ~15 MB of objects
+    data = write_table(
+        {"__key__": ["a", "b"], "jpg": [b"1", b"2"], "labels": pa.array([[1, 2], huge])}
+    )
+    del huge
+    limits = capped(MemberCap("labels", 64 * 2**10, "bad_labels", "tags"))
+    tracemalloc.start()
+    try:
+        got = read(data, limits=limits, fields=frozenset({"jpg", "labels"}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got[0]["labels"] == b"[1, 2]" and "__error__" not in got[0]
+    assert got[1]["__error__"].reason == "bad_labels" and "labels" not in got[1]
+    assert peak < 8 * 2**20  # the 400k-id cell never became Python objects (~15 MB)
+
+
+def test_the_default_caps_are_the_member_cap_and_unasked_text_is_never_read():
+    samples = make_samples(8, size=100)
+    rng = random.Random(3)
+    for sample in samples:  # text that does not compress, so it is not in the footer's read
+        sample["txt"] = "".join(rng.choices(string.ascii_letters, k=60_000)).encode()
+    data = write_shard(samples, row_group_size=4)
+    # Without member caps (a direct reader call) text keeps ReadLimits.member_bytes.
+    assert [s["txt"] for s in read(data)] == [s["txt"] for s in samples]
+    stream = FailingStream(data, LinkDown("the txt column was read"), *column_range(data, 0, "txt"))
+    got = list(iter_parquet_samples(stream, "u", fields=frozenset({"jpg", "cls"})))
+    assert len(got) == 8 and not any("txt" in s for s in got)

@@ -9,7 +9,15 @@ import json
 
 import pytest
 
-from shards.errors import ReadLimits, ShardError
+from shards.errors import MemberCap, ReadLimits, ShardError
+from shards.sample import (
+    Field,
+    SampleError,
+    field_value,
+    loads_strict_json,
+    member_caps,
+    read_fields,
+)
 from shards.tar import (
     BLOCK,
     TarShardWriter,
@@ -293,11 +301,12 @@ def test_a_huge_member_is_refused_before_the_seek():
     read_until_error(ForwardOnly(data), "too_large", limits=ReadLimits(shard_bytes=2**30))
 
 
-def test_member_over_member_cap_is_one_counted_skip():
+def test_member_over_member_cap_is_one_counted_skip_holding_no_bytes():
     data = archive(member(b"a.jpg", b"x" * 3000), member(b"a.cls", b"1"), *good_members("b"))
     samples = list(iter_tar_samples(io.BytesIO(data), URL, limits=ReadLimits(member_bytes=1000)))
-    assert samples[0]["__error__"].reason == "member_too_large" and "jpg" not in samples[0]
-    assert samples[0]["cls"] == b"1"
+    assert samples[0]["__error__"].reason == "member_too_large"
+    # A sample found bad reads none of its other members: it only waits to be counted.
+    assert set(samples[0]) == {"__key__", "__url__", "__error__"}
     assert samples[1]["cls"] == b"b" and "__error__" not in samples[1]
 
 
@@ -462,3 +471,256 @@ def test_truncated_inside_padding_names_the_member_or_extended_header(stream, fi
     extended = pax(pax_record(b"path", b"b.jpg"))
     _, error = read_until_error(stream(first + extended[: BLOCK + 20]), "truncated", **kwargs)
     assert "padding of an extended header" in str(error)
+
+
+# --- member caps: a member's cap applies before its bytes are read -------------------------
+
+
+class Recording(io.BytesIO):
+    """Remembers every byte `read` returned, so a test can tell what was never read."""
+
+    def __init__(self, data: bytes, seekable: bool = True) -> None:
+        super().__init__(data)
+        self.returned = bytearray()
+        self._seekable = seekable
+        self.largest_read = 0
+
+    def seekable(self):
+        return self._seekable
+
+    def read(self, size=-1):
+        data = super().read(size)
+        self.returned += data
+        self.largest_read = max(self.largest_read, len(data))
+        return data
+
+
+HUGE = b"\xab" * 5000  # a member's bytes no test may see read
+CAPPED = (
+    (Field("txt", "text", max_bytes=1000), "txt", "bad_text"),
+    (Field("json", "json", max_bytes=1000), "json", "bad_json"),
+    (Field("label", "label", max_bytes=1000), "cls", "bad_label"),
+    (Field("t", "multi_label", num_classes=3, max_bytes=1000), "labels", "bad_labels"),
+    (Field("w", "weight", max_bytes=1000), "weight", "bad_weight"),
+)
+
+
+@pytest.mark.parametrize("seekable", [True, False], ids=["seekable", "unseekable"])
+@pytest.mark.parametrize(("field", "name", "reason"), CAPPED, ids=[c[1] for c in CAPPED])
+def test_a_member_over_its_fields_cap_is_the_fields_skip_and_never_read(
+    field, name, reason, seekable
+):
+    fields = (Field("image", "image"), field)
+    data = archive(
+        member(b"a.jpg", b"img"),
+        member(f"a.{name}".encode(), HUGE),
+        member(b"a.zzz", b"x"),  # not allowlisted: skipped as before
+        member(b"b.jpg", b"img2"),
+        member(f"b.{name}".encode(), b"1"),
+    )
+    stream = Recording(data, seekable)
+    limits = ReadLimits(member_caps=member_caps(fields))
+    samples = list(iter_tar_samples(stream, URL, fields=read_fields(fields), limits=limits))
+    error = samples[0]["__error__"]
+    assert error.reason == reason and set(samples[0]) == {"__key__", "__url__", "__error__"}
+    # The detail names the member, the (redacted) shard and the cap, and the size.
+    for part in (f"a.{name}", SHOWN, "1000-byte cap", repr(field.name), "5000 bytes"):
+        assert part in error.detail
+    assert samples[1] == {"__key__": "b", "__url__": SHOWN, "jpg": b"img2", name: b"1"}
+    if seekable:
+        assert HUGE[:600] not in stream.returned  # seeked over: not one block of it read
+    # The same decode rules see the same member as the same skip: one reason either way.
+    with pytest.raises(SampleError) as caught:
+        field_value({"__key__": "a", name: HUGE}, field)
+    assert caught.value.reason == reason
+
+
+def test_without_field_caps_text_is_read_up_to_the_member_cap():
+    data = archive(member(b"a.jpg", b"img"), member(b"a.txt", HUGE))
+    (sample,) = iter_tar_samples(io.BytesIO(data), URL)
+    assert sample["txt"] == HUGE and "__error__" not in sample
+
+
+def test_an_image_over_member_bytes_is_member_too_large_and_a_field_cap_never_raises_it():
+    fields = (Field("image", "image", max_bytes=10), Field("txt", "text", max_bytes=2**30))
+    limits = ReadLimits(member_bytes=1000, member_caps=member_caps(fields))
+    assert limits.cap_for("txt").reason == "member_too_large"  # member_bytes is tighter
+    assert limits.cap_for("jpg").max_bytes == 1000  # images ignore Field.max_bytes
+    data = archive(member(b"a.jpg", HUGE), member(b"b.jpg", b"img"), member(b"b.txt", HUGE))
+    a, b = iter_tar_samples(io.BytesIO(data), URL, fields=read_fields(fields), limits=limits)
+    assert a["__error__"].reason == "member_too_large" and "ReadLimits.member_bytes" in str(
+        a["__error__"]
+    )
+    assert b["__error__"].reason == "member_too_large"
+
+
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+def test_image_members_of_one_sample_share_one_images_cap(stream):
+    """Five image members of 60 MiB would hold 300 MiB a sample; together they get one cap."""
+    limits = ReadLimits(member_bytes=4000)
+    data = archive(
+        member(b"a.jpeg", b"j" * 3000),
+        member(b"a.jpg", b"i" * 3000),  # 6000 > 4000: a, unread from here
+        member(b"a.png", b"p" * 10),
+        member(b"b.jpg", b"i" * 2000),
+        member(b"b.png", b"p" * 2000),  # 4000: at the cap, kept
+    )
+    recording = Recording(data, stream is ForwardOnly)
+    a, b = iter_tar_samples(recording, URL, limits=limits)
+    assert a["__error__"].reason == "member_too_large" and "image members" in str(a["__error__"])
+    assert set(a) == {"__key__", "__url__", "__error__"}
+    assert b == {"__key__": "b", "__url__": SHOWN, "jpg": b"i" * 2000, "png": b"p" * 2000}
+    if stream is ForwardOnly:
+        assert b"i" * 2500 not in recording.returned  # a.jpg seeked over
+
+
+def test_the_smallest_cap_of_fields_sharing_a_member_applies_with_its_reason():
+    fields = (
+        Field("json", "json", max_bytes=4000),
+        Field("w", "weight", source="json", key="w", max_bytes=100),
+    )
+    assert member_caps(fields) == (MemberCap("json", 100, "bad_weight", "w"),)
+    data = archive(member(b"a.json", b'{"w": 1, "pad": "' + b"x" * 200 + b'"}'))
+    (sample,) = iter_tar_samples(
+        io.BytesIO(data),
+        URL,
+        fields=read_fields(fields),
+        limits=ReadLimits(member_caps=member_caps(fields)),
+    )
+    assert sample["__error__"].reason == "bad_weight"
+
+
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+def test_samples_before_start_and_unasked_members_are_never_read(stream):
+    """Every path past a member that nobody reads passes over it: before `start`,
+    fields not asked for, members after a sample's error, and past `stop`."""
+    fields = (Field("image", "image"), Field("txt", "text", max_bytes=1000))
+    data = archive(
+        member(b"a.jpg", HUGE),  # before start
+        member(b"a.txt", HUGE),
+        member(b"b.jpg", b"img"),
+        member(b"b.json", HUGE),  # not asked for
+        member(b"c.cls", b"1"),  # c's label is not asked for; its caption is over the cap
+        member(b"c.txt", HUGE),
+        member(b"c.webp", HUGE),  # after c's error
+        member(b"d.jpg", HUGE),  # past stop
+    )
+    recording = Recording(data, stream is ForwardOnly)
+    limits = ReadLimits(member_caps=member_caps(fields))
+    got = list(iter_tar_samples(recording, URL, 1, 3, fields=read_fields(fields), limits=limits))
+    assert [s["__key__"] for s in got] == ["b", "c"]
+    assert got[0] == {"__key__": "b", "__url__": SHOWN, "jpg": b"img"}
+    assert got[1]["__error__"].reason == "bad_text" and "webp" not in got[1]
+    if stream is ForwardOnly:
+        assert HUGE[:600] not in recording.returned
+
+
+def test_an_unseekable_stream_reads_past_an_oversized_member_in_small_chunks():
+    fields = (Field("image", "image"), Field("txt", "text"))
+    caption = b"\xab" * (5 * 2**20)
+    data = archive(member(b"a.jpg", b"img"), member(b"a.txt", caption), *good_members("b"))
+    recording = Recording(data, seekable=False)
+    limits = ReadLimits(member_caps=member_caps(fields))
+    a, b = iter_tar_samples(recording, URL, fields=read_fields(fields), limits=limits)
+    assert a["__error__"].reason == "bad_text" and "__error__" not in b
+    assert recording.largest_read <= 2**20 + 2 * BLOCK  # never the 5 MiB at once
+
+
+# --- strict JSON, dotted keys -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b'{"a": NaN}',
+        b'{"a": Infinity}',
+        b'{"a": -Infinity}',
+        b'{"a": 1e999}',
+        b'{"a": 1, "a": 2}',
+        b'{"x": {"b": 1, "b": 1}}',
+        b'{"a": "\\ud800"}',
+        b'{"\\udfff": 1}',
+        b'{"a": ["ok", "\\ud83d x"]}',
+    ],
+)
+def test_json_members_follow_the_manifest_parsers_rules(document):
+    with pytest.raises(SampleError) as caught:
+        field_value({"__key__": "k1", "json": document}, Field("json", "json"))
+    assert caught.value.reason == "bad_json" and "k1" in caught.value.detail
+
+
+def test_strict_json_keeps_what_json_allows():
+    assert loads_strict_json('{"a": "\\ud83d\\ude00", "b": 1e308, "c": "\\\\ud800"}') == {
+        "a": "😀",
+        "b": 1e308,
+        "c": "\\ud800",
+    }
+
+
+def dotted_archive() -> bytes:
+    """What a writer that allows dots writes for keys `a`, `b.1`, `c`, `d.x.y`, `e`."""
+    return archive(
+        *good_members("a"),
+        member(b"b.1.cls", b"1"),
+        member(b"b.1.jpg", b"img"),
+        *good_members("c"),
+        member(b"d.x.y.json", b"{}"),
+        *good_members("e"),
+    )
+
+
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+def test_a_key_with_a_dot_is_a_counted_dotted_key_sample_not_a_vanished_one(stream):
+    data = dotted_archive()
+    samples = list(iter_tar_samples(stream(data), URL))
+    assert [s["__key__"] for s in samples] == ["a", "b", "c", "d", "e"]
+    assert [s.get("__error__") and s["__error__"].reason for s in samples] == [
+        None, "dotted_key", None, "dotted_key", None,
+    ]  # fmt: skip
+    detail = samples[1]["__error__"].detail
+    assert "b.1.cls" in detail and "'1.cls'" in detail and "must not contain dots" in detail
+    assert set(samples[1]) == {"__key__", "__url__", "__error__"}
+    # Counting, listing and windows agree: the dotted groups hold sample indices.
+    assert count_tar_samples(stream(data), URL) == 5
+    listed = [s["__key__"] for s in iter_tar_samples(stream(data), URL, fields=NO_FIELDS)]
+    assert listed == ["a", "b", "c", "d", "e"]
+    windows = [
+        s["__key__"] for i in range(5) for s in iter_tar_samples(stream(data), URL, i, i + 1)
+    ]
+    assert windows == listed
+    read_until_error(stream(data), "shard_long", declared=4)
+
+
+def test_a_dotted_extra_field_of_a_sample_is_ignored_as_before():
+    """webdataset's `x.seg.png` beside `x.jpg`: one sample, the dotted field unread."""
+    data = archive(
+        member(b"x.aux.png", b"mask"),  # sorted before the allowlisted fields
+        member(b"x.cls", b"1"),
+        member(b"x.jpg", b"img"),
+        member(b"x.seg.png", b"mask"),
+    )
+    (sample,) = iter_tar_samples(io.BytesIO(data), URL)
+    assert sample == {"__key__": "x", "__url__": SHOWN, "cls": b"1", "jpg": b"img"}
+
+
+def test_many_dotted_keys_sharing_a_prefix_are_too_many_fields_saying_why():
+    data = archive(*(member(f"img.{i:04d}.jpg".encode(), b"img") for i in range(20)))
+    _, error = read_until_error(io.BytesIO(data), "too_many_fields")
+    assert "img.0000.jpg" in str(error) and "must not contain dots" in str(error)
+
+
+def test_a_webdataset_tarwriter_shard_with_dotted_keys_counts_every_group():
+    wds = pytest.importorskip("webdataset")
+    keys = ["s0", "s1.a", "s2", "s3.b.c", "s4", "s5.d", "s6"]
+    buffer = io.BytesIO()
+    writer = wds.TarWriter(buffer)
+    for index, key in enumerate(keys):
+        writer.write({"__key__": key, "jpg": b"img%d" % index, "cls": b"%d" % index})
+    writer.close()
+    data = buffer.getvalue()
+    samples = list(iter_tar_samples(io.BytesIO(data), URL))
+    good = [s["__key__"] for s in samples if "__error__" not in s]
+    dotted = [s["__key__"] for s in samples if "__error__" in s]
+    assert good == ["s0", "s2", "s4", "s6"] and dotted == ["s1", "s3", "s5"]
+    assert {s["__error__"].reason for s in samples if "__error__" in s} == {"dotted_key"}
+    assert count_tar_samples(io.BytesIO(data), URL) == len(keys)

@@ -189,3 +189,34 @@ def test_plot_is_drawn_when_matplotlib_is_installed(train_shards, tmp_path):
     run_dir = tmp_path / "run"
     assert main(base_args(train_shards, run_dir, epochs=1, max_steps=3, plot=True)) == 0
     assert (run_dir / "metrics.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_evaluation_scores_each_good_val_sample_once_when_some_are_bad(train_shards, tmp_path):
+    """Bad val samples are skipped, never stood in for by repeats of good ones: the eval row
+    counts the good samples, and the trace names each of them exactly once."""
+    import shutil
+    from collections import Counter
+
+    from tests.conftest import shard_files
+    from tests.pipeline.test_faults import rewrite_tar
+    from tests.trainers.conftest import read_trace, train_main
+
+    shards = tmp_path / "shards"
+    shutil.copytree(train_shards, shards)
+    garbled = set()
+
+    def garble(index, sample):
+        if index in (3, 7):
+            garbled.add(sample["__key__"])
+            sample["jpg"] = b"\xff\xd8\xff\xe0 not a jpeg at all"
+        return sample
+
+    rewrite_tar(shard_files(shards, "tar", "val")[0], garble)
+    run_dir = tmp_path / "run"
+    assert train_main(shards, run_dir, epochs=1, max_steps=1, debug_trace=True) == 0
+    (evaluation,) = read_rows(run_dir, "eval")
+    assert evaluation["val_samples"] == split_samples(shards, "val") - 2
+    seen = Counter(k for row in read_trace(run_dir, 0, "val") for k in row["keys"])
+    assert max(seen.values()) == 1 and not set(seen) & garbled
+    assert len(seen) == split_samples(shards, "val") - 2
