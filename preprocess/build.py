@@ -274,7 +274,7 @@ def write_formats(
         try:
             for planned in task.samples:
                 try:
-                    sample = make_sample(
+                    sample = build_shard_sample(
                         planned, task.split, image, field, confine_root, fallbacks=fallbacks
                     )
                 except SampleError as error:
@@ -345,7 +345,7 @@ def read_input(planned: PlannedSample, image: ImageConfig, confine_root: str | N
         raise
 
 
-def make_sample(
+def build_shard_sample(
     planned: PlannedSample,
     split: str,
     image: ImageConfig,

@@ -163,7 +163,8 @@ def build_config_from_args(args: argparse.Namespace) -> BuildConfig:
 
 
 def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
-    from preprocess.job import run_build, run_dry_run
+    from preprocess.dry_run import run_dry_run
+    from preprocess.job import run_build
     from preprocess.ray_job import BuildError
     from preprocess.sources import InputError
     from shards.errors import ShardError
@@ -370,7 +371,7 @@ def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
 
 
 def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
-    from preprocess.job import rewrite_client_files
+    from preprocess.commit import rewrite_client_files
 
     try:
         names = rewrite_client_files(options.directory)

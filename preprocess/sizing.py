@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from preprocess.build import image_field, make_sample
+from preprocess.build import build_shard_sample, image_field
 from preprocess.images import ImageConfig
 from preprocess.plan import PROBE_SIZE, PlannedSample, sample_key
 from preprocess.sources import InputError, SourceItem
@@ -85,7 +85,7 @@ def probe_inputs(
     for item in probe:
         planned = PlannedSample(sample_key(item.rel), item.path, item.rel, 0)
         try:
-            sample = make_sample(planned, item.split or "train", image, field_name)
+            sample = build_shard_sample(planned, item.split or "train", image, field_name)
         except SampleError as error:
             failed[error.reason] += 1  # the build's to skip and report; the probe moves on
             continue

@@ -8,7 +8,8 @@ import pytest
 
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
-from preprocess.job import DEFAULT_LAYOUT, run_build
+from preprocess.job import run_build
+from preprocess.output import DEFAULT_LAYOUT
 from preprocess.sample import make_sample
 from shards.manifest import format_dir, shard_name
 

@@ -27,8 +27,8 @@ from trainers.data import SOURCE_ERRORS, DataError, build_split_loader, loader_c
 from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_logging
 from trainers.metrics import StepTimer, iter_timed
 from trainers.models import build_model
+from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
 from trainers.run import seed_generators
-from trainers.train import build_optimizer, configure_determinism, resolve_amp
 
 log = logging.getLogger("trainers")
 KNEE_SHARE = 0.9

@@ -45,7 +45,8 @@ from trainers.metrics import (
     plot_metrics,
     summary_line,
 )
-from trainers.models import ModelError, build_model, parameter_groups, resolve_model_name
+from trainers.models import ModelError, build_model, resolve_model_name
+from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
 from trainers.run import (
     Run,
     RunDirError,
@@ -146,31 +147,6 @@ def train(config: TrainConfig) -> int:
     finally:
         shutdown_distributed()
     return 0
-
-
-def configure_determinism(deterministic: bool) -> None:
-    """`--deterministic`: fixed cuDNN algorithms and deterministic kernels; else autotuned cuDNN."""
-    if deterministic:
-        # cuBLAS needs this before its first use to be deterministic.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = not deterministic
-
-
-def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype; fp16 (with a GradScaler) is refused on CPU, where bf16 is the option."""
-    if amp == "off":
-        return None
-    if amp == "fp16":
-        if device.type != "cuda":
-            raise ModelError(
-                "--amp fp16 needs CUDA (it trains with a GradScaler); on CPU use --amp bf16 or off"
-            )
-        return torch.float16
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ModelError("--amp bf16: this GPU has no bfloat16 support; use --amp fp16")
-    return torch.bfloat16
 
 
 def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None) -> Run:
@@ -309,17 +285,6 @@ def wrap_ddp(module: nn.Module, info: DistInfo) -> nn.Module:
         return module
     device_ids = [info.local_rank] if info.device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=device_ids)
-
-
-def build_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD or AdamW over two groups (no weight decay on norm weights and biases).
-
-    The lr given here is a placeholder: `WarmupCosine` sets it before every step.
-    """
-    groups = parameter_groups(module, config.weight_decay)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999))
-    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
 
 
 def prefetcher(loader, config: TrainConfig, info: DistInfo) -> CudaPrefetcher:

@@ -20,7 +20,7 @@ import pytest
 
 import preprocess.job
 from preprocess.cli import main, setup_logging
-from preprocess.job import ProgressLine, progress_bar
+from preprocess.progress import ProgressLine, progress_bar
 from preprocess.sample import make_sample
 
 BUILD = ["build-shards", "--image-size", "48", "--shard-size", "16", "--no-progress"]

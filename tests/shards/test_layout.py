@@ -20,7 +20,9 @@ import pytest
 from pipeline import LoaderConfig, build_loader
 from pipeline.sources import resolve_source
 from preprocess.cli import main as preprocess_main
-from preprocess.job import DEFAULT_LAYOUT, rewrite_client_files, run_build
+from preprocess.commit import rewrite_client_files
+from preprocess.job import run_build
+from preprocess.output import DEFAULT_LAYOUT
 from preprocess.ray_job import BuildError
 from preprocess.sample import make_sample
 from preprocess.verify import describe, verify_directory

@@ -21,13 +21,13 @@ from PIL import Image
 from preprocess.build import build_shard
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
-from preprocess.job import DEFAULT_LAYOUT
+from preprocess.output import DEFAULT_LAYOUT
 from preprocess.plan import build_plan
 from preprocess.sample import make_sample
 from preprocess.sources import list_sources
 from shards.errors import ReadLimits, ShardError
 from shards.formats import get_format
-from shards.parquet import FORMAT_VERSION, ParquetShardWriter
+from shards.parquet import FORMAT_VERSION, ParquetShardWriter, synthetic_key_prefix
 from shards.sample import IMAGE_FIELDS, check_key
 from tests.conftest import shard_files
 
@@ -246,11 +246,13 @@ def test_hf_written_parquet_streams_with_made_keys_labels_and_bytes(tmp_path, co
     assert [s[column] for s in samples] == images
     assert [s["label"] for s in samples] == [str(label).encode() for label in labels]
     keys = [s["__key__"] for s in samples]
-    assert keys == [f"train-00000-of-00001-{i:09d}" for i in range(10)]
+    prefix = synthetic_key_prefix(str(path))  # the stem, then a digest of the directory
+    assert prefix.startswith("train-00000-of-00001-")
+    assert keys == [f"{prefix}-{i:09d}" for i in range(10)]
     assert all(check_key(key) for key in keys) and not any("__error__" in s for s in samples)
     # Keys are the row index: a window reads the same keys, and counting agrees.
     with open(path, "rb") as stream:
-        window = list(PARQUET.iter_samples(stream, "s3://b/train-00000-of-00001.parquet", 3, 7))
+        window = list(PARQUET.iter_samples(stream, str(path), 3, 7))
     assert [s["__key__"] for s in window] == keys[3:7]
     assert PARQUET.count_samples(str(path), str(path), ReadLimits()) == 10
     # Nothing asked for but the keys: still one sample per row.

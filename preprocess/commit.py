@@ -1,0 +1,162 @@
+"""What a build commits after its shard tasks: `errors.jsonl`, the skip budget, the manifest.
+
+Order of commits (`preprocess.job.run_build`): `_build/config.json` first
+(`preprocess.output`), one marker per finished shard, then `errors.jsonl`, then
+`manifest.json` (the commit point: a dataset without it is incomplete), then the
+client index files (`shards.clients`: timm's `_info.json`, wids indexes), which
+`rewrite_client_files` can remake from the manifest alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from preprocess.build import ShardResult, image_field
+from preprocess.config import BuildConfig
+from preprocess.output import ERRORS_NAME
+from preprocess.plan import Plan, manifest_fields
+from preprocess.ray_job import BuildError
+from preprocess.sources import Listing
+from shards.clients import write_client_files
+from shards.io import OutputStore, open_output_store
+from shards.manifest import (
+    LAYOUT_FLAT,
+    MANIFEST_NAME,
+    Manifest,
+    ShardTable,
+    SplitInfo,
+)
+
+
+def assemble_manifest(
+    plan: Plan,
+    config: BuildConfig,
+    results: list[ShardResult],
+    listing: Listing | None = None,
+    layout: str = LAYOUT_FLAT,
+) -> Manifest:
+    """The manifest: every planned input and every input refused at listing, accounted for.
+
+    Files refused at listing (a name that is not UTF-8) are inputs that were
+    skipped; tree entries that are not inputs at all (other suffixes, loops, ...)
+    are counted in `config.listing`, with the symlinks followed and the files left
+    out for their suffix counted by suffix (`left_out_suffixes`).
+    """
+    listing = listing or Listing([])
+    splits: dict[str, SplitInfo] = {}
+    for name in sorted({r.split for r in results}):
+        # Columns, not one ShardInfo per shard: ~90 bytes a shard rather than ~1.5 KB.
+        infos = [r.info for r in results if r.split == name]
+        table = ShardTable.from_infos(name, infos, layout)
+        counts = table.class_counts.totals(len(plan.classes)).tolist()
+        if not table.class_counts.counted.any():
+            counts = []  # multi-label: counted in `fields.label_counts`, not summing to samples
+        splits[name] = SplitInfo(name, table.total_samples(), table, counts)
+    skipped = Counter(s.reason for r in results for s in r.skipped)
+    skipped.update(entry.reason for entry in listing.refused)
+    inputs = plan.inputs + len(listing.refused)
+    listing_record = {
+        "links_followed": listing.links_followed,
+        "left_out": listing.left_out_counts(),
+    }
+    if listing.left_out_suffixes:  # absent when none, as in manifests written before it
+        listing_record["left_out_suffixes"] = listing.suffix_counts()
+    config_record = {
+        **config.output_shaping(),
+        "input": config.input,
+        "plan_digest": plan.digest,
+        "shard_size": plan.shard_size,  # derived when --shard-bytes was given
+        "listing": listing_record,
+    }
+    manifest = Manifest(
+        classes=plan.classes,
+        image_field=image_field(config.image),
+        formats=list(config.formats),
+        splits=splits,
+        config=config_record,
+        inputs=inputs,
+        skipped=dict(skipped),
+        fields=manifest_fields(
+            config.input_columns(),
+            image_field(config.image),
+            plan,
+            {(r.split, r.info.index): {s.path for s in r.skipped} for r in results},
+        ),
+        layout=layout,
+    )
+    if manifest.written + sum(skipped.values()) != inputs:
+        raise BuildError(
+            f"accounting error: {manifest.written} written + {sum(skipped.values())} skipped "
+            f"!= {inputs} inputs; please report this as a bug"
+        )
+    return manifest
+
+
+def write_errors(
+    store: OutputStore, results: list[ShardResult], listing: Listing | None = None
+) -> None:
+    """`errors.jsonl`: every skipped input with its reason, in shard order.
+
+    Entries left out at listing come first, with `"shard": null`: refused inputs
+    and the named tree entries that are not inputs (loops, unreadable directories,
+    directory links outside the root, ...).
+    """
+    lines = []
+    for entry in listing.left_out if listing else ():
+        record = {"path": entry.path, "reason": entry.reason, "detail": entry.detail}
+        record["shard"] = None
+        lines.append(json.dumps(record, ensure_ascii=False))
+    for result in results:
+        for skip in result.skipped:
+            record = {"path": skip.path, "reason": skip.reason, "detail": skip.detail}
+            record["shard"] = f"{result.split}-{result.info.index:06d}"
+            lines.append(json.dumps(record, ensure_ascii=False))
+    store.write_bytes_atomic(ERRORS_NAME, ("\n".join(lines) + "\n" if lines else "").encode())
+
+
+def enforce_skip_budget(manifest: Manifest, config: BuildConfig, store: OutputStore) -> None:
+    """Refuse to commit a manifest when more inputs were skipped than `--max-skip-fraction` allows."""
+    skipped = sum(manifest.skipped.values())
+    if manifest.inputs and skipped / manifest.inputs > config.max_skip_fraction:
+        histogram = ", ".join(f"{reason}: {n}" for reason, n in sorted(manifest.skipped.items()))
+        raise BuildError(
+            f"{skipped} of {manifest.inputs} inputs were skipped ({skipped / manifest.inputs:.1%}), "
+            f"over --max-skip-fraction {config.max_skip_fraction:.1%} ({histogram}). "
+            f"See {store.location(ERRORS_NAME)}; fix the inputs or raise --max-skip-fraction and rerun "
+            "(finished shards are kept)."
+        )
+
+
+def rewrite_client_files(output: str) -> list[str]:
+    """(Re)write the client index files of a finished build from its manifest alone.
+
+    For any output whose manifest this version reads (old flat layouts included); no
+    shard is opened. Returns the names written (none for an output without tar shards).
+
+    Raises:
+        FileNotFoundError: the output has no manifest (the build did not finish).
+        ManifestError: the manifest (or a side table it names) is not valid.
+    """
+    store = open_output_store(output)
+    try:
+        data = store.read_bytes(MANIFEST_NAME)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no manifest at {store.location(MANIFEST_NAME)}: the build did not finish; rerun "
+            "its `preprocess build-shards` command to complete it"
+        ) from None
+    manifest = Manifest.from_json(
+        data, store.location(MANIFEST_NAME), read_table=StoreTableReader(store)
+    )
+    return write_client_files(store, manifest)
+
+
+class StoreTableReader:
+    """Reads a manifest's side tables from an `OutputStore` (a `TableReader`)."""
+
+    def __init__(self, store: OutputStore) -> None:
+        self.store = store
+
+    def __call__(self, name: str, size: int) -> bytes:
+        return self.store.read_bytes(name)[: size + 1]
