@@ -9,13 +9,19 @@ the restart intervals the box needs). All builds in every round, interleaved by 
 Also reports the mean share of an image's pixels a band decodes, and the files' size.
 
     python benchmarks/band_decode.py --shards /tmp/loaderbench/shards512 \
-        --shards /tmp/loaderbench/shards512-rows [--images 800] [--rounds 5]
+        --shards /tmp/loaderbench/shards512-rows [--images 800] [--rounds 5] \
+        [--baseline-jpegband OLD/shards/jpegband.py]
+
+`--baseline-jpegband` adds a fourth case: the shipped crop with `crop_band` taken from another
+copy of `shards/jpegband.py` (say `git show HEAD~5:shards/jpegband.py > /tmp/old.py`), run in
+the same rounds and chunks, so a change to the band code is measured side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import random
 import statistics
@@ -30,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loader_throughput import PlainFastCrop, load_jpegs  # noqa: E402
 
+import pipeline.fast_transforms as fast_transforms  # noqa: E402
 from pipeline.fast_transforms import FastRandomResizedCrop  # noqa: E402
 from pipeline.transforms import SampleRandom  # noqa: E402
 from shards.imagedata import read_jpeg_header  # noqa: E402
@@ -38,6 +45,7 @@ from shards.jpegband import crop_band  # noqa: E402
 LIMIT = "limit: whole decode, OpenCV bilinear"
 WHOLE = "the loader's crop, whole decode"
 SHIPPED = "the loader's crop, band only (shipped)"
+BASELINE = "the loader's crop, band only (baseline band code)"
 CHUNK = 50  # images per case before the next case runs
 
 
@@ -52,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--images", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--baseline-jpegband", type=Path, help="another shards/jpegband.py to compare with"
+    )
     args = parser.parse_args(argv)
+    shipped_band = fast_transforms.crop_band
+    baseline_band = load_crop_band(args.baseline_jpegband) if args.baseline_jpegband else None
     builds = {path.name: load_jpegs(path)[: args.images] for path in args.shards}
     ours, whole, limit = FastRandomResizedCrop(224), WholeDecode(224), PlainFastCrop()
     slot = np.empty((224, 224, 3), np.uint8)
@@ -62,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for data in jpegs:
             limit(data, rng)
 
-    def run(transform, jpegs: list[bytes], first: int) -> None:
+    def run(transform, jpegs: list[bytes], first: int, band=shipped_band) -> None:
+        fast_transforms.crop_band = band
         for index, data in enumerate(jpegs, first):
             transform(data, SampleRandom(f"k{index}"), slot)
 
@@ -71,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         cases[(name, LIMIT)] = run_limit
         cases[(name, WHOLE)] = functools.partial(run, whole)
         cases[(name, SHIPPED)] = functools.partial(run, ours)
+        if baseline_band is not None:
+            cases[(name, BASELINE)] = functools.partial(run, ours, band=baseline_band)
     # Every case runs on the same chunk of images before the next chunk starts, so the host's
     # drift (15-25% within minutes here) falls on all of them alike.
     times: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
@@ -99,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{build}: a band decodes {share:.0%} of the pixels (guards included); {size:,.0f} B a JPEG"
         )
     return 0
+
+
+def load_crop_band(path: Path):
+    """`crop_band` of another copy of `shards/jpegband.py`."""
+    spec = importlib.util.spec_from_file_location("baseline_jpegband", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.crop_band
 
 
 def band_share(jpegs: list[bytes], transform: FastRandomResizedCrop) -> float:

@@ -1,18 +1,35 @@
 """The streaming loader: shard URLs or a manifest in, uint8 image batches out.
 
 `from pipeline import LoaderConfig, build_loader`. The names are imported
-lazily so that `pipeline.urls` and friends stay importable without torch.
+lazily so that `pipeline.urls`, `pipeline.config` and friends stay importable
+without torch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LoaderConfig", "build_loader", "ShardLoader", "CudaPrefetcher"]
+# The settings groups of `LoaderConfig` (pipeline.config, no torch).
+CONFIG_NAMES = (
+    "LoaderConfig",
+    "LoaderOptions",
+    "Batching",
+    "Exact",
+    "Resampled",
+    "Shuffle",
+    "Crop",
+    "Workers",
+    "ReadOptions",
+)
+__all__ = [*CONFIG_NAMES, "build_loader", "ShardLoader", "CudaPrefetcher"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LoaderConfig", "build_loader", "ShardLoader"):
+    if name in CONFIG_NAMES:
+        from pipeline import config
+
+        return getattr(config, name)
+    if name in ("build_loader", "ShardLoader"):
         from pipeline import loader
 
         return getattr(loader, name)

@@ -16,9 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from pipeline.opener import RetryPolicy, open_stream
-from pipeline.urls import url_scheme
 from shards.errors import ShardError
+from shards.storage import RetryPolicy, is_remote, open_stream
 
 if TYPE_CHECKING:
     from pipeline.sources import ShardSpec
@@ -51,7 +50,7 @@ def open_shard(
         if not verify or spec.sha256 is None:
             yield stream
             return
-        if url_scheme(spec.url) in ("", "file"):
+        if not is_remote(spec.url):
             check_digest(spec, hash_stream(stream))
             stream.seek(0)
             yield stream

@@ -13,11 +13,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.config import Batching, Shuffle, Workers
 from shards.flags import (
     Command,
     build_command_parser,
     option,
     run_command,
+    settings_group,
 )
 from shards.manifest import SHARD_FORMATS
 from shards.sample import LabelField
@@ -47,12 +49,12 @@ class InspectShuffleOptions:
         "of class ids: each sample is measured as its rarest label) or json:KEY",
         "data",
     )
-    batch_size: int = option(256, "samples per batch per rank, as the loader is run", "loader")
-    shuffle_buffer: int = option(2000, "samples held by each worker's shuffle buffer", "loader")
-    shuffle_initial: int = option(500, "samples buffered before the first one is emitted", "loader")
-    workers: int | None = option(
-        None, "DataLoader workers per rank; default: the loader's (min(8, CPUs))", "loader"
+    # The loader's own groups, so their defaults and checks are the loader's.
+    batch: Batching = settings_group(
+        Batching, "batches, as the loader is run", only=("size", "drop_last", "epoch_rule")
     )
+    shuffle: Shuffle = settings_group(Shuffle, "each worker's shuffle buffer")
+    workers: Workers = settings_group(Workers, "DataLoader workers", prefix="", only=("count",))
     world_size: int = option(1, "ranks; every rank's stream is measured", "loader")
     epochs: int = option(1, "epochs to replay (each has its own shard order)", "loader")
     seed: int = option(0, "the loader's seed (shard order and buffers: seed + epoch)", "loader")
@@ -64,13 +66,9 @@ class InspectShuffleOptions:
     json: bool = option(False, "print a JSON summary instead of the table", "report")
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "shuffle_buffer", "shuffle_initial", "world_size", "epochs"):
+        for name in ("world_size", "epochs", "trials"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.trials < 1:
-            raise ValueError("--trials must be at least 1")
-        if self.workers is not None and self.workers < 0:
-            raise ValueError("--workers must be 0 or more")
         if self.tolerance < 0:
             raise ValueError("--tolerance must be 0 or more")
         LabelField.parse(self.label_field)
@@ -88,22 +86,20 @@ def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace
     from pipeline.loader import LoaderConfig
     from pipeline.shuffle_quality import LabelReadError, format_report, inspect_shuffle
 
-    loader = dict(
-        source=options.source,
-        split=options.split,
-        format=options.format,
-        batch_size=options.batch_size,
-        shuffle_buffer=options.shuffle_buffer,
-        shuffle_initial=options.shuffle_initial,
-        world_size=options.world_size,
-        rank=0,
-        seed=options.seed,
-    )
-    if options.workers is not None:
-        loader["num_workers"] = options.workers
     try:
+        loader = LoaderConfig(
+            source=options.source,
+            split=options.split,
+            format=options.format,
+            batch=options.batch,
+            shuffle=options.shuffle,
+            workers=options.workers,
+            world_size=options.world_size,
+            rank=0,
+            seed=options.seed,
+        )
         report = inspect_shuffle(
-            LoaderConfig(**loader),
+            loader,
             epochs=options.epochs,
             trials=options.trials,
             tolerance=options.tolerance,

@@ -27,8 +27,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.checksum import open_shard
+from pipeline.config import Batching, ReadOptions, Shuffle
 from pipeline.fast_transforms import pillow_fallbacks
-from pipeline.opener import RetryPolicy
 from pipeline.plan import (
     EpochLayout,
     Partition,
@@ -41,7 +41,7 @@ from pipeline.plan import (
 from pipeline.resume import Segment, plan_worker, roles_consumed
 from pipeline.sources import ShardSpec
 from pipeline.transforms import SampleRandom
-from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.errors import ShardError
 from shards.sample import (
     DEFAULT_FIELDS,
     LABEL_FIELDS,
@@ -148,30 +148,28 @@ class SharedState:
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What a worker needs besides the shard list (picklable, no closures)."""
+    """What a worker needs besides the shard list (picklable, no closures): the config's
+    groups it reads, their None defaults resolved, and what the source decided.
+
+    Built by one function, `pipeline.loader.stream_settings`; no field has a default
+    of its own, so none can drift from `LoaderConfig`'s.
+    """
 
     seed: int
     rank: int
     world_size: int
-    batch_size: int
-    drop_last: bool
-    rule: str
-    shuffle_buffer: int
-    shuffle_initial: int
+    batch: Batching  # drop_last and epoch_rule resolved (never None)
+    shuffle: Shuffle  # a buffer of 1 (no mixing) in evaluation
+    io: ReadOptions
+    fields: tuple[Field, ...]  # what each batch carries, in this order
     with_keys: bool
-    channels_last: bool
     max_skip_fraction: float
-    retry: RetryPolicy
-    storage_options: dict | None = field(default=None, repr=False)
-    epoch_samples: int | None = None  # set: resampled mode with this many samples per epoch
-    class_weights: tuple[float, ...] | None = None  # resampled mode: keep-probability per class
-    verify_checksums: bool = False  # hash each shard against the manifest before reading it
-    limits: ReadLimits = DEFAULT_LIMITS
-    fields: tuple[Field, ...] = DEFAULT_FIELDS  # what each batch carries, in this order
-    num_classes: int | None = None  # the manifest's class count: labels past it are skips
+    epoch_samples: int | None  # set: resampled mode with this many samples per epoch
+    class_weights: tuple[float, ...] | None  # resampled mode: keep-probability per class
+    num_classes: int | None  # the manifest's class count: labels past it are skips
     # Eval with the `uneven` rule: every good sample once and none twice, so a batch the
     # stream cannot fill (its bad samples were skipped) is delivered short, never refilled.
-    exactly_once: bool = False
+    exactly_once: bool
 
 
 class ShardStream(IterableDataset):
@@ -206,8 +204,8 @@ class ShardStream(IterableDataset):
         self.read_fields = read_fields(settings.fields)
         # Each member's cap goes to the reader, which skips an oversized member unread
         # instead of holding it in the shuffle buffer until its decode refuses it.
-        caps = settings.limits.member_caps + member_caps(settings.fields)
-        self.read_limits = dataclasses.replace(settings.limits, member_caps=caps)
+        caps = settings.io.limits.member_caps + member_caps(settings.fields)
+        self.read_limits = dataclasses.replace(settings.io.limits, member_caps=caps)
         self.ranged = class_ranged_fields(settings.fields, settings.num_classes)
         self.transform = transform
         self.direct = direct_image_field(settings, transform)
@@ -218,11 +216,11 @@ class ShardStream(IterableDataset):
         return Partition(
             s.world_size,
             num_workers,
-            s.batch_size,
-            s.drop_last,
-            s.rule,
-            s.shuffle_buffer,
-            s.shuffle_initial,
+            s.batch.size,
+            s.batch.drop_last,
+            s.batch.epoch_rule,
+            s.shuffle.buffer,
+            s.shuffle.initial,
         )
 
     def __iter__(self) -> Iterator[tuple]:
@@ -325,7 +323,7 @@ class ShardStream(IterableDataset):
         limits = self.read_limits
         if spec.bytes is not None:
             limits = dataclasses.replace(limits, shard_bytes=max(1, spec.bytes))
-        with open_shard(spec, s.retry, s.storage_options, s.verify_checksums) as stream:
+        with open_shard(spec, s.io.retry, s.io.storage_options, s.io.checksums) as stream:
             yield from spec.format.iter_samples(
                 stream,
                 spec.url,
@@ -473,7 +471,9 @@ class ShardStream(IterableDataset):
             if target is not None and index == self.direct:
                 values.append(target.finish())  # the images were written in place
             elif spec.kind == "image":
-                values.append(stack_images(list(column), self.settings.channels_last, self.ring))
+                values.append(
+                    stack_images(list(column), self.settings.batch.channels_last, self.ring)
+                )
             elif spec.transform is not None:
                 values.append(stack_outputs(spec, list(column), keys))
             else:
@@ -553,7 +553,7 @@ def direct_image_field(settings: StreamSettings, transform: Callable) -> int | N
     direct = getattr(transform, "writes_into", False) and isinstance(
         getattr(transform, "size", None), int
     )
-    return images[0] if direct and settings.channels_last and len(images) == 1 else None
+    return images[0] if direct and settings.batch.channels_last and len(images) == 1 else None
 
 
 class ImageTarget:

@@ -227,8 +227,9 @@ class JpegCrop:
         bit-identical to those of the whole decode wherever the resize reads them: the cut
         keeps a guard around the box, and a fractional box is warped, which reads up to
         `_WARP_REACH` pixels beyond it, so those are in the band too. None: no usable
-        markers, or the decoder refused the band; the whole file is then decoded, and
-        judged, as without markers.
+        markers, anything but stuffed bytes and restart markers in turn before the band's
+        end (docs/RELIABILITY.md, "Band decode: the proof"), or the decoder refused the
+        band; the whole file is then decoded, and judged, as without markers.
         """
         reach = 0 if _integral(tuple(edge / scale for edge in box)) else _WARP_REACH * scale
         band = crop_band(

@@ -10,167 +10,32 @@ a shared-memory file.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, default_convert
 
 from pipeline.batchring import BatchRing, InlineTensor, materialize
+from pipeline.config import BACKENDS, Batching, LoaderConfig, Resampled, Shuffle
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
-from pipeline.opener import RetryPolicy
-from pipeline.plan import EPOCH_RULES, Partition, batches_for, rank_slice
+from pipeline.plan import Partition, batches_for, rank_slice
 from pipeline.resume import Segment, remaining_runs
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
-from shards.errors import ReadLimits
 from shards.imagedata import FAST_HINT, fast_backend_available
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
-BACKENDS = ("auto", "fast", "pillow")
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """Everything the loader does, with the defaults users expect.
-
-    Attributes:
-        source: a `manifest.json` (path, directory or URL), or shard URLs: a path,
-            `file://`, `http(s)://`, `s3://`, a brace pattern, or a list of these.
-        split: split to read from a manifest.
-        format: `tar` or `parquet`; default: tar when the manifest has it.
-        batch_size: samples per batch (per rank).
-        image_size: output height and width.
-        train: random-resized-crop + flip and shuffling when True; resize +
-            center crop, no shuffle, every sample once when False. Default:
-            `split == "train"`.
-        num_workers: DataLoader worker processes (0: read in the main process).
-        seed: shard order and buffers come from `seed + epoch`.
-        rank, world_size: default from `torch.distributed` when initialised.
-        shuffle_buffer, shuffle_initial: samples (encoded bytes) held for mixing,
-            and how many before the first one is emitted.
-        drop_last: drop a rank's last partial batch; default True for train.
-        epoch_rule: how ranks get equal work when samples don't divide:
-            `pad` (repeat a few samples; train default), `drop`, or `uneven`
-            (exactly once, ranks may differ by one batch; eval default). In eval
-            (`train=False`) `uneven` never delivers a sample twice: where bad samples
-            were skipped the stream's last batches come short (`stats.unfilled`), where
-            training refills them from recent good samples (`stats.refilled`).
-        pin_memory: default True when CUDA is available.
-        channels_last: images keep the NHWC memory layout the workers build them in
-            (shape still `[B, 3, H, W]`, `torch.channels_last` strides), as FFCV
-            does; the default, since transposing to NCHW in a worker costs ~50 us an
-            image (~5% of a decode) while the GPU does it for free. `CudaPrefetcher`
-            outputs NCHW unless asked for channels-last; on the CPU call
-            `.contiguous()` if code needs NCHW strides. False: workers transpose.
-        with_keys: also yield the batch's sample keys.
-        reuse_buffers: workers build batches in a ring of reused shared-memory
-            slots (`pipeline.batchring`), `prefetch_factor + 2` batches per worker,
-            instead of fresh shared memory per batch (~8% of a worker's time goes
-            to new pages otherwise). Safe when batches are held: a slot is reused
-            only once no tensor over it is left. Needs persistent workers (the
-            default) when `num_workers > 0`.
-        transform: replaces the built-in crop; called as `transform(bytes, rng)`
-            and returns uint8 HxWx3.
-        backend: the built-in crops' decoder. `auto` (default): `fast` when simplejpeg
-            and OpenCV import, else `pillow`. `fast`: libjpeg-turbo decodes (DCT-scaled
-            when the crop allows) and OpenCV resizes straight into the batch; samples it
-            does not take (non-JPEG, CMYK, JPEGs libjpeg-turbo warns about) go to Pillow
-            one by one, counted in `stats.pillow_fallbacks`. `pillow`: Pillow only.
-            Same crop boxes and flips either way; pixels differ slightly
-            (docs/LOADER.md, "Image decoding").
-        max_skip_fraction: bad samples a worker may skip before it stops.
-        timeout: seconds to wait for one batch from a worker before raising
-            (a stuck, not dead, worker; dead ones raise at once). 0 waits forever.
-            Default: the retry policy's per-shard deadline plus two stall limits, so
-            a shard that stalls ends as a counted bad shard naming its URL before
-            this watchdog (which cannot name one) fires.
-        verify_checksums: hash every shard against the manifest's sha256 before
-            reading it; a mismatch makes it a bad shard (counted, never half-read).
-            Costs one extra read of local shards (page cache) or a spool to a
-            temporary file for remote ones; see docs/RELIABILITY.md for the cost.
-        read_limits: caps on one shard read (member and cell bytes, members, bytes,
-            Parquet row-group size); the manifest's byte count caps each shard too.
-        storage_options: fsspec options for object stores (e.g. endpoint_url).
-        resampled: draw samples with replacement (shards weighted by size)
-            instead of reading each once; an epoch is `epoch_samples` samples.
-        epoch_samples: samples per epoch over all ranks in resampled mode
-            (default: the dataset size).
-        class_balance: sample classes evenly (weights 1/count from the
-            manifest's class counts, applied in the stream); implies resampled.
-        fields: what each batch carries, in this order: `image` (uint8 images),
-            `label` (int64 classes from `cls`, else `label`), `txt` (a list of str),
-            `json` (a list of dicts), or a `shards.sample.Field` (multi-label targets,
-            weights, other members, a per-field transform such as a tokenizer).
-            Leave `label` out for shards without classes (img2dataset, webdataset's
-            `ShardWriter`). `with_keys` appends the keys after the last field.
-    """
-
-    source: str | os.PathLike | Sequence[str]
-    split: str = "train"
-    format: str | None = None
-    batch_size: int = 256
-    image_size: int = 224
-    train: bool | None = None
-    num_workers: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
-    seed: int = 0
-    rank: int | None = None
-    world_size: int | None = None
-    shuffle_buffer: int = 2000
-    shuffle_initial: int = 500
-    drop_last: bool | None = None
-    epoch_rule: str | None = None
-    pin_memory: bool | None = None
-    prefetch_factor: int = 2
-    persistent_workers: bool = True
-    channels_last: bool = True
-    with_keys: bool = False
-    reuse_buffers: bool = True
-    transform: Callable | None = None
-    backend: str = "auto"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip: float = 0.5
-    crop_fraction: float = 0.875
-    max_skip_fraction: float = 0.01
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # repr=False: credentials put here must not leak wherever a config is logged.
-    storage_options: dict | None = field(default=None, repr=False)
-    timeout: float | None = None
-    verify_checksums: bool = False
-    read_limits: ReadLimits = field(default_factory=ReadLimits)
-    resampled: bool = False
-    epoch_samples: int | None = None
-    class_balance: bool = False
-    fields: Sequence[str | Field] = ("image", "label")
-
-    def __repr__(self) -> str:
-        # Source URLs may carry credentials (`user:password@`, presigned signatures).
-        parts = []
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if item.name == "source":
-                value = redact_source(value)
-            if item.repr:
-                parts.append(f"{item.name}={value!r}")
-        return f"LoaderConfig({', '.join(parts)})"
-
-    @property
-    def is_train(self) -> bool:
-        return self.split == "train" if self.train is None else self.train
 
 
 def build_loader(config: LoaderConfig) -> ShardLoader:
     """Resolve the source, plan nothing yet (plans are per epoch), return the loader."""
-    resolve_fields(config.fields)  # a mistake in the fields fails before any shard is opened
     return ShardLoader(config, resolve_config_source(config))
 
 
@@ -180,19 +45,10 @@ def resolve_config_source(config: LoaderConfig) -> ResolvedSource:
         config.source,
         config.split,
         config.format,
-        retry=config.retry,
-        storage_options=config.storage_options,
-        checksums=config.verify_checksums,
+        retry=config.io.retry,
+        storage_options=config.io.storage_options,
+        checksums=config.io.checksums,
     )
-
-
-def redact_source(source: Any) -> Any:
-    """A loader source with every URL in it redacted, for reprs and logs."""
-    if isinstance(source, (str, os.PathLike)):
-        return redact_url(os.fspath(source))
-    if isinstance(source, Sequence):
-        return [redact_url(os.fspath(item)) for item in source]
-    return source
 
 
 def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -213,47 +69,18 @@ class ShardLoader:
         self.rank, self.world_size = distributed_defaults(config.rank, config.world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
-        train = config.is_train
-        rule = config.epoch_rule or ("pad" if train else "uneven")
-        if rule not in EPOCH_RULES:
-            raise ValueError(f"epoch_rule must be one of {EPOCH_RULES}")
         fields = resolve_fields(config.fields)
         check_fields_fit(fields, source)
-        if config.class_balance and not any(s.kind in ("label", "multi_label") for s in fields):
-            raise ValueError(
-                "class_balance weighs samples by class: fields must hold 'label' (one class "
-                "id) or a multi_label field (weighted by each sample's rarest label)"
-            )
-        settings = StreamSettings(
-            seed=config.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=config.batch_size,
-            drop_last=train if config.drop_last is None else config.drop_last,
-            rule=rule,
-            shuffle_buffer=config.shuffle_buffer if train else 1,
-            shuffle_initial=config.shuffle_initial if train else 1,
-            with_keys=config.with_keys,
-            channels_last=config.channels_last,
-            max_skip_fraction=config.max_skip_fraction,
-            retry=config.retry,
-            storage_options=config.storage_options,
-            epoch_samples=self.epoch_samples_for(config, source),
-            class_weights=class_weights(source, fields) if config.class_balance else None,
-            verify_checksums=config.verify_checksums,
-            limits=config.read_limits,
-            fields=fields,
-            num_classes=len(source.classes) if source.classes else None,
-            exactly_once=not train and rule == "uneven" and not self.resampling(config),
-        )
+        settings = stream_settings(config, source, fields, self.rank, self.world_size)
         self.settings = settings
         self.shared = SharedState()
         # Workers that exit with every iteration can take slots with them (batches
         # still queued when they are shut down are never received, so never freed);
         # persistent ones hand those batches over when the next iteration drains them.
-        reusable = config.num_workers == 0 or config.persistent_workers
+        workers = config.workers
+        reusable = workers.count == 0 or workers.persistent
         has_images = any(spec.kind == "image" for spec in fields)
-        self.ring = self.make_ring() if config.reuse_buffers and reusable and has_images else None
+        self.ring = self.make_ring() if workers.reuse_buffers and reusable and has_images else None
         self.dataset = ShardStream(
             source.shards, settings, self.make_transform(), self.shared, self.ring, source.counts
         )
@@ -264,33 +91,17 @@ class ShardLoader:
         self._loader: DataLoader | None = None
         log_epoch_plan(self)
 
-    @staticmethod
-    def resampling(config: LoaderConfig) -> bool:
-        """Whether samples are drawn with replacement (`resampled`, `class_balance`)."""
-        return config.resampled or config.class_balance
-
-    @staticmethod
-    def epoch_samples_for(config: LoaderConfig, source: ResolvedSource) -> int | None:
-        if not ShardLoader.resampling(config):
-            if config.epoch_samples is not None:
-                raise ValueError("epoch_samples needs resampled=True (or class_balance=True)")
-            return None
-        samples = config.epoch_samples or source.total_samples
-        if samples < 1:
-            raise ValueError("epoch_samples must be at least 1")
-        return samples
-
     @property
     def epoch_total(self) -> int:
         """Samples in one epoch over all ranks."""
         return self.settings.epoch_samples or self.dataset.total
 
     def make_transform(self) -> Callable:
-        c = self.config
+        c = self.config.crop
         if c.transform is not None:
             return c.transform
         fast = resolve_backend(c.backend) == "fast"
-        if c.is_train:
+        if self.config.is_train:
             crop = FastRandomResizedCrop if fast else RandomResizedCrop
             options = dict(size=c.image_size, scale=c.scale, ratio=c.ratio, hflip=c.hflip)
         else:
@@ -304,12 +115,12 @@ class ShardLoader:
         """Slots for a batch of `image_size` crops: one being built, `prefetch_factor`
         queued, one in the consumer's hands (a custom transform's other sizes allocate)."""
         c = self.config
-        slot_bytes = c.batch_size * c.image_size * c.image_size * 3
-        return BatchRing(self.num_worker_slots, c.prefetch_factor + 2, slot_bytes)
+        slot_bytes = c.batch.size * c.crop.image_size * c.crop.image_size * 3
+        return BatchRing(self.num_worker_slots, c.workers.prefetch_factor + 2, slot_bytes)
 
     @property
     def num_worker_slots(self) -> int:
-        return max(1, self.config.num_workers)
+        return max(1, self.config.workers.count)
 
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
@@ -331,15 +142,15 @@ class ShardLoader:
 
     def dataloader(self) -> DataLoader:
         if self._loader is None:
-            c = self.config
-            workers = c.num_workers
+            c = self.config.workers
+            workers = c.count
             self._loader = DataLoader(
                 self.dataset,
                 batch_size=None,
                 num_workers=workers,
                 pin_memory=torch.cuda.is_available() if c.pin_memory is None else c.pin_memory,
                 prefetch_factor=c.prefetch_factor if workers else None,
-                persistent_workers=c.persistent_workers and workers > 0,
+                persistent_workers=c.persistent and workers > 0,
                 timeout=self.batch_timeout() if workers else 0,  # torch needs workers for it
                 worker_init_fn=seed_worker,
                 collate_fn=inline_small_tensors if workers else None,
@@ -347,10 +158,10 @@ class ShardLoader:
         return self._loader
 
     def batch_timeout(self) -> float:
-        """Seconds the DataLoader waits for one batch: see `LoaderConfig.timeout`."""
-        if self.config.timeout is not None:
-            return self.config.timeout
-        retry = self.config.retry
+        """Seconds the DataLoader waits for one batch: see `ReadOptions.timeout`."""
+        if self.config.io.timeout is not None:
+            return self.config.io.timeout
+        retry = self.config.io.retry
         return retry.deadline + 2 * retry.timeout
 
     def batches_remaining(self) -> int:
@@ -442,7 +253,7 @@ def inline_small_tensors(batch: tuple) -> tuple:
 
 
 def resolve_backend(backend: str) -> str:
-    """`fast` or `pillow` for a `LoaderConfig.backend` choice.
+    """`fast` or `pillow` for a `Crop.backend` choice.
 
     Raises:
         ValueError: not one of `BACKENDS`.
@@ -471,6 +282,39 @@ def log_fallbacks(stats: LoaderStats) -> None:
             stats.samples,
             100 * stats.pillow_fallbacks / max(1, stats.samples),
         )
+
+
+def stream_settings(
+    config: LoaderConfig,
+    source: ResolvedSource,
+    fields: tuple[Field, ...],
+    rank: int,
+    world_size: int,
+) -> StreamSettings:
+    """What the workers read from `config`, with the rules its None defaults stand for
+    resolved (train: `pad` and drop_last, eval: `uneven`, every sample once) and what
+    the source decides (epoch length, class weights)."""
+    train = config.is_train
+    rule = config.batch.epoch_rule or ("pad" if train else "uneven")
+    drop_last = train if config.batch.drop_last is None else config.batch.drop_last
+    sampling = config.sampling
+    resampled = isinstance(sampling, Resampled)
+    return StreamSettings(
+        seed=config.seed,
+        rank=rank,
+        world_size=world_size,
+        batch=Batching(config.batch.size, drop_last, rule, config.batch.channels_last),
+        # Evaluation reads in order: a buffer of one passes samples straight through.
+        shuffle=config.shuffle if train else Shuffle(buffer=1, initial=1),
+        io=config.io,
+        fields=fields,
+        with_keys=config.with_keys,
+        max_skip_fraction=config.max_skip_fraction,
+        epoch_samples=(sampling.epoch_samples or source.total_samples) if resampled else None,
+        class_weights=class_weights(source, fields) if resampled and sampling.balance else None,
+        num_classes=len(source.classes) if source.classes else None,
+        exactly_once=not train and rule == "uneven" and not resampled,
+    )
 
 
 def class_weights(source: ResolvedSource, fields: Sequence[Field] = ()) -> tuple[float, ...]:
@@ -536,7 +380,7 @@ def log_epoch_plan(loader: ShardLoader) -> None:
             *source.unreadable[0],
         )
     # Only looked at when asked: it visits every shard.
-    unchecked = loader.config.verify_checksums and sum(s.sha256 is None for s in source.shards)
+    unchecked = loader.config.io.checksums and sum(s.sha256 is None for s in source.shards)
     if unchecked:
         log.warning(
             "verify_checksums: %d of %d shards have no recorded sha256 (no manifest) and are "

@@ -20,7 +20,6 @@ import numpy as np
 from pipeline.checksum import open_shard
 from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
-from pipeline.opener import RetryPolicy
 from pipeline.plan import (
     EpochLayout,
     Partition,
@@ -35,6 +34,7 @@ from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import ShardError
 from shards.formats import FORMATS
 from shards.sample import LabelField, SampleError, decode_label, parse_json
+from shards.storage import RetryPolicy
 
 LABEL_FIELDS = frozenset({"cls"})
 METRICS = ("same_class_rate", "batch_tv", "position_ks")
@@ -133,10 +133,10 @@ class ShuffleReport:
             "label_field": self.label_field,
             "epochs": self.epochs,
             "world_size": c.world_size or 1,
-            "num_workers": c.num_workers,
-            "batch_size": c.batch_size,
-            "shuffle_buffer": c.shuffle_buffer,
-            "shuffle_initial": c.shuffle_initial,
+            "num_workers": c.workers.count,
+            "batch_size": c.batch.size,
+            "shuffle_buffer": c.shuffle.buffer,
+            "shuffle_initial": c.shuffle.initial,
             "stream": {name: getattr(self.stream, name) for name in METRICS},
             "ideal": {name: getattr(self.ideal, name) for name in METRICS},
             "excess": self.excess,
@@ -187,21 +187,19 @@ def inspect_shuffle(
     """
     if epochs < 1 or trials < 2:
         raise ValueError("epochs must be at least 1 and trials at least 2")
-    if config.batch_size < 1 or (config.world_size or 1) < 1 or config.num_workers < 0:
-        raise ValueError("batch size and world size must be at least 1, workers at least 0")
-    if config.resampled or config.class_balance:
+    if config.resampling:
         raise ValueError("inspect-shuffle measures exact epochs; resampled mode draws at random")
     source = resolve_source(
         config.source,
         config.split,
         config.format,
-        retry=config.retry,
-        storage_options=config.storage_options,
+        retry=config.io.retry,
+        storage_options=config.io.storage_options,
     )
     labels_by_shard = read_labels(
         label_source(source, config).shards,
-        config.retry,
-        config.storage_options,
+        config.io.retry,
+        config.io.storage_options,
         threads,
         label_field,
     )
@@ -336,8 +334,8 @@ def label_source(source: ResolvedSource, config: LoaderConfig) -> ResolvedSource
             source.manifest_url,
             config.split,
             columnar,
-            retry=config.retry,
-            storage_options=config.storage_options,
+            retry=config.io.retry,
+            storage_options=config.io.storage_options,
         )
     except KeyError:  # the manifest lists no Parquet shards
         return source
@@ -609,8 +607,8 @@ def format_report(report: ShuffleReport) -> str:
     lines = [
         f"labels from {field.text}{how}",
         f"{report.samples} samples/epoch, {report.classes} classes, {report.epochs} epoch(s), "
-        f"world size {c.world_size or 1} x {max(1, c.num_workers)} worker slot(s), "
-        f"batch {c.batch_size}, shuffle buffer {c.shuffle_buffer} (initial {c.shuffle_initial})",
+        f"world size {c.world_size or 1} x {max(1, c.workers.count)} worker slot(s), "
+        f"batch {c.batch.size}, shuffle buffer {c.shuffle.buffer} (initial {c.shuffle.initial})",
         "",
         f"{'metric (lower is better mixed)':<42}{'stream':>9}{'ideal':>9}{'excess':>9}",
     ]

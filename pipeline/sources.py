@@ -25,9 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import pyarrow as pa
 
-from pipeline.opener import DEFAULT_RETRY, RetryPolicy, open_stream
 from pipeline.plan import compact_dtype
-from pipeline.urls import expand_urls, url_scheme
+from pipeline.urls import expand_urls
 from shards.errors import ShardError
 from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
 from shards.manifest import (
@@ -39,6 +38,7 @@ from shards.manifest import (
     shard_name,
 )
 from shards.redact import redact_url
+from shards.storage import DEFAULT_RETRY, RetryPolicy, is_remote, open_stream, url_scheme
 
 log = logging.getLogger("pipeline")
 
@@ -277,7 +277,7 @@ class ResolvedSource:
 
 def manifest_path(url: str) -> str:
     """The path part of a manifest URL: a presigned URL's query string is not part of it."""
-    return urlsplit(url).path if url_scheme(url) not in ("", "file") else url
+    return urlsplit(url).path if is_remote(url) else url
 
 
 def is_manifest_source(source: Any) -> bool:
@@ -285,7 +285,7 @@ def is_manifest_source(source: Any) -> bool:
     if not isinstance(source, (str, os.PathLike)):
         return False
     text = os.fspath(source)
-    local = url_scheme(text) in ("", "file")
+    local = not is_remote(text)
     return manifest_path(text).endswith(".json") or (local and os.path.isdir(text))
 
 
@@ -311,7 +311,7 @@ def resolve_source(
     """
     if is_manifest_source(source):
         url = os.fspath(source)
-        if url_scheme(url) in ("", "file") and os.path.isdir(url):
+        if not is_remote(url) and os.path.isdir(url):
             url, fmt = dataset_manifest(url, fmt)
         manifest = read_manifest_url(
             url, retry, storage_options, split=split, fmt=fmt, checksums=checksums
@@ -421,7 +421,7 @@ class RemoteTableReader:
 
 def manifest_base(url: str) -> str:
     """The directory shard names in a manifest are relative to (no query string)."""
-    if url_scheme(url) in ("", "file"):
+    if not is_remote(url):
         return os.path.dirname(os.path.abspath(url))
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, posixpath.dirname(parts.path), "", ""))
@@ -523,7 +523,7 @@ def neighbour_manifest(
     parent, _, leaf = base.rpartition("/")
     for root in (base, parent) if leaf == fmt and parent else (base,):
         candidate = f"{root}/{MANIFEST_NAME}"
-        if url_scheme(candidate) in ("", "file") and not os.path.exists(candidate):
+        if not is_remote(candidate) and not os.path.exists(candidate):
             continue
         try:
             manifest = read_manifest_url(candidate, retry, storage_options, fmt=fmt)
@@ -541,7 +541,7 @@ def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> in
         ValueError: a remote tar shard: counting it would download it whole.
     """
     shard_format = get_format(fmt)
-    if not shard_format.random_access and url_scheme(url) not in ("", "file"):
+    if not shard_format.random_access and is_remote(url):
         raise ValueError(
             f"no sample counts for remote shard {redact_url(url)}: pass the dataset's "
             "manifest.json as the source (exact epochs need counts), or use resampled=True "

@@ -1,19 +1,16 @@
-"""Shard URL validation, bounded brace expansion and redaction: the loader's first step.
+"""Shard sources to URLs: bounded brace expansion, then validation: the loader's first step.
 
-Every shard source passes through `expand_urls` before any opener sees it, so a
-hostile URL list fails here, before a byte is read.
+Every shard source passes through `expand_urls` before any reader sees it, so a
+hostile URL list fails here, before a byte is read. Each expanded URL is checked by
+`shards.storage.validate_url` (schemes, characters, credentials: the rules every
+read obeys, listed there); this module adds the pattern rules.
 
 Decisions (reliability.md §10 D1-D4, §11.1):
-    * Nothing here or in `pipeline.opener` ever spawns a process; that, not
+    * Nothing here or in `shards.storage` ever spawns a process; that, not
       character filtering, is the real guarantee. `pipe:` and every scheme
-      outside the allowlist are rejected outright.
+      outside the allowlist are rejected outright, before expansion.
     * No substitution of any kind: `${VAR}`, `$VAR` and `~` are literal
-      characters of a path. `::`-joined URL chains are rejected; pass a list.
-    * Control characters (NUL, newline, tab, ...) and leading or trailing
-      whitespace are rejected in every URL. http(s) URLs must also keep to the
-      RFC 3986 character set (so spaces, braces and non-ASCII must be
-      percent-encoded), and no remote URL may contain `$(` or a backtick.
-      `'`, `;` and a lone `$` are legal in real query strings and are accepted.
+      characters of a path.
     * A local name starting with `word:` reads as a URL scheme; write `./word:x`.
     * Brace patterns: `{000..127}` numeric ranges (zero padding kept, descending
       allowed) and `{a,b}` lists. Braces without `..` or a comma are literal
@@ -21,10 +18,6 @@ Decisions (reliability.md §10 D1-D4, §11.1):
       The expansion size is computed before anything is generated.
     * Duplicates after expansion are an error, not silently dropped: a shard
       listed twice would be read twice per epoch.
-    * Credentials in an object-store URL (`s3://KEY:SECRET@bucket/...`) are refused
-      (`shards.redact.url_credentials_problem`): s3fs would take them for a bucket
-      name and log them. http(s) `user:password@` is Basic auth, sent to that origin
-      only and redacted in every message.
 """
 
 from __future__ import annotations
@@ -33,144 +26,13 @@ import itertools
 import os
 import re
 from collections.abc import Collection, Sequence
-from urllib.parse import unquote, urlsplit
 
-from shards.redact import redact_url, url_credentials_problem
+from shards.redact import redact_url
+from shards.storage import SHARD_SCHEMES, check_characters, check_scheme, url_scheme, validate_url
 
 MAX_SHARDS = 1_000_000
 
-LOCAL_SCHEMES = frozenset({"", "file"})
-HTTP_SCHEMES = frozenset({"http", "https"})
-FSSPEC_SCHEMES = frozenset({"s3", "gs"})
-ALLOWED_SCHEMES = LOCAL_SCHEMES | HTTP_SCHEMES | FSSPEC_SCHEMES
-
-# A scheme needs at least two characters so that nothing looks like a drive letter.
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-# RFC 3986 unreserved + reserved + '%'. Anything else in a remote URL is a typo or an attack.
-_REMOTE_URL_CHARS = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*$")
-_IPV6_HOST = re.compile(r"\[[0-9A-Fa-f:.]*\]")  # `[::1]` holds '::' legitimately
 _RANGE = re.compile(r"^(\d{1,18})\.\.(\d{1,18})$")
-
-
-def url_scheme(url: str) -> str:
-    """Return the lower-case scheme of `url`, or `""` for a plain local path."""
-    match = _SCHEME.match(url)
-    return match.group(1).lower() if match else ""
-
-
-def validate_url(
-    url: str,
-    *,
-    schemes: Collection[str] = ALLOWED_SCHEMES,
-    data_root: str | os.PathLike[str] | None = None,
-) -> str:
-    """Check one already-expanded shard URL and return its normal form.
-
-    Local paths become absolute (`..` collapsed, `~` and `$VAR` kept literally);
-    `file://` URLs become local paths. Remote URLs are returned unchanged.
-
-    Args:
-        url: a local path or a URL with an allowed scheme.
-        schemes: the schemes accepted (`""` means a plain local path). Defaults to
-            local paths, `file`, `http`, `https`, `s3` and `gs`; pass a subset to
-            narrow it.
-        data_root: if set, local paths must lie inside this directory after
-            resolving symlinks.
-
-    Raises:
-        ValueError: with the reason and what would be accepted instead.
-    """
-    _check_characters(url)
-    scheme = _check_scheme(url, schemes)
-    if scheme in LOCAL_SCHEMES:
-        return _local_path(url, data_root)
-    _check_remote(url, scheme)
-    return url
-
-
-def _check_scheme(url: str, schemes: Collection[str]) -> str:
-    scheme = url_scheme(url)
-    if scheme not in schemes or scheme not in ALLOWED_SCHEMES:
-        allowed = sorted(s + "://" if s else "local paths" for s in set(schemes) & ALLOWED_SCHEMES)
-        raise ValueError(
-            f"scheme not allowed: {scheme!r} in {redact_url(url)!r}; allowed: {', '.join(allowed)}"
-            " (a local file whose name starts with 'word:' must be written './word:...')"
-        )
-    return scheme
-
-
-def _check_characters(url: str) -> None:
-    if not isinstance(url, str):
-        raise TypeError(f"shard URLs must be str, got {type(url).__name__}")
-    if not url:
-        raise ValueError("empty shard URL")
-    if _CONTROL_CHARS.search(url):
-        raise ValueError(
-            f"control character (NUL, newline, tab, ...) in shard URL {redact_url(url)!r}; "
-            "percent-encode it or rename the file"
-        )
-    if url != url.strip():
-        raise ValueError(f"leading or trailing whitespace in shard URL {redact_url(url)!r}")
-    if "::" in _IPV6_HOST.sub("", url):
-        raise ValueError(
-            f"'::'-joined URL chains are not supported: {redact_url(url)!r}; "
-            "pass the URLs as a list instead"
-        )
-
-
-def _local_path(url: str, data_root: str | os.PathLike[str] | None) -> str:
-    path = url if not url_scheme(url) else _file_url_path(url)
-    path = os.path.abspath(path)
-    if data_root is not None:
-        root = os.path.realpath(data_root)
-        if os.path.commonpath([root, os.path.realpath(path)]) != root:
-            raise ValueError(
-                f"shard path {path!r} is outside data root {root!r} (symlinks resolved)"
-            )
-    return path
-
-
-def _file_url_path(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.netloc not in ("", "localhost"):
-        raise ValueError(
-            f"file URL {redact_url(url)!r} names a remote host; only local files are allowed"
-        )
-    if not parts.path.startswith("/"):
-        raise ValueError(
-            f"file URL {redact_url(url)!r} needs an absolute path, as in file:///data/x.tar"
-        )
-    if parts.query or parts.fragment:
-        raise ValueError(
-            f"file URL {redact_url(url)!r} has a query or fragment; percent-encode '?' and '#'"
-        )
-    # RFC 8089: the path of a file URL is percent-encoded.
-    return unquote(parts.path)
-
-
-def _check_remote(url: str, scheme: str) -> None:
-    credentials = url_credentials_problem(url)  # s3://KEY:SECRET@bucket: never handed on
-    if credentials is not None:
-        raise ValueError(credentials)
-    # http.client needs RFC 3986 anyway; object-store keys may hold spaces and more.
-    if scheme in HTTP_SCHEMES and not _REMOTE_URL_CHARS.match(url):
-        raise ValueError(
-            f"character outside RFC 3986 in {redact_url(url)!r} "
-            "(space, backtick, braces, quotes, non-ASCII, ...); percent-encode it"
-        )
-    if "$(" in url or "`" in url:
-        raise ValueError(f"{redact_url(url)!r} contains shell substitution syntax; refused")
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a malformed port
-    except ValueError as exc:
-        raise ValueError(f"malformed URL {redact_url(url)!r}: {exc}") from None
-    if not parts.hostname:
-        what = "host" if scheme in HTTP_SCHEMES else "bucket"
-        raise ValueError(f"URL {redact_url(url)!r} has no {what}")
-    if port == 0:
-        raise ValueError(f"URL {redact_url(url)!r} has port 0")
 
 
 def brace_count(pattern: str) -> int:
@@ -277,7 +139,7 @@ def expand_urls(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     max_shards: int = MAX_SHARDS,
-    schemes: Collection[str] = ALLOWED_SCHEMES,
+    schemes: Collection[str] = SHARD_SCHEMES,
     data_root: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """Expand and validate shard sources into a list of unique, normal-form URLs.
@@ -301,9 +163,9 @@ def expand_urls(
     patterns = [os.fspath(item) if isinstance(item, os.PathLike) else item for item in sources]
     for pattern in patterns:
         # Fail on `pipe:{0..999999999}` or a NUL before doing any work on the pattern.
-        _check_characters(pattern)
+        check_characters(pattern)
         if url_scheme(pattern):  # `{http,https}://...` is checked once expanded
-            _check_scheme(pattern, schemes)
+            check_scheme(pattern, schemes)
     total = sum(brace_count(pattern) for pattern in patterns)
     if total > max_shards:
         raise ValueError(

@@ -320,9 +320,14 @@ def committed_etags(store: OutputStore, files: dict[str, FileInfo]) -> dict[str,
 def read_input(planned: PlannedSample, image: ImageConfig, confine_root: str | None) -> bytes:
     """One input's bytes; a file that cannot be read is a skip, not the build's end.
 
+    A remote input is read through `shards.storage` with the shards' retries and a
+    deadline (`preprocess.images.INPUT_RETRY`); one still failing after them is its
+    `missing` or `io_error` skip naming the redacted URL, retried by a plain rerun.
+
     Raises:
         SampleError: `read_source`'s reasons, `unreadable` (permission denied),
-            `io_error` (EIO and kin), `loop` (a symlink that resolves to itself).
+            `io_error` (EIO and kin, or a remote read failing past its retries),
+            `loop` (a symlink that resolves to itself).
         OSError: an error of the machine rather than the file; it propagates.
     """
     try:

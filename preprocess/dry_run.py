@@ -23,7 +23,8 @@ from preprocess.plan import Plan
 from preprocess.sizing import Probe, probe_inputs
 from preprocess.sources import Listing
 from shards.formats import get_format
-from shards.io import OutputStore, is_remote, open_output_store
+from shards.io import OutputStore, open_output_store
+from shards.storage import is_remote
 
 
 @dataclass

@@ -146,6 +146,18 @@ from shards.imagedata import (
 )
 from shards.jpegband import MIN_COLUMN_MCUS, restart_interval
 from shards.sample import SampleError
+from shards.storage import (
+    READ_SCHEMES,
+    ObjectNotFoundError,
+    RetryPolicy,
+    ShardReadError,
+    read_bytes,
+)
+
+# Remote inputs get the shards' retry policy with a deadline sized for one image: 64 MiB
+# (the largest input read) at 250 KB/s, retries included. A stalled server costs that
+# input at most this long, then it is an `io_error` skip.
+INPUT_RETRY = RetryPolicy(deadline=5 * 60.0)
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
 BACKENDS = ("auto", "fast", "pillow")
@@ -286,8 +298,8 @@ class ResizePlan:
 def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None) -> bytes:
     """Read one input, refusing files over `max_bytes`.
 
-    Plain paths are read directly; anything with a scheme (`file://`, `s3://`, ...) goes
-    through fsspec. Schemes are validated by the planner, not here.
+    Plain paths are read directly; anything with a scheme (`file://`, `s3://`,
+    `https://`, ...) goes through `shards.storage` (`INPUT_RETRY`), which validates it.
 
     Args:
         confine_to: a resolved directory (`--confine-to-input`): a local path whose real
@@ -296,8 +308,8 @@ def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None)
 
     Raises:
         SampleError: `missing` (absent or not a regular file), `too_large_file`, `empty`,
-            `outside_input`.
-        OSError: any other I/O failure (permissions, network, disk): an environment error.
+            `outside_input`, `io_error` (a remote read that failed past its retries).
+        OSError: any other local I/O failure (permissions, disk): an environment error.
     """
     try:
         if "://" in path_or_url:
@@ -364,10 +376,24 @@ def _confined_path(path: str, root: str) -> str:
 
 
 def _read_url(url: str, max_bytes: int) -> bytes:
-    import fsspec  # only remote inputs pay for the import
+    """A remote input, read as a shard is (`shards.storage`): retries, a deadline, redaction.
 
-    with fsspec.open(url, "rb") as file:
-        return file.read(max_bytes + 1)
+    A failure that outlasts the retries is this input's skip, never the build's end:
+    `missing` when nothing is there, `io_error` (retried by a plain rerun) otherwise,
+    both naming the redacted URL.
+    """
+    try:
+        return read_bytes(url, max_bytes, INPUT_RETRY, schemes=READ_SCHEMES)
+    except ObjectNotFoundError as error:
+        raise SampleError(
+            "missing", f"{error.url}: {error.reason}; restore it and rerun"
+        ) from error
+    except ShardReadError as error:
+        raise SampleError(
+            "io_error",
+            f"{error.url}: {error.reason} ({error.attempts} attempt(s)); check the store or "
+            "server and rerun (it is retried)",
+        ) from error
 
 
 def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:

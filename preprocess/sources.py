@@ -36,15 +36,29 @@ import os
 import posixpath
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from PIL import Image
 
 from shards.imagedata import INPUT_FORMATS
-from shards.redact import url_credentials_problem
+from shards.redact import redact_url, url_credentials_problem
 from shards.sample import MAX_FIELD_BYTES, Field, SampleError, check_value, decode_text, parse_json
+from shards.storage import (
+    DEFAULT_RETRY,
+    HTTP_SCHEMES,
+    OBJECT_STORE_SCHEMES,
+    READ_SCHEMES,
+    RetryPolicy,
+    is_remote,
+    local_path,
+    open_stream,
+    url_scheme,
+    walk,
+)
 
 # Formats a plugin of the decode policy opens under a name of its own: Pillow's JPEG
 # plugin reads a camera's multi-picture JPEG and calls it MPO (the first picture is used).
@@ -451,7 +465,11 @@ def scan_sources(
 
 
 def stream_sources(
-    input_path: str, confine: bool = False, columns: InputColumns | None = None
+    input_path: str,
+    confine: bool = False,
+    columns: InputColumns | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[Listing, Iterator[SourceItem]]:
     """The inputs of a build, one at a time, and the account of every other tree entry.
 
@@ -463,6 +481,7 @@ def stream_sources(
         columns: what a list file's columns hold (default: a single `label`); a row
             whose extra values the loader would refuse is left out as a refused input
             (`LeftOut` with the loader's skip reason), never planned.
+        storage_options: fsspec options for an input in an object store (`iter_remote`).
 
     Raises:
         InputError: a malformed manifest or escaping paths (while iterating), no
@@ -473,10 +492,13 @@ def stream_sources(
     columns = columns or InputColumns()
     if is_remote(input_path):
         listing = Listing([])
-        _check_tree_columns(input_path, columns, input_path.lower().endswith(MANIFEST_SUFFIXES))
-        items = iter_remote(input_path, listing, columns)
-        return listing, _account(input_path, listing, _label_free(items, columns))
-    path = Path(input_path)
+        _check_tree_columns(input_path, columns, is_list_file_url(input_path))
+        items = iter_remote(input_path, listing, columns, storage_options=storage_options)
+        return listing, _account(redact_url(input_path), listing, _label_free(items, columns))
+    try:
+        path = Path(local_path(input_path))  # a `file://` URL is a local input
+    except ValueError as error:
+        raise InputError(f"input {error}; pass a directory, a list file or a URL") from None
     if not path.exists():
         raise FileNotFoundError(f"input {input_path} does not exist; check --input")
     _check_tree_columns(input_path, columns, not path.is_dir())
@@ -863,17 +885,21 @@ def _shown(value: str) -> str:
 
 
 def _iter_rows(
-    manifest: Path | str, opener=open, required: tuple[str, ...] = ("path", "label")
+    manifest: Path | str,
+    opener=open,
+    required: tuple[str, ...] = ("path", "label"),
+    suffix: str | None = None,
 ) -> Iterator[tuple[str, dict]]:
     """(where, row) pairs of a CSV, JSONL or Parquet list, read as a stream.
 
-    `where` names the file and row; `opener` is `open` or an fsspec filesystem's.
+    `where` names the file and row; `opener` is `open` or a remote list's reader, and
+    `suffix` the list's format when `manifest` (a name for messages) does not end in it.
     CSV and JSONL rows are named by their line, Parquet rows by their index from 1.
     The first row must have the `required` columns. Every row is bounded before it is
     held (`MAX_ROW_CHARS`, `MAX_LIST_ROW_GROUP_BYTES`): a row past the bound is an
     `InputError` naming the file and row, read no further than the bound.
     """
-    suffix = os.path.splitext(str(manifest))[1].lower()
+    suffix = suffix or os.path.splitext(str(manifest))[1].lower()
     if suffix == ".parquet":
         rows = _iter_parquet_rows(manifest, opener, required)
     else:
@@ -1095,53 +1121,67 @@ def _bounded_int(text: str) -> int | HugeInteger:
         return HugeInteger(len(text.lstrip("-")))
 
 
-# Object stores an input may live in. Listing goes through fsspec; no scheme
-# that can run commands or reach arbitrary local paths is accepted.
-REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "memory")
+# Where a remote input may live: an object store (a tree or a list file), or an http(s)
+# server (a list file only: a web server cannot be listed). No scheme that can run
+# commands or reach arbitrary local paths is accepted.
+REMOTE_INPUT_SCHEMES = tuple(sorted(OBJECT_STORE_SCHEMES | HTTP_SCHEMES))
 
 
-def is_remote(input_path: str) -> bool:
-    return "://" in input_path and not input_path.startswith("file://")
+def is_list_file_url(url: str) -> bool:
+    """Whether a remote input names a list file (its path, not its query, decides)."""
+    return urlsplit(url).path.rstrip("/").lower().endswith(MANIFEST_SUFFIXES)
 
 
 def iter_remote(
-    url: str, listing: Listing | None = None, columns: InputColumns | None = None
+    url: str,
+    listing: Listing | None = None,
+    columns: InputColumns | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> Iterator[SourceItem]:
-    """An ImageFolder tree or a list file in an object store, listed through fsspec.
+    """An ImageFolder tree in an object store, or a list file in one or on an http(s) server.
 
-    Paths in a remote list file are relative to it and may not leave its prefix;
-    credentials and endpoints come from the store's standard environment. A tree
-    is walked prefix by prefix (`fs.walk`), hidden prefixes not entered; the files
-    that are not inputs are counted in `listing`, as for a local tree.
+    Read through `shards.storage`, as shards are: `retry`'s retries and deadline, the
+    store's `storage_options`, URLs redacted in every message. Paths in a remote list
+    file are relative to it and may not leave its prefix; credentials and endpoints come
+    from `storage_options` or the store's standard environment. A tree is walked prefix
+    by prefix, hidden prefixes not entered; the files that are not inputs are counted in
+    `listing`, as for a local tree.
+
+    Raises:
+        InputError: an unsupported scheme, credentials in the URL, or an http(s) tree.
+        ShardReadError: the store or server failed past `retry`'s budget.
     """
     listing = listing if listing is not None else Listing([])
-    import fsspec
-
-    scheme = url.split("://", 1)[0].lower()
-    if scheme not in REMOTE_SCHEMES:
-        raise InputError(f"input scheme {scheme}:// is not supported; use one of {REMOTE_SCHEMES}")
+    scheme = url_scheme(url)
+    if scheme not in REMOTE_INPUT_SCHEMES:
+        raise InputError(
+            f"input scheme {scheme}:// is not supported; use one of {REMOTE_INPUT_SCHEMES}"
+        )
     credentials = url_credentials_problem(url)
     if credentials is not None:
         raise InputError(f"input {credentials}")
-    fs, root = fsspec.core.url_to_fs(url)
-    root = root.rstrip("/")
-    if root.lower().endswith(MANIFEST_SUFFIXES):
-        yield from _iter_remote_list_file(fs, scheme, root, listing, columns or InputColumns())
+    if is_list_file_url(url):
+        reader = _RemoteListReader(url, storage_options, retry)
+        yield from _iter_remote_list_file(reader, listing, columns or InputColumns())
         return
-    for directory, subdirs, files in fs.walk(root):
+    if scheme in HTTP_SCHEMES:
+        raise InputError(
+            f"input {redact_url(url)} is not a list file: a web server cannot be listed; "
+            f"pass a list ({', '.join(MANIFEST_SUFFIXES)}) of paths relative to it"
+        )
+    base = url.rstrip("/")
+    for relative, subdirs, files in walk(base, storage_options, retry):
         subdirs[:] = [name for name in subdirs if not _is_hidden(name)]
         for name in files:
-            full = f"{directory.rstrip('/')}/{name}"
-            rel = full[len(root) :].lstrip("/")
-            parts = rel.split("/")
-            item = _remote_item(scheme, full, rel, parts, listing)
+            rel = f"{relative}/{name}" if relative else name
+            item = _remote_item(f"{base}/{rel}", rel, rel.split("/"), listing)
             if item is not None:
                 yield item
 
 
-def _remote_item(
-    scheme: str, full: str, rel: str, parts: list[str], listing: Listing
-) -> SourceItem | None:
+def _remote_item(url: str, rel: str, parts: list[str], listing: Listing) -> SourceItem | None:
     """The input a remote tree file is, or None after counting it as the local walk does."""
     if any(_is_hidden(part) for part in parts):
         listing.ignored["hidden"] += 1
@@ -1151,22 +1191,52 @@ def _remote_item(
         listing.ignored["other_suffix"] += 1
         listing.left_out_suffixes[file_suffix(parts[-1])] += 1
     else:
-        return SourceItem(f"{scheme}://{full}", rel, parts[0])
+        return SourceItem(url, rel, parts[0])
     return None
 
 
+class _RemoteListReader:
+    """Opens a remote list file through `shards.storage`: the `opener` `_iter_rows` calls.
+
+    `name` is the URL redacted, for messages; `base` the URL its rows are relative to.
+    """
+
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None, retry: RetryPolicy
+    ) -> None:
+        self.url, self.storage_options, self.retry = url, storage_options, retry
+        self.name = redact_url(url)
+        parts = urlsplit(url)
+        self.suffix = os.path.splitext(parts.path.rstrip("/"))[1].lower()
+        directory = posixpath.dirname(parts.path.rstrip("/"))
+        self.base = urlunsplit((parts.scheme, parts.netloc, directory, "", ""))
+
+    def url_of(self, rel: str) -> str:
+        """The URL of a row's path: percent-encoded on http(s), where RFC 3986 rules."""
+        quoted = quote(rel) if url_scheme(self.url) in HTTP_SCHEMES else rel
+        return f"{self.base.rstrip('/')}/{quoted}"
+
+    def __call__(self, name: str, mode: str = "rb") -> BinaryIO:
+        return open_stream(
+            self.url,
+            self.retry,
+            storage_options=self.storage_options,
+            random_access=self.suffix == ".parquet",
+            schemes=READ_SCHEMES,
+        )
+
+
 def _iter_remote_list_file(
-    fs, scheme: str, list_file: str, listing: Listing, columns: InputColumns
+    reader: _RemoteListReader, listing: Listing, columns: InputColumns
 ) -> Iterator[SourceItem]:
-    base = posixpath.dirname(list_file)
-    from_text = list_file.lower().endswith(".csv")
-    for where, row in _iter_rows(list_file, opener=fs.open, required=columns.required):
-        where = f"{scheme}://{where}"
+    from_text = reader.suffix == ".csv"
+    rows = _iter_rows(reader.name, opener=reader, required=columns.required, suffix=reader.suffix)
+    for where, row in rows:
         raw, label = _row_fields(where, row, columns.label)
         rel = posixpath.normpath(raw)
         if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
             raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
-        found = (f"{scheme}://{base}/{rel}", rel, label)
+        found = (reader.url_of(rel), rel, label)
         item = _column_item(listing, columns, where, row, from_text, found)
         if item is not None:
             yield item

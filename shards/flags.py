@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib.metadata
 import os
 import sys
@@ -46,6 +47,8 @@ def option(
     positional: bool = False,
     exclusive: str | None = None,
     nested: Mapping[str, dict[str, Any]] | None = None,
+    flag: str | None = None,
+    cli: bool = True,
 ) -> Any:
     """A dataclass field with the metadata the flag generator reads.
 
@@ -59,10 +62,53 @@ def option(
         exclusive: flags sharing this name cannot be given together.
         nested: for a field that holds a dataclass, `{sub-field: about(...)}`: the
             sub-fields that get flags of their own (named without a prefix).
+        flag: the flag's name when it is not the field's (with its group's prefix).
+        cli: False for a setting given only in Python (a callable, a credentials dict).
     """
     meta = about(text, choices, parse=parse, metavar=metavar)
-    meta.update(group=group, positional=positional, exclusive=exclusive, nested=nested)
+    meta.update(
+        group=group, positional=positional, exclusive=exclusive, nested=nested, flag=flag, cli=cli
+    )
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def settings_group(
+    factory: Callable[[], Any],
+    text: str,
+    *,
+    prefix: str | None = None,
+    only: Sequence[str] | None = None,
+) -> Any:
+    """A field holding a settings group (a frozen dataclass whose fields are `option`s).
+
+    The flag generator walks it: each of its fields gets a flag, listed under the
+    field's own `--help` section, named `PREFIX` + the field name (`shuffle_buffer`
+    for `Shuffle.buffer` under the prefix `shuffle_`) unless it names its own flag.
+
+    Args:
+        factory: the group's class (or a function making its default).
+        prefix: put before each sub-field's name; default: this field's name and `_`.
+        only: the sub-fields that get flags here; the others keep the default's values.
+    """
+    meta = {"help": text, "group": "", "walk": True, "prefix": prefix, "only": only}
+    return dataclasses.field(default_factory=factory, metadata=meta)
+
+
+class SettingError(ValueError):
+    """A setting outside what it allows, naming the setting, what it allows and the value.
+
+    Raised by a settings group's `__post_init__` with the field's own name; whoever
+    knows how the user spelled it (a flag, an older keyword) tells it that way
+    (`spelled`), so the message names what the user wrote.
+    """
+
+    def __init__(self, owner: str, name: str, detail: str) -> None:
+        self.owner, self.name, self.detail = owner, name, detail
+        super().__init__(f"{owner}.{name}{detail}" if owner else f"{name}{detail}")
+
+    def spelled(self, name: str) -> SettingError:
+        """The same refusal naming the setting as `name` (`--batch-size`, `batch_size`)."""
+        return SettingError("", name, self.detail)
 
 
 def flag_name(name: str) -> str:
@@ -92,6 +138,25 @@ def parse_int_list(text: str) -> tuple[int, ...]:
 def parse_str_list(text: str) -> tuple[str, ...]:
     """`"tar, parquet"` -> `("tar", "parquet")`."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_float_pair(text: str) -> tuple[float, float]:
+    """`"0.08,1"` -> `(0.08, 1.0)`."""
+    parts = [part for part in text.split(",") if part.strip()]
+    try:
+        if len(parts) == 2:
+            return float(parts[0]), float(parts[1])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected two comma-separated numbers, got {text!r}")
+
+
+# The parsers of the field types that are not their own parser (`int`, `str`, `float`).
+PARSERS: dict[Any, Callable[[str], Any]] = {
+    tuple[int, ...]: parse_int_list,
+    tuple[str, ...]: parse_str_list,
+    tuple[float, float]: parse_float_pair,
+}
 
 
 class OptionalType:
@@ -133,21 +198,47 @@ def flag_help(name: str, text: str, default: Any = MISSING) -> str:
     return f"{text} (default: {show_default(default)})"
 
 
-def flag_specs(cls: type) -> Iterator[tuple[str, Any, dict[str, Any], str]]:
-    """`(dest, type, metadata, group)` of every flag of `cls`, nested fields expanded."""
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    """One flag: its dest (the flag's name with `_`), the field path it sets, type and help."""
+
+    dest: str
+    path: tuple[str, ...]  # field names from the config down to the field the flag sets
+    kind: Any
+    meta: dict[str, Any]
+    section: str  # the `--help` section
+
+
+def is_walked(f: dataclasses.Field) -> bool:
+    """A field holding a settings group (`settings_group`) or a `nested=` selection."""
+    return bool(f.metadata.get("walk")) or f.metadata.get("nested") is not None
+
+
+def flag_specs(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> Iterator[FlagSpec]:
+    """Every flag of `cls`, groups walked depth first (fields with `cli=False` have none)."""
     hints = get_type_hints(cls)
     for f in fields(cls):
         if "help" not in f.metadata:
             raise TypeError(
                 f"{cls.__name__}.{f.name} has no option(...) metadata: no flag, no help"
             )
-        nested = f.metadata["nested"]
-        if nested is None:
-            yield f.name, hints[f.name], dict(f.metadata), f.metadata["group"]
-            continue
-        sub_hints = get_type_hints(hints[f.name])
-        for name, meta in nested.items():
-            yield name, sub_hints[name], {**meta, "positional": False}, f.metadata["group"]
+        here = (*path, f.name)
+        nested = f.metadata.get("nested")
+        if nested is not None:
+            sub_hints = get_type_hints(hints[f.name])
+            for name, meta in nested.items():
+                meta = {**meta, "positional": False}
+                yield FlagSpec(name, (*here, name), sub_hints[name], meta, f.metadata["group"])
+        elif f.metadata.get("walk"):
+            inner = f.metadata["prefix"]
+            inner = f"{f.name}_" if inner is None else inner
+            only = f.metadata["only"]
+            for spec in flag_specs(hints[f.name], prefix + inner, here):
+                if only is None or spec.path[len(here)] in only:
+                    yield spec
+        elif f.metadata.get("cli", True):
+            dest = f.metadata.get("flag") or prefix + f.name
+            yield FlagSpec(dest, here, hints[f.name], dict(f.metadata), f.metadata["group"])
 
 
 def add_config_flags(
@@ -156,26 +247,26 @@ def add_config_flags(
     """One flag per field of the config dataclass `cls`, grouped as its metadata says.
 
     Args:
-        defaults: `{field: value}` shown and used as defaults (default: the dataclass's);
-            a nested field's flags take theirs from the nested default.
+        defaults: `{field or flag dest: value}` shown and used as defaults (default: the
+            dataclass's); a group's flags take theirs from the group's default object.
     """
     values = flat_defaults(cls, default_values(cls) if defaults is None else defaults)
     groups: dict[str, Any] = {}
     exclusive: dict[str, Any] = {}
     seen: set[str] = set()
-    for dest, kind, meta, group in flag_specs(cls):
-        if dest in seen:
-            raise TypeError(f"{cls.__name__}: two flags named --{flag_name(dest)}")
-        seen.add(dest)
-        if group not in groups:
-            groups[group] = parser.add_argument_group(f"{group} options")
-        target = groups[group]
-        if meta.get("exclusive"):
-            name = meta["exclusive"]
+    for spec in flag_specs(cls):
+        if spec.dest in seen:
+            raise TypeError(f"{cls.__name__}: two flags named --{flag_name(spec.dest)}")
+        seen.add(spec.dest)
+        if spec.section not in groups:
+            groups[spec.section] = parser.add_argument_group(f"{spec.section} options")
+        target = groups[spec.section]
+        if spec.meta.get("exclusive"):
+            name = spec.meta["exclusive"]
             if name not in exclusive:
                 exclusive[name] = target.add_mutually_exclusive_group()
             target = exclusive[name]
-        add_flag(target, dest, kind, meta, values)
+        add_flag(target, spec.dest, spec.kind, spec.meta, values)
 
 
 def add_flag(
@@ -189,9 +280,7 @@ def add_flag(
     else:
         parse = meta.get("parse")
         if parse is None:
-            parse = {tuple[int, ...]: parse_int_list, tuple[str, ...]: parse_str_list}.get(
-                base, base
-            )
+            parse = PARSERS.get(base, base)
         kwargs["type"] = OptionalType(parse) if optional else parse
     if meta.get("choices"):
         kwargs["choices"] = meta["choices"]
@@ -210,32 +299,66 @@ def add_flag(
 
 
 def flat_defaults(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults keyed by flag dest: a nested field's default object spread into its sub-fields."""
-    out = dict(defaults)
-    for f in fields(cls):
-        nested = f.metadata.get("nested")
-        if nested is not None and f.name in defaults:
-            inner = defaults[f.name]
-            for name in nested:
-                out.setdefault(name, getattr(inner, name))
+    """Defaults keyed by flag dest: each group's default object spread into its flags.
+
+    A dest given in `defaults` (a config file's `workers = 2`) wins over its group's.
+    """
+    # A group's own name may also be a flag's (`workers` holds `--workers`): the group's
+    # default object is spread, never taken for the flag's value.
+    walked = {f.name for f in fields(cls) if is_walked(f)}
+    out = {name: value for name, value in defaults.items() if name not in walked}
+    for spec in flag_specs(cls):
+        if spec.dest in out or spec.path[0] not in defaults:
+            continue
+        value = defaults[spec.path[0]]
+        for name in spec.path[1:]:
+            value = getattr(value, name)
+        out[spec.dest] = value
     return out
 
 
 def config_from_args(cls: type, namespace: argparse.Namespace) -> Any:
-    """The config `cls` from parsed flags (nested dataclasses built from their own flags).
+    """The config `cls` from parsed flags (its groups built from their own flags).
 
     Raises:
-        ValueError: from the config's own checks (`__post_init__`).
+        ValueError: from the config's own checks (`__post_init__`); a group's refusal
+            names the flag (`--batch-size must be at least 1, got 0`).
     """
+    dests = {spec.path: spec.dest for spec in flag_specs(cls)}
+    return build_from_flags(cls, vars(namespace), dests, (), None)
+
+
+def build_from_flags(
+    cls: type, values: Mapping[str, Any], dests: Mapping[tuple[str, ...], str], path: tuple, base
+) -> Any:
+    """`cls` at `path` from flag values; a field without a flag keeps `base`'s value."""
     hints = get_type_hints(cls)
-    values = {}
+    kwargs = {}
     for f in fields(cls):
-        nested = f.metadata["nested"]
-        if nested is None:
-            values[f.name] = getattr(namespace, f.name)
-        else:
-            values[f.name] = hints[f.name](**{name: getattr(namespace, name) for name in nested})
-    return cls(**values)
+        here = (*path, f.name)
+        if here in dests:
+            kwargs[f.name] = values[dests[here]]
+        elif is_walked(f):
+            inner = getattr(base, f.name) if base is not None else field_default(f)
+            kwargs[f.name] = build_from_flags(hints[f.name], values, dests, here, inner)
+        elif base is not None:
+            kwargs[f.name] = getattr(base, f.name)
+    try:
+        return cls(**kwargs)
+    except SettingError as error:
+        dest = dests.get((*path, error.name))
+        if dest is None:
+            raise
+        raise error.spelled(f"--{flag_name(dest)}") from error
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (None when it has none)."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None
 
 
 def package_version() -> str:
@@ -264,14 +387,40 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (exit 2); the full usage is long."""
+    """An ArgumentParser whose usage errors are one line (exit 2); the full usage is long.
+
+    Flags are never abbreviated (argparse's `allow_abbrev` would read `--epoch 1` as
+    `--epochs 1`, and a new flag could silently change what an old command line
+    means); an unknown flag's error suggests the closest real one.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # The subcommand's parser knows the flags a misspelling was meant for.
+            parser = getattr(namespace, "parser", self)
+            parser.error(unrecognized_message(parser, extras))
+        return namespace
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def unrecognized_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """`unrecognized arguments: --epoch 1 (did you mean --epochs?)`."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f"{message} (did you mean {close[0]}?)"
+    return message
 
 
 @dataclasses.dataclass(frozen=True)

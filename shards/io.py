@@ -14,12 +14,13 @@ import contextlib
 import hashlib
 import os
 import secrets
-import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
+
+from shards.storage import is_remote, local_path, read_regular_file
 
 TMP_MARK = ".tmp-"
 _HASH_CHUNK = 4 * 2**20
@@ -79,39 +80,6 @@ def atomic_write_bytes(final: str | os.PathLike, data: bytes, *, durable: bool =
     """Write a small file (manifest, marker, metrics, config) atomically (`atomic_path`)."""
     with atomic_path(final, durable=durable) as tmp:
         tmp.write_bytes(data)
-
-
-class NotRegularFileError(OSError):
-    """A path names a FIFO, device or directory where a file is expected."""
-
-
-def open_regular_file(path: str | os.PathLike, buffering: int = -1) -> BinaryIO:
-    """Open a local file for reading; only a regular file is one.
-
-    Opened non-blocking first, so a FIFO or device planted under a manifest's, side
-    table's or shard's name is refused at once instead of blocking `open()` forever.
-
-    Raises:
-        NotRegularFileError: it is not a regular file.
-        OSError: it cannot be opened.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFileError(
-                f"{Path(path).name} is not a regular file (a FIFO, device or directory)"
-            )
-        os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular_file(path: str | os.PathLike) -> bytes:
-    """All bytes of a local regular file (`open_regular_file`)."""
-    with open_regular_file(path) as stream:
-        return stream.read()
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -353,12 +321,6 @@ class FsspecStore(OutputStore):
         return []  # nothing is ever written under a temporary key
 
 
-def is_remote(location: str | os.PathLike) -> bool:
-    """True for `scheme://` locations other than `file://`."""
-    text = os.fspath(location)
-    return "://" in text and not text.lower().startswith("file://")
-
-
 def open_output_store(
     location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
 ) -> OutputStore:
@@ -369,7 +331,7 @@ def open_output_store(
     """
     text = os.fspath(location)
     if not is_remote(text):
-        return LocalStore(text[len("file://") :] if text.lower().startswith("file://") else text)
+        return LocalStore(local_path(text))
     scheme = text.split("://", 1)[0].lower()
     if scheme not in OUTPUT_SCHEMES:
         raise ValueError(

@@ -16,13 +16,21 @@ upsampling reads the chroma sample beyond; `crop_band` keeps `EDGE_GUARD` pixels
 so every pixel asked for is exact. The decoders (libjpeg-turbo through simplejpeg) stay
 unchanged: this only moves bytes.
 
-Anything else, or anything unexpected, returns None and the caller decodes the whole file
-as before: no restart markers (other writers' shards), progressive or arithmetic-coded
-JPEGs, an interval that does not divide a row, a marker missing, extra or out of order, no
-end marker (a truncated file). The band is decoded in strict mode, so a damaged interval
-inside it is refused too. What a band cannot see is damage to the entropy data outside it:
-such a file yields this crop as an intact file would (`preprocess verify` decodes every
-image whole).
+Before a band is cut, the entropy data from the scan's first byte through the end of the
+band's last interval (through the end marker when that is the image's last interval) is
+proven to hold nothing a whole decode would stop or turn at: every 0xFF in it is a stuffed
+byte (FF 00) or a restart marker, and the markers read RST0, RST1, ... in turn. So a whole
+decode reaches each of the band's intervals at the same byte with its state reset, as the
+band's decode does (docs/RELIABILITY.md, "Band decode: the proof"). Anything else, or
+anything unexpected, returns None and the caller decodes the whole file as before: no
+restart markers (other writers' shards), progressive or arithmetic-coded JPEGs, an
+interval that does not divide a row, a marker missing, extra or out of order, any other
+marker before the band's end (an end of image, a comment, tables, a second scan, a DNL,
+fill bytes FF FF), no end marker (a truncated file). The band is decoded in strict mode,
+so a damaged interval inside it is refused too. What a band cannot see is damage to the
+entropy data after it, which cannot change the pixels a band gives (a sequential scan
+is decoded in order): such a file yields this crop as an intact file would (`preprocess
+verify` decodes every image whole).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import numpy as np
 # the DCT-scaled decode.
 EDGE_GUARD = 2
 _EOI = b"\xff\xd9"
+_STUFFED = b"\xff\x00"
 _RST0 = b"\xff\xd0"
 _SOI = b"\xff\xd8\xff"
 # Baseline and extended sequential Huffman frames: the only ones a band is cut from.
@@ -195,7 +204,7 @@ def _splice(
         pieces.append(_EOI)
         band = bytearray().join(pieces)
     if markers:
-        np.frombuffer(band, np.uint8)[markers] = _RST_ARRAY[: len(markers)]
+        np.frombuffer(band, np.uint8)[markers] = _rst_array(len(markers))
     return band
 
 
@@ -203,9 +212,13 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None
     """Where each of the first `count` intervals' entropy data ends (the next marker's
     0xFF, or the end marker's for the image's last interval), found by scanning, or None.
 
-    Interval i starts after the marker RST((i - 1) % 8): None unless the markers read RST0,
-    RST1, ... in turn (one missing, extra or misnumbered) and the file keeps its end marker
-    after the last interval asked for (a cut file): such files are decoded whole, and judged.
+    The scan is the band's proof: from the scan's first byte through the end of interval
+    `count - 1`, every 0xFF must be stuffed (FF 00) or a restart marker, and interval i
+    must start after RST((i - 1) % 8). None when any other marker is there (an end of
+    image, a comment, tables, a second scan, FF FF fill bytes), a restart marker is
+    missing, extra or misnumbered, the image's last interval is not followed by the end
+    marker, or the file has no end marker after the last interval asked for (a cut file):
+    such files are decoded whole, and judged.
     """
     total = layout.rows * (layout.columns // layout.interval)
     wanted = min(count, total - 1)
@@ -216,7 +229,7 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None
     )
     ends = _markers(data, layout.scan_at, stop, wanted)
     if ends is not None and len(ends) < wanted and stop < len(data):
-        # a marker may straddle `stop`
+        # A marker may straddle `stop`: its 0xFF, the window's last byte, was not judged.
         rest = _markers(data, stop - 1, len(data), wanted - len(ends), len(ends))
         ends = None if rest is None else ends + rest
     if ends is None or len(ends) < wanted:
@@ -224,40 +237,59 @@ def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None
     last_start = ends[-1] + 2 if ends else layout.scan_at
     if count < total:
         return ends if data.rfind(_EOI) > last_start else None
+    # The image's last interval ends at the first marker after it, which must end the image:
+    # every 0xFF before the end marker is stuffed (bytes.count runs at memchr speed).
     image_end = data.find(_EOI, last_start)
-    return None if image_end < 0 else [*ends, image_end]
+    if image_end < 0 or data.count(b"\xff", last_start, image_end) != data.count(
+        _STUFFED, last_start, image_end
+    ):
+        return None
+    return [*ends, image_end]
 
 
 def _markers(data: bytes, start: int, stop: int, count: int, first: int = 0) -> list[int] | None:
-    """Offsets (of the 0xFF) of the first `count` RST markers wholly in `data[start:stop]`,
+    """Offsets (of the 0xFF) of the first `count` markers wholly in `data[start:stop]`,
     fewer if it holds fewer; None unless they read RST(first % 8), RST((first + 1) % 8), ...
 
-    In entropy-coded data a 0xFF is followed by 0x00 (a stuffed byte) or by a marker, so
-    every 0xFF followed by 0xD0..0xD7 is a restart marker. A regex walk finds a few markers
-    sooner; a numpy pass over the bytes costs less per marker (measured: one interval per
-    row of a 256-px JPEG, ~16 markers, 4 us against 18; 64-px intervals of a 512-px one,
-    ~250, 60 us against 25).
+    In entropy-coded data a 0xFF is followed by 0x00 (a stuffed byte) or by a marker's code
+    (or by another 0xFF, a fill byte before a marker), so every 0xFF not followed by 0x00
+    is a marker, and each must be the restart marker next in turn. A regex walk finds a few
+    markers sooner; a numpy pass over the bytes costs less per marker (measured: one
+    interval per row of a 256-px JPEG, ~16 markers, 4 us against 18; 64-px intervals of a
+    512-px one, ~250, 60 us against 25).
     """
     if count <= _FEW_MARKERS:
-        found = [match.start() for match in islice(_RST_MARKER.finditer(data, start, stop), count)]
+        found = [match.start() for match in islice(_MARKER.finditer(data, start, stop), count)]
         codes = bytes(data[at + 1] for at in found)
     else:
         scan = np.frombuffer(data, np.uint8, count=max(0, stop - start), offset=start)
         fills = np.flatnonzero(scan[:-1] == 0xFF)
-        where = fills[(scan[fills + 1] & 0xF8) == 0xD0][:count]
+        where = fills[scan[fills + 1] != 0][:count]
         codes, found = scan[where + 1].tobytes(), (where + start).tolist()
+    return found if codes == _rst_codes(first, len(found)) else None
+
+
+def _rst_codes(first: int, count: int) -> bytes:
+    """The code bytes of `count` restart markers in turn from RST(first % 8)."""
     turn = first & 7
-    if turn + len(found) <= len(_RST_CODES):
-        expected = _RST_CODES[turn : turn + len(found)]
-    else:
-        expected = bytes(0xD0 + ((first + k) & 7) for k in range(len(found)))
-    return found if codes == expected else None
+    if turn + count <= len(_RST_CODES):
+        return _RST_CODES[turn : turn + count]
+    return (_RST_CODES[:8] * (-(-(turn + count) // 8)))[turn : turn + count]
 
 
-_RST_MARKER = re.compile(rb"\xff[\xd0-\xd7]")
+def _rst_array(count: int) -> np.ndarray:
+    """`_rst_codes(0, count)` as a uint8 array, for any count (a 2,400-px-square grey JPEG
+    with one-block intervals has 90,000 markers)."""
+    if count <= len(_RST_ARRAY):
+        return _RST_ARRAY[:count]
+    return np.resize(_RST_ARRAY[:8], count)
+
+
+# Any 0xFF not stuffed: a marker (or a fill byte before one) in entropy-coded data.
+_MARKER = re.compile(rb"\xff[^\x00]")
 _FEW_MARKERS = 48
-# The code bytes of restart markers in turn, RST0, RST1, ... RST7, RST0, ...: enough for
-# 65,536 intervals (a 4096-px-square image with 64-px intervals has 16,384).
+# The code bytes of restart markers in turn, RST0, RST1, ... RST7, RST0, ...: 65,536 of them
+# at hand (a 4096-px-square image with 64-px intervals has 16,384); more are built on demand.
 _RST_CODES = bytes(0xD0 + (k & 7) for k in range(1 << 16))
 _RST_ARRAY = np.frombuffer(_RST_CODES, np.uint8)
 

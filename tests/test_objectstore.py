@@ -21,11 +21,11 @@ pytest.importorskip("s3fs")
 
 from pipeline.dataset import LoaderDataError  # noqa: E402
 from pipeline.loader import ShardLoader  # noqa: E402
-from pipeline.opener import RetryPolicy, ShardReadError, open_stream  # noqa: E402
 from preprocess.cli import main  # noqa: E402
 from preprocess.job import run_build  # noqa: E402
 from preprocess.ray_job import BuildError  # noqa: E402
 from shards.parquet import ParquetShardWriter, iter_parquet_samples  # noqa: E402
+from shards.storage import RetryPolicy, ShardReadError, open_stream  # noqa: E402
 from shards.tar import iter_tar_samples  # noqa: E402
 from tests.conftest import shard_key, shard_path, shard_url, small_build_config  # noqa: E402
 from tests.objectstore import FaultProxy, MotoS3  # noqa: E402
@@ -118,11 +118,11 @@ def test_loader_reads_the_manifest_and_shards_from_s3_like_the_local_copy(
 def test_tar_shards_stream_in_ranged_reads_instead_of_a_whole_download(
     moto_s3, s3_shards, built_shards, proxy, monkeypatch
 ):
-    import pipeline.opener
+    import shards.storage.objectstore
 
     block = 8 * 2**10  # the real block (8 MiB) exceeds these small test shards
-    monkeypatch.setattr(pipeline.opener, "FSSPEC_SEQUENTIAL_CACHE", ("readahead", block))
-    monkeypatch.setattr(pipeline.opener, "FSSPEC_BUFFER_SIZE", block)
+    monkeypatch.setattr(shards.storage.objectstore, "FSSPEC_SEQUENTIAL_CACHE", ("readahead", block))
+    monkeypatch.setattr(shards.storage.objectstore, "FSSPEC_BUFFER_SIZE", block)
     url = shard_url(s3_shards, "train", 0)
     size = shard_path(built_shards.output, "train", 0).stat().st_size
     assert size > 8 * block

@@ -8,27 +8,31 @@ live in the field metadata), so the CLI, the optional YAML/TOML config file,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
+from pipeline.config import LoaderOptions
 from shards.flags import (
     CommandParser,
     add_config_flags,
     add_version_flag,
+    config_from_args,
     default_values,
     flag_name,
+    flag_specs,
     option,
     parse_int_list,
+    settings_group,
     unwrap_optional,
 )
 from shards.sample import LabelField
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
-BUILTIN_WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,10 @@ class TrainConfig:
 
     Batch sizes are per device; the effective batch of one optimizer step is
     `batch_size x accum_steps x world_size`, and `lr` is the learning rate at
-    `lr_ref_batch`, scaled to the effective batch by `lr_scaling`.
+    `lr_ref_batch`, scaled to the effective batch by `lr_scaling`. `loader` holds the
+    loader's own options (`pipeline.config.LoaderOptions`: format, shuffle buffer,
+    crop, workers, reading), shared by the train and val loaders; their flags keep
+    their names (`--workers`, `--image-size`, `--shuffle-buffer`, ...).
     """
 
     # data
@@ -54,14 +61,12 @@ class TrainConfig:
     )
     train_split: str = option("train", "split of the train manifest to train on", "data")
     val_split: str = option("val", "split of the validation manifest to evaluate", "data")
-    format: str | None = option(
-        None, "shard format to read; default: tar when built", "data", ("tar", "parquet")
+    loader: LoaderOptions = settings_group(
+        LoaderOptions, "the loader's options, for the train and val loaders", prefix=""
     )
-    image_size: int = option(224, "training and evaluation image side in pixels", "data")
-    workers: int = option(BUILTIN_WORKERS, "loader worker processes per rank", "data")
-    shuffle_buffer: int = option(2000, "samples (encoded) held for shuffling", "data")
-    shuffle_initial: int = option(500, "samples buffered before the first is emitted", "data")
-    channels_last: bool = option(False, "NHWC memory layout for images and model", "data")
+    channels_last: bool = option(
+        False, "NHWC memory layout for the model and the images it is given", "model"
+    )
     overlap_check: str = option(
         "keys",
         "refuse train/val splits that share samples: compare every key (`keys`), "
@@ -199,11 +204,11 @@ class TrainConfig:
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"--{flag_name(f.name)} must be one of {choices}, got {value!r}")
-        positive = ("image_size", "batch_size", "accum_steps", "epochs", "lr_ref_batch")
+        positive = ("batch_size", "accum_steps", "epochs", "lr_ref_batch")
         for name in positive + ("log_every", "verdict_every", "keep_checkpoints", "scan_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{flag_name(name)} must be at least 1")
-        for name in ("workers", "checkpoint_every", "eval_every", "scan_warmup"):
+        for name in ("checkpoint_every", "eval_every", "scan_warmup"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{flag_name(name)} must be 0 or more")
         if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
@@ -241,29 +246,59 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Inverse of `to_dict`; unknown keys are an error (they would be silently ignored)."""
-        return cls(**coerce_values(data, source="config"))
+        return build_config(cls, data, source="config")
+
+
+def build_config(cls: type, data: dict[str, Any], source: str) -> Any:
+    """`cls` from a `to_dict`-shaped mapping: each group a nested mapping of its fields."""
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(f"{source}: unknown option {key!r}; see `train --help`")
+        values[key] = coerce_value(hints[key], value, f"{source}: {key}")
+    return cls(**values)
+
+
+def coerce_value(kind: Any, value: Any, where: str) -> Any:
+    """`value` (from JSON, TOML or YAML) as the field type `kind` wants it, or ValueError."""
+    base, optional = unwrap_optional(kind)
+    if value is None and optional:
+        return None
+    if dataclasses.is_dataclass(base) and isinstance(value, dict):
+        return build_config(base, value, where)
+    if get_origin(base) is tuple and isinstance(value, (list, tuple, str)):
+        args = get_args(base)
+        if isinstance(value, str):
+            if base != tuple[int, ...]:
+                raise ValueError(f"{where} must be a list, got {value!r}")
+            return parse_int_list(value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(coerce_value(args[0], item, where) for item in value)
+        if len(args) == len(value):
+            return tuple(coerce_value(a, item, where) for a, item in zip(args, value, strict=True))
+    elif base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    elif isinstance(base, type) and isinstance(value, base):
+        return value
+    name = getattr(base, "__name__", str(base))
+    raise ValueError(f"{where} must be {name}, got {value!r}")
 
 
 def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """Check keys and types of values from a file or a stored config."""
-    hints = get_type_hints(TrainConfig)
-    known = {f.name for f in fields(TrainConfig)}
+    """Check keys and types of `option = value` pairs from a file.
+
+    Keys are flag names, as `train --help` lists them (`batch-size` or `batch_size`,
+    `workers`, `shuffle-buffer`); the values become the flags' defaults.
+    """
+    specs = {spec.dest: spec for spec in flag_specs(TrainConfig)}
     out = {}
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
-        if key not in known:
+        if key not in specs:
             raise ValueError(f"{source}: unknown option {raw_key!r}; see `train --help`")
-        base, optional = unwrap_optional(hints[key])
-        if value is None and optional:
-            out[key] = None
-        elif base == tuple[int, ...]:
-            out[key] = parse_int_list(value) if isinstance(value, str) else tuple(value)
-        elif base is float and isinstance(value, int) and not isinstance(value, bool):
-            out[key] = float(value)
-        elif isinstance(value, base):
-            out[key] = value
-        else:
-            raise ValueError(f"{source}: {raw_key} must be {base.__name__}, got {value!r}")
+        out[key] = coerce_value(specs[key].kind, value, f"{source}: {raw_key}")
     return out
 
 
@@ -341,9 +376,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
         defaults.update(config_file_values(known.config, pre))
     parser = build_parser(command, defaults)
     namespace = parser.parse_args(argv)
-    values = {f.name: getattr(namespace, f.name) for f in fields(TrainConfig)}
     try:
-        config = TrainConfig(**values)
+        config = config_from_args(TrainConfig, namespace)
     except ValueError as exc:
         parser.error(str(exc))
     if needs_train_shards(command, config) and not config.train_shards:

@@ -16,13 +16,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from pipeline.checksum import open_shard
+from pipeline.config import Batching
 from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
-from pipeline.opener import DEFAULT_RETRY
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
-from pipeline.urls import expand_urls, url_scheme
+from pipeline.urls import expand_urls
 from shards.manifest import MANIFEST_NAME, ManifestError
 from shards.redact import redact_url
 from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
+from shards.storage import DEFAULT_RETRY, url_scheme
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
 
@@ -54,23 +55,25 @@ class Loaders:
 def loader_config(
     config: TrainConfig, info: DistInfo, split: str, train: bool, **extra
 ) -> LoaderConfig:
+    """One split's loader: the run's loader options as given, and what only the run knows
+    (the split's source, the per-device batch size, the seed, the rank, the device)."""
     source = config.train_shards if train or config.val_shards is None else config.val_shards
+    options = config.loader
+    if options.workers.pin_memory is None:
+        # Page-locked batches only where they go to a GPU, whatever the machine has.
+        workers = replace(options.workers, pin_memory=info.device.type == "cuda")
+        options = replace(options, workers=workers)
     return LoaderConfig(
         source=source,
         split=split,
-        format=config.format,
-        batch_size=config.batch_size,
-        image_size=config.image_size,
         train=train,
-        num_workers=config.workers,
+        # The loader's layout (channels-last) is free either way; CudaPrefetcher gives the
+        # model the layout --channels-last asks for.
+        batch=Batching(size=config.batch_size),
         seed=config.seed,
         rank=info.rank,
         world_size=info.world_size,
-        shuffle_buffer=config.shuffle_buffer,
-        shuffle_initial=config.shuffle_initial,
-        # The loader's layout is free either way; CudaPrefetcher gives the model its format.
-        channels_last=True,
-        pin_memory=info.device.type == "cuda",
+        **options.options,
         **extra,
     )
 

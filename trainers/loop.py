@@ -240,7 +240,10 @@ def log_metrics(run: Run) -> None:
 
 def verdict_of(run: Run, window: Window) -> str:
     return bottleneck_verdict(
-        window.wait_frac, run.config.input_bound_threshold, run.info.device.type, run.config.workers
+        window.wait_frac,
+        run.config.input_bound_threshold,
+        run.info.device.type,
+        run.config.loader.workers.count,
     )
 
 

@@ -127,7 +127,9 @@ def classes_from_source(config: TrainConfig) -> int | None:
     from pipeline.sources import resolve_source
 
     try:
-        classes = resolve_source(config.train_shards, config.train_split, config.format).classes
+        classes = resolve_source(
+            config.train_shards, config.train_split, config.loader.format
+        ).classes
     except SOURCE_ERRORS as error:
         text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
         raise DataError(
@@ -137,7 +139,7 @@ def classes_from_source(config: TrainConfig) -> int | None:
 
 
 def synthetic_batch(probe: Probe, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    size = probe.config.image_size
+    size = probe.config.loader.crop.image_size
     images = torch.randn(batch, 3, size, size, device=probe.info.device)
     if probe.config.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)

@@ -351,8 +351,9 @@ def log_startup(run: Run) -> None:
         f"{schedule.min_lr:g} at step {schedule.total_steps}",
         f"optimizer: {config.optimizer} momentum {config.momentum} weight decay {config.weight_decay} "
         f"(not on norms/biases), label smoothing {config.label_smoothing}, clip {config.clip_grad or 'off'}",
-        f"loader: {config.workers} workers per rank, image {config.image_size} px, shuffle buffer "
-        f"{config.shuffle_buffer}, channels_last {config.channels_last}",
+        f"loader: {config.loader.workers.count} workers per rank, image "
+        f"{config.loader.crop.image_size} px, shuffle buffer {config.loader.shuffle.buffer}, "
+        f"channels_last {config.channels_last}",
         f"device: {info.device}, amp {config.amp}, world size {info.world_size}, seed {config.seed}, "
         f"deterministic {config.deterministic}; model {config.model} ({f['parameters'] / 1e6:.2f} M parameters)",
     ]

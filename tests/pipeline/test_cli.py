@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import fields
 
 import pytest
 
-from pipeline.cli import InspectShuffleOptions, main
+from pipeline.cli import build_parser, main
 from pipeline.loader import LoaderConfig
 
 
@@ -43,7 +42,16 @@ def test_a_missing_source_is_one_line_exit_1(tmp_path, capsys):
 
 def test_loader_options_default_to_the_loaders_defaults():
     """The shown defaults are the loader's: a change to LoaderConfig must show in --help."""
-    loader = {f.name: f.default for f in fields(LoaderConfig)}
-    options = {f.name: f.default for f in fields(InspectShuffleOptions)}
-    for name in ("split", "format", "batch_size", "shuffle_buffer", "shuffle_initial", "seed"):
-        assert options[name] == loader[name], name
+    loader = LoaderConfig(source="d")
+    args = build_parser().parse_args(["inspect-shuffle", "d"])
+    assert (args.split, args.format, args.seed) == (loader.split, loader.format, loader.seed)
+    assert (args.batch_size, args.drop_last, args.epoch_rule) == (
+        loader.batch.size,
+        loader.batch.drop_last,
+        loader.batch.epoch_rule,
+    )
+    assert (args.shuffle_buffer, args.shuffle_initial) == (
+        loader.shuffle.buffer,
+        loader.shuffle.initial,
+    )
+    assert args.workers == loader.workers.count

@@ -17,7 +17,7 @@ import traceback
 
 import pytest
 
-from pipeline.opener import RetryingFsspecFile, RetryPolicy, ShardReadError, open_stream
+from shards.storage import RetryingFsspecFile, RetryPolicy, ShardReadError, open_stream
 from tests.httpserver import LocalHTTPServer
 
 SIZE = 300_000

@@ -524,3 +524,37 @@ def test_read_only_output_holds_the_same_pixels(jpeg_256, make):
     view = make(size=64, writable=False)(jpeg_256, random.Random(3))
     assert copy.flags.writeable and not view.flags.writeable
     assert view.flags.c_contiguous and np.array_equal(copy, view)
+
+
+# --- every valid JPEG decodes or is a counted skip -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "factors",
+    [((1, 4), (1, 1), (1, 1)), ((3, 1), (1, 1), (1, 1)), ((2, 2), (2, 1), (1, 1))],
+    ids=["4:4:1", "3x1", "chroma-2x1"],
+)
+def test_subsamplings_the_fast_crops_hand_to_pillow_decode_exactly(factors):
+    # What the fast crops send here when simplejpeg cannot read the header: Pillow's decode
+    # is libjpeg-turbo's, pixel for pixel (an identity box), and the crops run.
+    import simplejpeg
+
+    from tests.jpegcraft import dc_jpeg
+
+    data = dc_jpeg(320, 240, factors, restart=4)
+    image = open_image(data, 64_000_000)
+    pixels = decode_crop(image, (0, 0, 320, 240), (320, 240), draft=False)
+    if factors[0] == (1, 4):  # the one simplejpeg decodes (its header reader refuses it)
+        np.testing.assert_array_equal(pixels, simplejpeg.decode_jpeg(data, "RGB"))
+    for transform in (RandomResizedCrop(64), CenterCrop(64)):
+        assert transform(data, random.Random(0)).shape == (64, 64, 3)
+
+
+def test_12_bit_jpegs_are_skipped_and_arithmetic_headers_decoded():
+    from tests.jpegcraft import dc_jpeg
+
+    for factors in (((2, 2), (1, 1), (1, 1)), ((1, 1),)):
+        error = reason_of(dc_jpeg(320, 240, factors, precision=12))
+        assert error.reason == "unidentified" and "JPEG signature" in error.detail
+    arithmetic = dc_jpeg(320, 240, frame_marker=0xC9)
+    assert RandomResizedCrop(64)(arithmetic, random.Random(0)).shape == (64, 64, 3)

@@ -594,3 +594,99 @@ def test_a_warped_fractional_box_reads_pixels_beyond_it_and_gets_them_exact(monk
         whole = JpegCrop(data, 500, 375, "YCbCr", band_decode=False).decode(*args)
         np.testing.assert_array_equal(banded, whole)
     assert all(cuts), cuts
+
+
+# --- files the band must not cut, and files simplejpeg cannot take -------------------------
+
+
+def hidden_banner_jpeg(seed: int) -> bytes:
+    """Flat grey above, a red banner below, and an end marker put before the banner's first
+    MCU row: every whole decode shows flat grey from there on (the issue's crafted file)."""
+    rng = np.random.default_rng(seed)
+    pixels = np.full((192, 256, 3), 128, np.uint8)
+    pixels[32:] = (220, 20, 20)
+    pixels[100:150, 40:200] = rng.integers(200, 256, (50, 160, 3), dtype=np.uint8)
+    data = encode(Image.fromarray(pixels), "JPEG", quality=90, restart_marker_rows=1)
+    at = data.index(b"\xff\xd1") + 2  # after RST1: MCU row 2, y = 32
+    return data[:at] + b"\xff\xd9" + data[at:]
+
+
+def test_a_crop_never_shows_what_the_whole_decode_hides(monkeypatch):
+    # Through the loader's train batches: the same pixels with and without the band cut,
+    # and no red anywhere (a band spliced past the end marker showed the banner: mean 175).
+    from pipeline import fast_transforms
+
+    data = [hidden_banner_jpeg(seed) for seed in range(4)]
+    transform = FastRandomResizedCrop(size=64, scale=(0.05, 0.3))
+    seeds = [f"k{seed}" for seed in range(40)]
+    crops = [transform(data[i % 4], SampleRandom(seed)) for i, seed in enumerate(seeds)]
+    # A box above the marker is still cut: the proof ends at the band's last interval.
+    cuts = record_band_cuts(monkeypatch)
+    top = fast_transforms.JpegCrop(data[0], 256, 192, "YCbCr")
+    top.decode((0, 0, 256, 12), 64, "bilinear", False, False, imagedata.MAX_PIXELS)
+    assert cuts == [True]
+    monkeypatch.setattr(fast_transforms, "crop_band", lambda *args: None)
+    for i, (seed, crop) in enumerate(zip(seeds, crops, strict=True)):
+        np.testing.assert_array_equal(crop, transform(data[i % 4], SampleRandom(seed)))
+        red = crop[..., 0].astype(int) - crop[..., 1]
+        assert red.max() < 20, seed
+
+
+def test_the_loader_never_shows_what_the_whole_decode_hides(tmp_path):
+    shard = tmp_path / "train-000000.tar"
+    with shard.open("wb") as file:
+        writer = TarShardWriter(file)
+        for index in range(32):
+            image = hidden_banner_jpeg(index)
+            writer.write({"__key__": f"s{index:04d}", "jpg": image, "cls": b"%d" % (index % 4)})
+        writer.close()
+    config = LoaderConfig(
+        source=str(shard), batch_size=16, num_workers=0, seed=3, image_size=64, scale=(0.05, 0.3)
+    )
+    images = torch.cat([batch[0] for batch in build_loader(config)]).float()
+    assert len(images) == 32
+    # Grey, as Pillow shows these files: no red banner, no bright patch.
+    assert (images[:, 0] - images[:, 1]).abs().max() < 20
+    assert abs(images.mean().item() - 128) < 3
+
+
+# Sampling factors (luma first) libjpeg-turbo and Pillow decode but simplejpeg cannot read:
+# 4:4:1 (`decode_jpeg_header` raised KeyError: 6, out of the crop as a traceback) and
+# factors TurboJPEG cannot classify (ValueError).
+ODD_SAMPLING = {
+    "4:4:1": ((1, 4), (1, 1), (1, 1)),
+    "3x1": ((3, 1), (1, 1), (1, 1)),
+    "1x3": ((1, 3), (1, 1), (1, 1)),
+    "4x2": ((4, 2), (1, 1), (1, 1)),
+    "chroma 2x1": ((2, 2), (2, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", ODD_SAMPLING)
+@pytest.mark.parametrize("restart", [0, 5])
+@pytest.mark.parametrize("transform", [FastRandomResizedCrop(64), FastCenterCrop(64)])
+def test_subsamplings_simplejpeg_cannot_read_are_decoded_by_pillow(name, restart, transform):
+    from tests.jpegcraft import dc_jpeg
+
+    data = dc_jpeg(320, 240, ODD_SAMPLING[name], restart=restart)
+    before = pillow_fallbacks()
+    for seed in range(3):
+        ours = transform(data, SampleRandom(f"k{seed}"))
+        np.testing.assert_array_equal(ours, transform.pillow(data, SampleRandom(f"k{seed}")))
+    assert pillow_fallbacks() - before == 3
+
+
+@pytest.mark.parametrize("transform", [FastRandomResizedCrop(64), FastCenterCrop(64)])
+def test_12_bit_and_arithmetic_jpegs_are_decoded_or_skipped_with_a_reason(transform):
+    from tests.jpegcraft import dc_jpeg
+
+    # 12-bit: libjpeg-turbo reads the header but decodes 8-bit only; Pillow cannot open it.
+    for factors in (((2, 2), (1, 1), (1, 1)), ((1, 1),)):
+        data = dc_jpeg(320, 240, factors, precision=12)
+        assert outcome(transform, data) == outcome(transform.pillow, data) == "unidentified"
+    # An arithmetic-coding frame header (SOF9): no band (never cut), decoded by libjpeg-turbo
+    # or by Pillow, whichever takes it.
+    data = dc_jpeg(320, 240, frame_marker=0xC9, restart=20)
+    assert imagedata.read_jpeg_header(data) is not None
+    result = outcome(transform, data)
+    assert isinstance(result, np.ndarray) and result.shape == (64, 64, 3)

@@ -157,7 +157,7 @@ def test_shards_and_manifest_stream_from_a_local_http_server(shard_dir):
 
 
 def test_flaky_http_server_is_retried_and_the_epoch_completes(shard_dir):
-    from pipeline.opener import RetryPolicy
+    from shards.storage import RetryPolicy
 
     local = Counter(k for b in full_epoch(shard_dir)[1] for k in b)
     server = LocalHTTPServer(shard_dir)

@@ -22,9 +22,9 @@ from PIL import Image
 
 from pipeline.dataset import LoaderDataError
 from pipeline.loader import LoaderConfig, build_loader
-from pipeline.opener import RetryPolicy
 from pipeline.sources import is_manifest_source, manifest_base
 from shards.manifest import ManifestError, read_manifest, write_manifest
+from shards.storage import RetryPolicy
 from shards.tar import BLOCK, header_checksum, member_header
 from tests.conftest import shard_files, shard_path, shard_url
 from tests.httpserver import LocalHTTPServer
@@ -347,7 +347,7 @@ def test_an_endless_server_is_read_only_up_to_the_manifests_bytes(shard_dir):
 
 
 def test_errors_of_url_checks_and_manifest_parsing_hide_credentials(shard_copy):
-    from pipeline.urls import validate_url
+    from shards.storage import validate_url
 
     for url in ("file://alice:hunter2@remote/x.tar", "file://alice:hunter2@localhost/x.tar?q"):
         with pytest.raises(ValueError) as refused:

@@ -1,4 +1,4 @@
-"""Tests for pipeline.opener against a real localhost HTTP server (C6, D1, D4)."""
+"""Tests for shards.storage's readers against a real localhost HTTP server (C6, D1, D4)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import traceback
 
 import pytest
 
-from pipeline.opener import RetryingStream, RetryPolicy, ShardReadError, open_stream
-from pipeline.urls import expand_urls, validate_url
+from pipeline.urls import expand_urls
+from shards.storage import RetryingStream, RetryPolicy, ShardReadError, open_stream, validate_url
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.test_urls import HOSTILE_URLS
 
@@ -331,7 +331,7 @@ def test_object_store_credentials_never_reach_the_store_client(monkeypatch, capl
     """Refused before any fsspec filesystem is made, and no log line holds the secret."""
     import logging
 
-    import pipeline.opener as opener
+    import shards.storage.objectstore as opener
 
     def no_client(*args, **kwargs):
         raise AssertionError("an fsspec filesystem was made for a URL holding credentials")

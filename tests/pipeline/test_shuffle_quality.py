@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from pipeline import cli
+from pipeline.config import Shuffle
 from pipeline.loader import LoaderConfig
-from pipeline.opener import RetryPolicy
 from pipeline.shuffle_quality import (
     LabelReadError,
     batch_tv,
@@ -28,6 +28,7 @@ from pipeline.shuffle_quality import (
     same_class_rate,
 )
 from pipeline.sources import ShardSpec, resolve_source
+from shards.storage import RetryPolicy
 from shards.tar import TarShardWriter, iter_tar_samples
 from tests.pipeline.conftest import loader_for
 
@@ -262,7 +263,7 @@ def test_multilabel_streams_are_measured_by_their_rarest_label(sorted_multilabel
     config = sorted_config(sorted_multilabel_shards, fields=("image",))
     bad = inspect_shuffle(config, epochs=2, label_field="labels")
     good = inspect_shuffle(
-        replace(config, shuffle_buffer=512, shuffle_initial=512), epochs=2, label_field="labels"
+        replace(config, shuffle=Shuffle(buffer=512, initial=512)), epochs=2, label_field="labels"
     )
     assert bad.label_field == "labels" and bad.to_dict()["label_field"] == "labels"
     # Labels 0..5 exist; class 6 is "no label"; 0 and 5 are never any sample's rarest.

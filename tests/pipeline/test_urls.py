@@ -6,12 +6,10 @@ import os
 
 import pytest
 
-from pipeline.urls import (
-    expand_urls,
-    validate_url,
-)
+from pipeline.urls import expand_urls
 from shards.formats import format_of_url
 from shards.redact import redact_url
+from shards.storage import validate_url
 
 HOSTILE_URLS = [
     "pipe:rm -rf ~",

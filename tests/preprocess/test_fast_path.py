@@ -287,3 +287,57 @@ def test_a_default_build_counts_the_inputs_pillow_decoded_and_a_rerun_keeps_the_
     )
     again = run_build(small_build_config(sample_dir, tmp_path / "out"))
     assert again.shards_built == 0 and again.pillow_fallbacks == expected
+
+
+# --- every valid JPEG decodes or is a counted skip -------------------------------------------
+
+# Sampling factors (luma first) Pillow decodes but simplejpeg's header reader cannot name:
+# 4:4:1 raised `KeyError: 6` out of the fast backend and failed the build.
+ODD_SAMPLING = {
+    "4:4:1": ((1, 4), (1, 1), (1, 1)),
+    "3x1": ((3, 1), (1, 1), (1, 1)),
+    "chroma 2x1": ((2, 2), (2, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", ODD_SAMPLING)
+def test_subsamplings_simplejpeg_cannot_read_are_built_by_pillow(name: str) -> None:
+    from tests.jpegcraft import dc_jpeg
+
+    data = dc_jpeg(320, 240, ODD_SAMPLING[name], restart=4)
+    fast, pillow = process_image(data, FAST), process_image(data, PILLOW)
+    assert fast.pillow_fallback and fast.data == pillow.data
+    assert describe(fast) == describe(pillow)
+
+
+def test_12_bit_and_arithmetic_jpegs_are_built_or_skipped_with_a_reason() -> None:
+    from tests.jpegcraft import dc_jpeg
+
+    for factors in (((2, 2), (1, 1), (1, 1)), ((1, 1),)):
+        data = dc_jpeg(320, 240, factors, precision=12)  # Pillow and TurboJPEG: 8-bit only
+        assert outcome(data, FAST) == outcome(data, PILLOW) == "unidentified"
+    arithmetic = dc_jpeg(320, 240, frame_marker=0xC9)  # an arithmetic-coding frame header
+    fast, pillow = process_image(arithmetic, FAST), process_image(arithmetic, PILLOW)
+    assert describe(fast) == describe(pillow)
+
+
+def test_a_build_with_odd_jpegs_finishes_and_counts_them(tmp_path) -> None:
+    from preprocess.job import run_build
+    from tests.conftest import small_build_config
+    from tests.jpegcraft import dc_jpeg
+
+    inputs = tmp_path / "images"
+    files = {
+        "a/plain.jpg": oddimages.photo_jpeg(320, 240),
+        "a/441.jpg": dc_jpeg(320, 240, ODD_SAMPLING["4:4:1"]),
+        "b/3x1.jpg": dc_jpeg(320, 240, ODD_SAMPLING["3x1"], seed=2),
+        "b/12bit.jpg": dc_jpeg(320, 240, precision=12),
+        "b/plain.jpg": oddimages.photo_jpeg(320, 240, seed=1),
+    }
+    for name, data in files.items():
+        (inputs / name).parent.mkdir(parents=True, exist_ok=True)
+        (inputs / name).write_bytes(data)
+    config = small_build_config(inputs, tmp_path / "out", val_fraction=0.0, max_skip_fraction=0.5)
+    summary = run_build(config)
+    assert summary.manifest.skipped == {"unidentified": 1}  # the 12-bit file
+    assert summary.manifest.written == 4 and summary.pillow_fallbacks == 2

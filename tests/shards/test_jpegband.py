@@ -279,3 +279,144 @@ def test_markers_beyond_the_first_scan_are_found_when_the_data_is_front_loaded(m
     band = crop_band(data, *box)
     assert band is not None and len(scans) == 2  # the first stopped short of the markers
     np.testing.assert_array_equal(band_pixels(data, box), whole(data)[380:420, 300:500])
+
+
+# --- the proof: nothing but stuffed bytes and restart markers in turn before the band's end --
+
+
+def insert(data: bytes, at: int, extra: bytes) -> bytes:
+    return data[:at] + extra + data[at:]
+
+
+def restart_markers(data: bytes) -> list[int]:
+    """Offsets of an intact file's RST markers, in turn."""
+    scan = data.index(b"\xff\xda")
+    return [
+        at for at in range(scan, len(data) - 1) if data[at] == 0xFF and 0xD0 <= data[at + 1] <= 0xD7
+    ]
+
+
+def tolerant_whole(data: bytes) -> np.ndarray:
+    """What libjpeg-turbo shows of a damaged file (as Pillow does): grey where it stopped."""
+    return simplejpeg.decode_jpeg(data, "RGB", strict=False)
+
+
+MARKERS_IN_DATA = {
+    "EOI": b"\xff\xd9",
+    "COM": b"\xff\xfe\x00\x04ab",
+    "DRI": b"\xff\xdd\x00\x04\x00\x01",
+    "DHT": b"\xff\xc4\x00\x14\x00" + bytes((0, 1) + (0,) * 14) + b"\x00",
+    "DNL": b"\xff\xdc\x00\x04\x00\x10",
+    "SOS": b"\xff\xda\x00\x0c\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00",
+    "SOF0": b"\xff\xc0\x00\x11\x08\x00\x10\x00\x10\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01",
+    "APP1": b"\xff\xe1\x00\x04ab",
+    "TEM": b"\xff\x01",
+    "fill FF": b"\xff",
+    "RST out of turn": b"\xff\xd6",
+}
+
+
+@pytest.mark.parametrize("kind", MARKERS_IN_DATA)
+def test_a_marker_before_the_bands_end_is_never_spliced(kind):
+    data = marked(256, 192)  # 12 MCU rows, a marker before each
+    rst = restart_markers(data)
+    box = (0, 100, 256, 140)  # MCU rows 6-8 and the guard's: the band ends at rst[8]
+    assert crop_band(data, *box) is not None
+    extra = MARKERS_IN_DATA[kind]
+    middle = (rst[6] + rst[7]) // 2
+    middle += data[middle - 1] == 0xFF  # never inside a stuffed pair
+    for at in (rst[2] + 2, rst[4], middle, rst[8]):  # above, at a boundary, inside, at its end
+        assert crop_band(insert(data, at, extra), *box) is None, at
+    # After the band's last interval, nothing a whole decode shows in the box changes.
+    after = insert(data, rst[8] + 2, extra)
+    np.testing.assert_array_equal(band_pixels(after, box), tolerant_whole(after)[100:140])
+
+
+def test_hidden_content_after_an_inserted_end_marker_is_never_shown():
+    # The issue's file: flat grey above, a red "HIDDEN" banner below, an end marker put
+    # before the banner's first row. Pillow and every whole decode show flat grey; the band
+    # of the banner would have shown it.
+    from PIL import ImageDraw
+
+    image = Image.new("RGB", (256, 192), (128, 128, 128))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((0, 96, 255, 191), fill=(220, 20, 20))
+    draw.text((40, 130), "HIDDEN", fill=(255, 255, 255))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, restart_marker_rows=1)
+    data = buffer.getvalue()
+    at = restart_markers(data)[5] + 2  # MCU row 6, y = 96
+    hidden = insert(data, at, b"\xff\xd9")
+    with Image.open(io.BytesIO(hidden)) as shown:
+        below = np.asarray(shown.convert("RGB"))[96:].astype(int)
+    # Grey from the marker on (libjpeg decodes the first MCU after it from zero bits).
+    assert (below[:, 16:] == 128).all() and (below[..., 0] == below[..., 1]).all()
+    assert crop_band(hidden, 0, 120, 256, 170) is None
+    assert crop_band(data, 0, 120, 256, 170) is not None  # the intact file is cut
+
+
+@pytest.mark.parametrize("writer", ["rows", "columns"])
+def test_the_images_last_interval_must_end_at_the_end_marker(writer):
+    data = WRITERS[writer](500, 375)
+    box = (400, 300, 500, 375)  # the image's last interval
+    assert crop_band(data, *box) is not None
+    end = len(data) - 2
+    assert crop_band(insert(data, end, b"\xff"), *box) is None  # a fill byte: FF FF D9
+    assert crop_band(insert(data, end, b"\xff\xfe\x00\x02"), *box) is None  # a comment
+    assert crop_band(insert(data, end - 30, b"\xff\xd7"), *box) is None  # one RST more
+    assert crop_band(data[:end] + b"\xff\xd8", *box) is None  # another marker in its place
+
+
+def test_fill_bytes_before_a_restart_marker_are_decoded_whole():
+    # libjpeg skips FF fill bytes before a marker, so a whole decode is unchanged; the proof
+    # admits none (no encoder we read writes them): decoded whole.
+    data = marked(256, 192)
+    filled = insert(data, restart_markers(data)[3], b"\xff\xff")
+    np.testing.assert_array_equal(tolerant_whole(filled), tolerant_whole(data))
+    assert crop_band(filled, 0, 100, 256, 140) is None
+
+
+def test_a_marker_straddling_the_first_scans_end_is_found(monkeypatch):
+    # The first scan stops short of the band (noise above, a flat colour below): an end
+    # marker whose 0xFF is the first scan's last byte and whose code is the next is outside
+    # both of its windows unless the second starts one byte back.
+    from shards import jpegband
+
+    rng = np.random.default_rng(1)
+    pixels = np.zeros((768, 1024, 3), np.uint8)
+    pixels[:] = (200, 60, 60)
+    pixels[:256] = rng.integers(0, 256, (256, 1024, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, restart_marker_blocks=4)
+    data = buffer.getvalue()
+    box = (300, 380, 500, 420)
+    windows = []
+    original = jpegband._markers
+
+    def spy(data, start, stop, count, first=0):
+        windows.append((start, stop))
+        return original(data, start, stop, count, first)
+
+    monkeypatch.setattr(jpegband, "_markers", spy)
+    assert crop_band(data, *box) is not None and len(windows) == 2
+    stop = windows[0][1]
+    while data[stop - 2] == 0xFF or data[stop - 1] == 0xFF or data[stop] == 0xFF:
+        stop += 1  # keep the two bytes replaced clear of a stuffed pair or a marker
+    windows.clear()
+    cut = bytearray(data)
+    cut[stop - 1 : stop + 1] = b"\xff\xd9"  # same length: the first window is unchanged
+    assert crop_band(bytes(cut), *box) is None
+    assert windows[0][1] == stop  # the 0xFF was the window's last byte
+
+
+@pytest.mark.parametrize("box", [(0, 16, 2400, 2384), (8, 16, 2000, 2384)])
+def test_a_band_over_more_than_65536_restart_markers(box):
+    # A valid 2,400-px-square grey JPEG with one-block intervals has 90,000 markers; a band
+    # of whole rows and one of most columns renumber 89,000 and 74,000 of them.
+    data = grey_marked(2400, 2400, restart_marker_blocks=1)
+    band = crop_band(data, *box)
+    assert band is not None
+    left, top, right, bottom = box
+    markers = band.data.count(b"\xff\xd0") * 8  # about: RST0 is one code in eight
+    assert markers > 65_536
+    np.testing.assert_array_equal(band_pixels(data, box), whole(data)[top:bottom, left:right])

@@ -23,7 +23,6 @@ import pytest
 from pipeline.sources import ResolvedSource, ShardSpecs, resolve_source
 from preprocess.job import run_build
 from preprocess.sample import make_sample
-from shards import manifest as manifest_module
 from shards.manifest import (
     LAYOUT_FLAT,
     MANIFEST_NAME,
@@ -36,6 +35,7 @@ from shards.manifest import (
     read_manifest,
     write_manifest,
 )
+from shards.manifest import parse as manifest_parse
 from tests.conftest import small_build_config
 from tests.httpserver import LocalHTTPServer
 
@@ -144,7 +144,7 @@ def test_read_manifest_names_the_local_file_and_caps_its_size(built, tmp_path, m
     with pytest.raises(ManifestError, match=r"manifest\.json: classes\[0\]: ") as caught:
         read_manifest(tmp_path)
     assert caught.value.source == str(bad)
-    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(manifest_parse, "MAX_MANIFEST_BYTES", 1000)
     with pytest.raises(ManifestError, match=r": \(file\): larger than 1000 bytes"):
         read_manifest(built)
     with pytest.raises(FileNotFoundError, match="did not finish"):

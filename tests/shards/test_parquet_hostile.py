@@ -95,7 +95,7 @@ def corrupt_column(data, group, name):
 
 
 class LinkDown(OSError):
-    """What a network stream raises mid-read (like pipeline.opener.ShardReadError)."""
+    """What a network stream raises mid-read (like shards.storage.ShardReadError)."""
 
 
 class FailingStream(io.RawIOBase):

@@ -1,0 +1,574 @@
+"""`LoaderConfig`: what the loader reads and how, as frozen groups that check themselves.
+
+A group (`Batching`, `Shuffle`, `Crop`, `Workers`, `ReadOptions`, and the sampling
+mode `Exact` or `Resampled`) refuses a bad value where it is made, naming the field
+and what it allows, so no bad value reaches the epoch plan's arithmetic.
+`LoaderOptions` are the groups one run shares across its splits; `TrainConfig`
+holds them as one group. Imports no torch: `train --help` and the CLIs stay light.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pipeline.plan import EPOCH_RULES
+from shards.errors import ReadLimits
+from shards.flags import SettingError, option, settings_group
+from shards.formats import FORMAT_NAMES
+from shards.redact import redact_url
+from shards.sample import Field, resolve_fields
+from shards.storage import RetryPolicy
+
+BACKENDS = ("auto", "fast", "pillow")
+
+
+def default_workers() -> int:
+    """DataLoader workers by default: one per CPU, up to 8."""
+    return min(8, os.cpu_count() or 1)
+
+
+def refuse(group: object, name: str, detail: str) -> SettingError:
+    """The error for `group.name`: `detail` says what it allows and what it got."""
+    return SettingError(type(group).__name__, name, detail)
+
+
+def check_at_least(group: object, name: str, minimum: float, integer: bool = False) -> None:
+    """A number (an integer with `integer`) of at least `minimum`."""
+    value = getattr(group, name)
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an integer" if integer else "a number"
+        raise refuse(group, name, f" must be {kind} of at least {minimum}, got {value!r}")
+    if value < minimum:
+        raise refuse(group, name, f" must be at least {minimum}, got {value!r}")
+
+
+def check_int_at_least(group: object, name: str, minimum: int) -> None:
+    check_at_least(group, name, minimum, integer=True)
+
+
+def check_fraction(group: object, name: str, low_open: bool = False) -> None:
+    """`value` in [0, 1] (in (0, 1] with `low_open`)."""
+    value = getattr(group, name)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (0 < value <= 1 if low_open else 0 <= value <= 1):
+        allowed = "in (0, 1]" if low_open else "in [0, 1]"
+        raise refuse(group, name, f" must be a number {allowed}, got {value!r}")
+
+
+def check_flag(group: object, name: str, optional: bool = False) -> None:
+    """True or False (or None, meaning the default rule, with `optional`)."""
+    value = getattr(group, name)
+    if not (isinstance(value, bool) or (optional and value is None)):
+        allowed = "True, False or None (the default rule)" if optional else "True or False"
+        raise refuse(group, name, f" must be {allowed}, got {value!r}")
+
+
+def check_choice(group: object, name: str, choices: Sequence[str], optional: bool = False) -> None:
+    value = getattr(group, name)
+    if not (value in choices or (optional and value is None)):
+        extra = " (or None, the default)" if optional else ""
+        raise refuse(group, name, f" {value!r} is not one of {', '.join(choices)}{extra}")
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a rank's samples become batches.
+
+    Attributes:
+        size: samples per batch (per rank).
+        drop_last: drop a rank's last partial batch; default (None): True for train.
+        epoch_rule: how ranks get equal work when samples don't divide: `pad` (repeat
+            a few samples; train default), `drop`, or `uneven` (exactly once, ranks may
+            differ by one batch; eval default). In eval `uneven` never delivers a
+            sample twice: where bad samples were skipped the stream's last batches come
+            short (`stats.unfilled`), where training refills them from recent good
+            samples (`stats.refilled`).
+        channels_last: images keep the NHWC memory layout the workers build them in
+            (shape still `[B, 3, H, W]`, `torch.channels_last` strides), as FFCV does;
+            transposing to NCHW in a worker costs ~50 us an image while the GPU does it
+            for free. `CudaPrefetcher` outputs NCHW unless asked for channels-last; on
+            the CPU call `.contiguous()` if code needs NCHW strides. False: workers
+            transpose.
+    """
+
+    size: int = option(256, "samples per batch per rank", "batch")
+    drop_last: bool | None = option(
+        None, "drop a rank's last partial batch; default: for train only", "batch", flag="drop_last"
+    )
+    epoch_rule: str | None = option(
+        None,
+        "equal work per rank: pad (repeat a few samples), drop, or uneven (every sample "
+        "once); default: pad for train, uneven for eval",
+        "batch",
+        EPOCH_RULES,
+        flag="epoch_rule",
+    )
+    channels_last: bool = option(
+        True, "images in NHWC memory layout", "batch", flag="channels_last"
+    )
+
+    def __post_init__(self) -> None:
+        check_int_at_least(self, "size", 1)
+        check_flag(self, "drop_last", optional=True)
+        check_choice(self, "epoch_rule", EPOCH_RULES, optional=True)
+        check_flag(self, "channels_last")
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Every sample once per epoch (the epoch rule pads or drops the few that don't divide)."""
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """Draw samples with replacement, shards weighted by size.
+
+    Attributes:
+        epoch_samples: samples per epoch over all ranks (default: the dataset size).
+        balance: sample classes evenly (weights 1/count from the manifest's class
+            counts, applied in the stream); the fields must hold a label.
+    """
+
+    epoch_samples: int | None = None
+    balance: bool = False
+
+    def __post_init__(self) -> None:
+        if self.epoch_samples is not None:
+            check_int_at_least(self, "epoch_samples", 1)
+        check_flag(self, "balance")
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Samples (encoded bytes) each worker holds for mixing; training only.
+
+    Attributes:
+        buffer: samples held; 1 turns mixing off.
+        initial: samples held before the first one is emitted (the buffer grows
+            to `buffer` while emitting, so the first batch comes quickly).
+    """
+
+    buffer: int = option(2000, "samples (encoded) held for shuffling", "shuffle")
+    initial: int = option(500, "samples buffered before the first is emitted", "shuffle")
+
+    def __post_init__(self) -> None:
+        check_int_at_least(self, "buffer", 1)
+        check_int_at_least(self, "initial", 1)
+
+
+@dataclass(frozen=True)
+class Crop:
+    """What a sample's image becomes: random-resized crop + flip (train) or center crop.
+
+    Attributes:
+        image_size: output height and width.
+        scale, ratio: the random crop's area share and aspect-ratio ranges (train).
+        hflip: probability of a horizontal flip (train).
+        crop_fraction: the center crop's share of the shorter side (eval).
+        backend: the built-in crops' decoder. `auto` (default): `fast` when simplejpeg
+            and OpenCV import, else `pillow`. `fast`: libjpeg-turbo decodes (DCT-scaled
+            when the crop allows) and OpenCV resizes straight into the batch; samples it
+            does not take (non-JPEG, CMYK, JPEGs libjpeg-turbo warns about) go to Pillow
+            one by one, counted in `stats.pillow_fallbacks`. `pillow`: Pillow only.
+            Same crop boxes and flips either way; pixels differ slightly
+            (docs/LOADER.md, "Image decoding").
+        transform: replaces the built-in crop; called as `transform(bytes, rng)` and
+            returns uint8 HxWx3.
+    """
+
+    image_size: int = option(224, "image side in pixels", "crop")
+    scale: tuple[float, float] = option(
+        (0.08, 1.0), "train: the random crop's share of the image area, min,max", "crop"
+    )
+    ratio: tuple[float, float] = option(
+        (3 / 4, 4 / 3), "train: the random crop's aspect-ratio range, min,max", "crop"
+    )
+    hflip: float = option(0.5, "train: probability of a horizontal flip", "crop")
+    crop_fraction: float = option(0.875, "eval: center crop's share of the shorter side", "crop")
+    backend: str = option(
+        "auto",
+        "decoder: fast (libjpeg-turbo + OpenCV), pillow, or auto (fast when installed)",
+        "crop",
+        BACKENDS,
+    )
+    transform: Callable | None = option(
+        None, "replaces the built-in crop: transform(bytes, rng) -> uint8 HxWx3", cli=False
+    )
+
+    def __post_init__(self) -> None:
+        check_int_at_least(self, "image_size", 1)
+        for name, top in (("scale", 1.0), ("ratio", None)):
+            low, high = pair(getattr(self, name))
+            if not 0 < low <= high or (top is not None and high > top):
+                allowed = f"0 < min <= max <= {top}" if top else "0 < min <= max"
+                raise refuse(
+                    self, name, f" must be (min, max) with {allowed}, got {getattr(self, name)!r}"
+                )
+        check_fraction(self, "hflip")
+        check_fraction(self, "crop_fraction", low_open=True)
+        check_choice(self, "backend", BACKENDS)
+        if self.transform is not None and not callable(self.transform):
+            raise refuse(self, "transform", f" must be callable or None, got {self.transform!r}")
+
+
+def pair(value: Any) -> tuple[float, float]:
+    """`(low, high)` of a range setting; `(0, -1)` (refused) for anything else."""
+    numbers = isinstance(value, Sequence) and len(value) == 2
+    if numbers and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return value[0], value[1]
+    return 0, -1
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The DataLoader's worker processes.
+
+    Attributes:
+        count: worker processes (0: read in the main process).
+        prefetch_factor: batches each worker builds ahead.
+        persistent: workers live across epochs.
+        pin_memory: page-locked batches; default (None): when CUDA is available.
+        reuse_buffers: workers build batches in a ring of reused shared-memory slots
+            (`pipeline.batchring`), `prefetch_factor + 2` batches per worker, instead
+            of fresh shared memory per batch (~8% of a worker's time goes to new pages
+            otherwise). Safe when batches are held: a slot is reused only once no
+            tensor over it is left. Needs persistent workers when `count > 0`.
+    """
+
+    count: int = option(
+        default_factory=default_workers,
+        text="loader worker processes per rank",
+        group="workers",
+        flag="workers",
+    )
+    prefetch_factor: int = option(2, "batches each worker builds ahead", "workers")
+    persistent: bool = option(
+        True, "loader workers live across epochs", "workers", flag="persistent_workers"
+    )
+    pin_memory: bool | None = option(
+        None, "page-locked batches; default: when CUDA is available", "workers", cli=False
+    )
+    reuse_buffers: bool = option(
+        True, "workers build batches in reused shared-memory slots", "workers"
+    )
+
+    def __post_init__(self) -> None:
+        check_int_at_least(self, "count", 0)
+        check_int_at_least(self, "prefetch_factor", 1)
+        check_flag(self, "persistent")
+        check_flag(self, "pin_memory", optional=True)
+        check_flag(self, "reuse_buffers")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How shard bytes are read.
+
+    Attributes:
+        retry: retries, stall limit and per-shard deadline of every request.
+        storage_options: fsspec options for object stores (e.g. endpoint_url); never
+            shown in a repr, since credentials go here.
+        limits: caps on one shard read (member and cell bytes, members, bytes, Parquet
+            row-group size); the manifest's byte count caps each shard too.
+        checksums: hash every shard against the manifest's sha256 before reading it;
+            a mismatch makes it a bad shard (counted, never half-read). Costs one extra
+            read of local shards or a spool to a temporary file for remote ones.
+        timeout: seconds to wait for one batch from a worker before raising (a stuck,
+            not dead, worker; dead ones raise at once). 0 waits forever. Default: the
+            retry policy's per-shard deadline plus two stall limits, so a shard that
+            stalls ends as a counted bad shard naming its URL before this watchdog
+            (which cannot name one) fires.
+    """
+
+    retry: RetryPolicy = option(
+        default_factory=RetryPolicy, text="retries and deadlines of reads", cli=False
+    )
+    # repr=False: credentials put here must not leak wherever a config is logged.
+    storage_options: dict | None = field(
+        default=None, repr=False, metadata={"help": "fsspec options", "cli": False}
+    )
+    limits: ReadLimits = option(
+        default_factory=ReadLimits, text="caps on one shard read", cli=False
+    )
+    checksums: bool = option(
+        False,
+        "hash every shard against the manifest's sha256 before reading it",
+        "reading",
+        flag="verify_checksums",
+    )
+    timeout: float | None = option(
+        None,
+        "seconds to wait for one batch from a loader worker (0: forever); default: the "
+        "per-shard read deadline plus two stall limits",
+        "reading",
+        flag="batch_timeout",
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retry, RetryPolicy):
+            raise refuse(self, "retry", f" must be a RetryPolicy, got {self.retry!r}")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise refuse(self, "storage_options", " must be a dict of fsspec options or None")
+        if not isinstance(self.limits, ReadLimits):
+            raise refuse(self, "limits", f" must be a ReadLimits, got {self.limits!r}")
+        check_flag(self, "checksums")
+        if self.timeout is not None:
+            check_at_least(self, "timeout", 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """The loader's options that one run shares across its splits (`TrainConfig.loader`).
+
+    Attributes:
+        format: `tar` or `parquet`; default: tar when the manifest has it.
+        shuffle, crop, workers, io: see their groups.
+        max_skip_fraction: bad samples a worker may skip before it stops.
+    """
+
+    format: str | None = option(
+        None, "shard format to read; default: tar when built", "data", FORMAT_NAMES
+    )
+    shuffle: Shuffle = settings_group(Shuffle, "the shuffle buffer")
+    crop: Crop = settings_group(Crop, "decode and crop", prefix="")
+    workers: Workers = settings_group(Workers, "the DataLoader's workers", prefix="")
+    io: ReadOptions = settings_group(ReadOptions, "how shard bytes are read", prefix="")
+    max_skip_fraction: float = option(
+        0.01, "share of a worker's samples it may skip as bad before it stops", "reading"
+    )
+
+    def __post_init__(self) -> None:
+        check_choice(self, "format", FORMAT_NAMES, optional=True)
+        for name in ("shuffle", "crop", "workers", "io"):
+            group = GROUP_TYPES[name]
+            if not isinstance(getattr(self, name), group):
+                raise refuse(
+                    self, name, f" must be a {group.__name__}, got {getattr(self, name)!r}"
+                )
+        check_fraction(self, "max_skip_fraction")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """This object's `LoaderOptions` fields, for `LoaderConfig(**options, ...)`."""
+        return {f.name: getattr(self, f.name) for f in fields(LoaderOptions)}
+
+
+# The flat keyword arguments `LoaderConfig` took before it had groups (docs, notebooks and
+# scripts use them), and the group field each one sets. The three sampling keywords make
+# one `sampling` choice (`flat_sampling`).
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    "batch_size": ("batch", "size"),
+    "drop_last": ("batch", "drop_last"),
+    "epoch_rule": ("batch", "epoch_rule"),
+    "channels_last": ("batch", "channels_last"),
+    "shuffle_buffer": ("shuffle", "buffer"),
+    "shuffle_initial": ("shuffle", "initial"),
+    "image_size": ("crop", "image_size"),
+    "scale": ("crop", "scale"),
+    "ratio": ("crop", "ratio"),
+    "hflip": ("crop", "hflip"),
+    "crop_fraction": ("crop", "crop_fraction"),
+    "backend": ("crop", "backend"),
+    "transform": ("crop", "transform"),
+    "num_workers": ("workers", "count"),
+    "prefetch_factor": ("workers", "prefetch_factor"),
+    "persistent_workers": ("workers", "persistent"),
+    "pin_memory": ("workers", "pin_memory"),
+    "reuse_buffers": ("workers", "reuse_buffers"),
+    "retry": ("io", "retry"),
+    "storage_options": ("io", "storage_options"),
+    "read_limits": ("io", "limits"),
+    "verify_checksums": ("io", "checksums"),
+    "timeout": ("io", "timeout"),
+}
+SAMPLING_NAMES = ("resampled", "epoch_samples", "class_balance")
+GROUP_TYPES: dict[str, type] = {
+    "batch": Batching,
+    "shuffle": Shuffle,
+    "crop": Crop,
+    "workers": Workers,
+    "io": ReadOptions,
+}
+
+
+def group_flat_names(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with every flat name moved into its group (`batch_size=8` -> `batch=Batching(size=8)`).
+
+    Raises:
+        SettingError: a group and one of its flat names both given, or a flat value
+            its group refuses (named as the user wrote it).
+    """
+    out = {k: v for k, v in kwargs.items() if k not in FLAT_NAMES and k not in SAMPLING_NAMES}
+    by_group: dict[str, dict[str, str]] = {}
+    for name in kwargs:
+        if name in FLAT_NAMES:
+            group, inner = FLAT_NAMES[name]
+            by_group.setdefault(group, {})[inner] = name
+    for group, names in by_group.items():
+        if group in kwargs:
+            given = ", ".join(sorted(names.values()))
+            raise SettingError(
+                "LoaderConfig",
+                group,
+                f" and {given} were both given: set {given} inside "
+                f"{group}={GROUP_TYPES[group].__name__}(...), or leave {group} out (with "
+                f"dataclasses.replace: {group}=replace(config.{group}, ...))",
+            )
+        try:
+            out[group] = GROUP_TYPES[group](
+                **{inner: kwargs[flat] for inner, flat in names.items()}
+            )
+        except SettingError as error:
+            raise error.spelled(names.get(error.name, error.name)) from error
+    sampling = {name: kwargs[name] for name in SAMPLING_NAMES if name in kwargs}
+    if sampling:
+        if "sampling" in kwargs:
+            given = ", ".join(sampling)
+            raise SettingError(
+                "LoaderConfig", "sampling", f" and {given} were both given: use one of them"
+            )
+        out["sampling"] = flat_sampling(**sampling)
+    return out
+
+
+def flat_sampling(
+    resampled: bool = False, epoch_samples: int | None = None, class_balance: bool = False
+) -> Exact | Resampled:
+    """The sampling mode the three flat keywords meant (`class_balance` implied `resampled`)."""
+    if not (resampled or class_balance):
+        if epoch_samples is not None:
+            raise SettingError(
+                "",
+                "epoch_samples",
+                " needs resampled=True (or class_balance=True); "
+                "or pass sampling=Resampled(epoch_samples=...)",
+            )
+        return Exact()
+    try:
+        return Resampled(epoch_samples=epoch_samples, balance=bool(class_balance))
+    except SettingError as error:
+        raise error.spelled({"balance": "class_balance"}.get(error.name, error.name)) from error
+
+
+def accepts_flat_names(cls: type) -> type:
+    """Let `cls(...)` take the flat keyword arguments of `FLAT_NAMES` besides its groups."""
+    grouped_init = cls.__init__
+
+    @functools.wraps(grouped_init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        grouped_init(self, *args, **group_flat_names(kwargs))
+
+    cls.__init__ = __init__
+    return cls
+
+
+@accepts_flat_names
+@dataclass(frozen=True)
+class LoaderConfig(LoaderOptions):
+    """Everything the loader does, with the defaults users expect.
+
+    `LoaderConfig(source, batch=Batching(size=64), crop=Crop(image_size=160))`; the
+    flat keywords of earlier versions (`batch_size=64, image_size=160, num_workers=4,
+    resampled=True, ...`: `FLAT_NAMES`) still work, each set in its group.
+
+    Attributes:
+        source: a `manifest.json` (path, directory or URL), or shard URLs: a path,
+            `file://`, `http(s)://`, `s3://`, a brace pattern, or a list of these.
+        split: split to read from a manifest.
+        train: random-resized-crop + flip and shuffling when True; resize + center
+            crop, no shuffle, every sample once when False. Default: `split == "train"`.
+        batch: `Batching`: batch size, drop_last, the epoch rule, the memory layout.
+        sampling: `Exact()` (each sample once an epoch) or `Resampled(epoch_samples,
+            balance)` (drawn with replacement, classes evened out with `balance`).
+        fields: what each batch carries, in this order: `image` (uint8 images),
+            `label` (int64 classes from `cls`, else `label`), `txt` (a list of str),
+            `json` (a list of dicts), or a `shards.sample.Field` (multi-label targets,
+            weights, other members, a per-field transform such as a tokenizer).
+            Leave `label` out for shards without classes (img2dataset, webdataset's
+            `ShardWriter`). `with_keys` appends the keys after the last field.
+        with_keys: also yield the batch's sample keys.
+        seed: shard order and buffers come from `seed + epoch`.
+        rank, world_size: default from `torch.distributed` when initialised.
+        format, shuffle, crop, workers, io, max_skip_fraction: see `LoaderOptions`.
+    """
+
+    source: str | os.PathLike | Sequence[str]
+    split: str = "train"
+    train: bool | None = None
+    batch: Batching = field(default_factory=Batching)
+    sampling: Exact | Resampled = field(default_factory=Exact)
+    fields: Sequence[str | Field] = ("image", "label")
+    with_keys: bool = False
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.source, (str, os.PathLike, Sequence)) or not self.source:
+            raise refuse(self, "source", f" must name a manifest or shards, got {self.source!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise refuse(self, "split", f" must be a split name, got {self.split!r}")
+        check_flag(self, "train", optional=True)
+        if not isinstance(self.batch, Batching):
+            raise refuse(self, "batch", f" must be a Batching, got {self.batch!r}")
+        if not isinstance(self.sampling, (Exact, Resampled)):
+            raise refuse(
+                self, "sampling", f" must be Exact() or Resampled(...), got {self.sampling!r}"
+            )
+        check_flag(self, "with_keys")
+        check_int_at_least(self, "seed", 0)
+        self.check_ranks()
+        resolved = resolve_fields(self.fields)  # a mistake fails before any shard is opened
+        balance = isinstance(self.sampling, Resampled) and self.sampling.balance
+        if balance and not any(s.kind in ("label", "multi_label") for s in resolved):
+            raise ValueError(
+                "class_balance weighs samples by class: fields must hold 'label' (one class "
+                "id) or a multi_label field (weighted by each sample's rarest label)"
+            )
+
+    def check_ranks(self) -> None:
+        if self.world_size is not None:
+            check_int_at_least(self, "world_size", 1)
+        if self.rank is not None:
+            check_int_at_least(self, "rank", 0)
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise refuse(
+                self, "rank", f" must be below world_size {self.world_size}, got {self.rank}"
+            )
+
+    def __repr__(self) -> str:
+        # Source URLs may carry credentials (`user:password@`, presigned signatures);
+        # `ReadOptions.storage_options` is left out of its repr.
+        shared = {item.name for item in fields(LoaderOptions)}
+        parts = []
+        # What this reading is (source first), then the options it shares with others.
+        for item in sorted(fields(self), key=lambda item: item.name in shared):
+            value = getattr(self, item.name)
+            if item.name == "source":
+                value = redact_source(value)
+            parts.append(f"{item.name}={value!r}")
+        return f"LoaderConfig({', '.join(parts)})"
+
+    @property
+    def is_train(self) -> bool:
+        return self.split == "train" if self.train is None else self.train
+
+    @property
+    def resampling(self) -> bool:
+        """Whether samples are drawn with replacement."""
+        return isinstance(self.sampling, Resampled)
+
+
+def redact_source(source: Any) -> Any:
+    """A loader source with every URL in it redacted, for reprs and logs."""
+    if isinstance(source, (str, os.PathLike)):
+        return redact_url(os.fspath(source))
+    if isinstance(source, Sequence):
+        return [redact_url(os.fspath(item)) for item in source]
+    return source

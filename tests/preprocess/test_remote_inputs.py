@@ -1,0 +1,171 @@
+"""Build inputs on an http(s) server or in S3 read through `shards.storage`, as shards are.
+
+A real localhost HTTP server and a moto S3 store behind a fault-injecting proxy: a
+server that fails the first requests is retried and the build loses nothing; one that
+stalls is ended by the deadline as a counted skip naming the URL, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+import preprocess.images
+from preprocess.images import read_source
+from preprocess.job import run_build
+from preprocess.sources import InputError, stream_sources
+from shards.sample import SampleError
+from shards.storage import RetryPolicy
+from tests.conftest import small_build_config
+from tests.httpserver import LocalHTTPServer
+
+FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02, timeout=0.5, deadline=2.0)
+IMAGES = 12
+
+
+@pytest.fixture(autouse=True)
+def fast_input_retry(monkeypatch):
+    """Inline builds read in this process: a short budget keeps stalls short."""
+    monkeypatch.setattr(preprocess.images, "INPUT_RETRY", FAST)
+
+
+@pytest.fixture
+def served(sample_dir, tmp_path):
+    """`IMAGES` sample images under one directory with a `list.csv` naming them."""
+    root = tmp_path / "www"
+    files = sorted(sample_dir.rglob("*.jpg"))[:IMAGES]
+    rows = []
+    for path in files:
+        rel = path.relative_to(sample_dir).as_posix()
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, root / rel)
+        rows.append(f"{rel},{path.parent.name}")
+    (root / "list.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    return root, [row.split(",")[0] for row in rows]
+
+
+def build_from(url, tmp_path, name="out", **overrides):
+    options = {"val_fraction": 0.0, "max_skip_fraction": 1.0, **overrides}
+    return run_build(small_build_config(url, tmp_path / name, **options)), tmp_path / name
+
+
+def skips(output) -> dict[str, dict]:
+    lines = (output / "errors.jsonl").read_text().splitlines()
+    return {entry["path"]: entry for entry in map(json.loads, lines)}
+
+
+def test_a_list_file_on_an_http_server_builds_like_the_local_list(served, tmp_path):
+    root, rels = served
+    local, local_out = build_from(root / "list.csv", tmp_path, "local")
+    server = LocalHTTPServer(root)
+    server.fail(f"/{rels[3]}", count=2, status=503)  # fails twice, then serves
+    server.fail("/list.csv", count=1, status=502)
+    with server as base:
+        remote, remote_out = build_from(f"{base}/list.csv", tmp_path, "remote")
+    assert remote.manifest.written == local.manifest.written == IMAGES
+    assert not remote.manifest.skipped
+    assert server.count(f"/{rels[3]}") == 3 and server.count("/list.csv") == 2
+    for shard in sorted(local_out.rglob("*.tar")):
+        assert (remote_out / shard.relative_to(local_out)).read_bytes() == shard.read_bytes()
+
+
+def test_a_stalled_image_is_a_counted_skip_at_the_deadline_never_a_hang(served, tmp_path):
+    root, rels = served
+    server = LocalHTTPServer(root)
+    server.stall(f"/{rels[5]}", after_bytes=None, times=100)  # hangs before the headers
+    server.drip(f"/{rels[6]}", interval=0.05, times=100)  # no read stalls; the whole crawls
+    (root / rels[7]).unlink()  # a 404: missing, as a local file would be
+    started = time.monotonic()
+    with server as base:
+        summary, out = build_from(f"{base}/list.csv", tmp_path)
+    assert time.monotonic() - started < 30  # the server would hang each request 30 s
+    assert summary.manifest.skipped == {"io_error": 2, "missing": 1}
+    assert summary.manifest.written == IMAGES - 3
+    stalled, dripped, missing = (skips(out)[rels[i]] for i in (5, 6, 7))
+    assert f"{base}/{rels[5]}: TimeoutError" in stalled["detail"]
+    assert "3 attempt(s)" in stalled["detail"]
+    assert f"{base}/{rels[6]}: deadline of 2 s" in dripped["detail"]
+    assert f"{base}/{rels[7]}: HTTP 404" in missing["detail"]
+
+
+def test_remote_input_errors_name_the_url_redacted(tmp_path):
+    secret = "t0ken-d0-n0t-l3ak"
+    with LocalHTTPServer(tmp_path) as base, pytest.raises(SampleError) as missing:
+        read_source(f"{base}/absent.jpg?X-Amz-Signature={secret}", 1000)
+    assert missing.value.reason == "missing"
+    assert "X-Amz-Signature=REDACTED" in str(missing.value) and secret not in str(missing.value)
+
+
+def test_an_http_tree_is_refused_with_what_to_pass_instead(tmp_path):
+    with LocalHTTPServer(tmp_path) as base, pytest.raises(InputError, match="cannot be listed"):
+        list(stream_sources(f"{base}/images")[1])
+
+
+def test_a_file_url_input_is_the_local_tree(sample_dir, tmp_path):
+    listing, items = stream_sources(sample_dir.as_uri())
+    assert len(list(items)) == 240 and listing.root == str(sample_dir)
+
+
+# S3 (moto) --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def s3_inputs(sample_dir, monkeypatch, tmp_path):
+    """The sample tree in `s3://inputs/images`, read through a fault proxy via the environment."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from shards.storage import objectstore
+    from tests.objectstore import FaultProxy, MotoS3
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # Filesystems are kept per process and options; this test's endpoint is new.
+    monkeypatch.setattr(objectstore, "_FILESYSTEMS", {})
+    with MotoS3() as s3, FaultProxy(s3.endpoint) as proxy:
+        s3.create_bucket("inputs")
+        s3.upload_dir(sample_dir, "inputs", "images")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        yield s3, proxy
+
+
+def test_s3_inputs_survive_503s_and_a_stalled_image_is_a_counted_skip(
+    s3_inputs, built_shards, tmp_path
+):
+    s3, proxy = s3_inputs
+    image_fault = proxy.fail(r"/inputs/images/class_000/.*\.jpg$", times=2, status=503)
+    listing_fault = proxy.fail(r"/inputs/?$", times=1, status=503)  # a listing call
+    summary, out = build_from("s3://inputs/images", tmp_path, val_fraction=0.2)  # as built
+    assert image_fault.injected == 2 and listing_fault.injected == 1
+    assert summary.manifest.inputs == built_shards.manifest.inputs
+    assert not summary.manifest.skipped
+    for shard in sorted(built_shards.output.rglob("*.tar")):
+        assert (out / shard.relative_to(built_shards.output)).read_bytes() == shard.read_bytes()
+    stalled = (
+        "class_001/"
+        + sorted(key.rsplit("/", 1)[1] for key in s3.keys("inputs", "images/class_001/"))[0]
+    )
+    proxy.clear()
+    proxy.stall(rf"/inputs/images/{stalled}$", times=100)
+    started = time.monotonic()
+    summary, out = build_from("s3://inputs/images", tmp_path, "stalled")
+    assert time.monotonic() - started < 60
+    assert summary.manifest.skipped == {"io_error": 1}
+    assert f"s3://inputs/images/{stalled}" in skips(out)[stalled]["detail"]
+
+
+def test_s3_listing_takes_storage_options(s3_inputs, sample_dir):
+    s3, proxy = s3_inputs
+    listing, items = stream_sources(
+        "s3://inputs/images", storage_options=s3.storage_options(proxy.endpoint)
+    )
+    assert len(list(items)) == len(list(sample_dir.rglob("*.*")))
