@@ -25,8 +25,7 @@ from pathlib import Path
 from loader_throughput import machine_info, prepare_data
 
 from pipeline import LoaderConfig, build_loader
-from pipeline.plan import EpochLayout, Partition
-from pipeline.resume import plan_worker
+from pipeline.plan import Partition, plan_epoch
 from shards.manifest import (
     FileInfo,
     Manifest,
@@ -154,14 +153,14 @@ def measure(shards: str, workers: int, fmt: str, max_batches: int | None) -> dic
 def plan_peak_bytes(total: int, num_workers: int, shard_size: int = 1000) -> tuple[int, int]:
     """Peak bytes allocated while worker 0 plans an epoch of `total` samples, and pieces kept.
 
-    Runs exactly what `ShardStream.plan_exact` runs, on integers only.
+    Runs exactly what `ShardStream.plan_slot` runs, on integers only.
     """
     counts = [shard_size] * (total // shard_size) + (
         [total % shard_size] if total % shard_size else []
     )
     part = Partition(1, num_workers, 256, True, "pad", 2000, 500)
     tracemalloc.start()
-    plan = plan_worker(EpochLayout.build(counts, seed=0, epoch=0), [], part, rank=0, role=0)
+    plan = plan_epoch(counts, part, rank=0, seed=0, epoch=0).worker(0)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return peak, len(plan.pieces)

@@ -8,7 +8,7 @@ manifest written with the real writer. Each size is measured in a fresh child pr
 * loader: time to the first batch and peak RSS of the main process and of each of the
   2 DataLoader workers (sampled from /proc while the first batches arrive), in another
   child that holds nothing but the loader;
-* planning: time for one worker's epoch plan (`plan_worker`) and the main process's
+* planning: time for one worker's epoch plan (`plan_epoch(...).worker`) and the main process's
   `batches_remaining()`.
 
     .venv/bin/python benchmarks/scale_loader.py --exponents 6 7 8 9 --json /tmp/scale.json
@@ -115,8 +115,7 @@ import json, os, sys, time
 sys.path.insert(0, {root!r})
 import torch  # noqa: F401  (imports are not the manifest's cost)
 from pipeline.loader import LoaderConfig, build_loader
-from pipeline.plan import EpochLayout
-from pipeline.resume import plan_worker
+from pipeline.plan import plan_epoch
 from pipeline.sources import resolve_source
 after_imports = peak_bytes()
 started = time.perf_counter()
@@ -127,7 +126,7 @@ loader = build_loader(LoaderConfig(source={directory!r}, batch_size=256, image_s
                                    num_workers=2, seed=0))
 part = loader.partition()
 started = time.perf_counter()
-plan = plan_worker(EpochLayout.build(source.counts, 0, 0), [], part, 0, 1)
+plan = plan_epoch(source.counts, part, 0, 0, 0).worker(1)
 plan_s = time.perf_counter() - started
 started = time.perf_counter()
 loader.batches_remaining()

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace) -> int:
     from pipeline.loader import LoaderConfig
-    from pipeline.shuffle_quality import LabelReadError, format_report, inspect_shuffle
+    from pipeline.shuffle_quality import format_report, inspect_shuffle
 
     try:
         loader = LoaderConfig(
@@ -106,7 +106,9 @@ def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace
             search_buffer=options.search,
             label_field=options.label_field,
         )
-    except (LabelReadError, ValueError, KeyError, OSError) as error:
+    # Our own errors are printed by `run_command`. The loader's refusals of a source
+    # it cannot serve as asked (no labels, no counts) are still plain `ValueError`s.
+    except (ValueError, OSError) as error:
         print(f"pipeline inspect-shuffle: error: {error}", file=sys.stderr)
         return 1
     print(json.dumps(report.to_dict(), indent=2) if options.json else format_report(report))

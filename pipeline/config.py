@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pipeline.plan import EPOCH_RULES
 from shards.errors import ReadLimits
 from shards.flags import SettingError, option, settings_group
 from shards.formats import FORMAT_NAMES
@@ -24,6 +23,7 @@ from shards.sample import Field, resolve_fields
 from shards.storage import RetryPolicy
 
 BACKENDS = ("auto", "fast", "pillow")
+EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
 
 
 def default_workers() -> int:

@@ -30,24 +30,27 @@ from pipeline.checksum import open_shard
 from pipeline.config import Batching, ReadOptions, Shuffle
 from pipeline.fast_transforms import pillow_fallbacks
 from pipeline.plan import (
-    EpochLayout,
+    SEGMENT_INTS,
     Partition,
     Piece,
-    rank_slice,
+    Segment,
+    WorkerPlan,
+    plan_epoch,
+    roles_consumed,
     shuffle_buffer,
     worker_rng,
-    worker_slice,
 )
-from pipeline.resume import Segment, plan_worker, roles_consumed
 from pipeline.sources import ShardSpec
 from pipeline.transforms import SampleRandom
-from shards.errors import ShardError
+from shards.errors import DataError, ShardError
 from shards.sample import (
     DEFAULT_FIELDS,
     LABEL_FIELDS,
     Field,
     Sample,
     SampleError,
+    check_class_range,
+    class_ranged_fields,
     collate_values,
     field_value,
     member_caps,
@@ -69,10 +72,9 @@ MAX_EXAMPLES = 5  # bad shards named in a worker's stats (the logs name every on
 # field needs (a shard's `json` metadata, say) are passed over unread (seeked past in
 # tars, a column not read in Parquet).
 STREAM_FIELDS = read_fields(DEFAULT_FIELDS)
-_SEGMENT_FIELDS = 8
 
 
-class LoaderDataError(RuntimeError):
+class LoaderDataError(DataError, RuntimeError):
     """Too much bad data: the skip budget of the epoch was exceeded."""
 
 
@@ -113,24 +115,14 @@ class SharedState:
     """
 
     def __init__(self) -> None:
-        self._array = multiprocessing.get_context().Array("q", 2 + MAX_SEGMENTS * _SEGMENT_FIELDS)
+        self._array = multiprocessing.get_context().Array("q", 2 + MAX_SEGMENTS * SEGMENT_INTS)
 
     def write(self, epoch: int, segments: list[Segment]) -> None:
         if len(segments) > MAX_SEGMENTS:
             raise ValueError(f"more than {MAX_SEGMENTS} resumes within one epoch")
         values = [epoch, len(segments)]
-        for seg in segments:
-            p = seg.partition
-            values += [
-                p.world_size,
-                p.num_workers,
-                p.batch_size,
-                int(p.drop_last),
-                ("pad", "drop", "uneven").index(p.rule),
-                p.shuffle_buffer,
-                p.shuffle_initial,
-                seg.consumed,
-            ]
+        for segment in segments:
+            values += segment.to_ints()
         with self._array.get_lock():
             self._array[: len(values)] = values
 
@@ -138,12 +130,8 @@ class SharedState:
         with self._array.get_lock():
             values = list(self._array)
         epoch, count = values[0], values[1]
-        segments = []
-        for i in range(count):
-            w, nw, b, drop, rule, buf, init, consumed = values[2 + i * 8 : 10 + i * 8]
-            part = Partition(w, nw, b, bool(drop), ("pad", "drop", "uneven")[rule], buf, init)
-            segments.append(Segment(part, consumed))
-        return epoch, segments
+        starts = range(2, 2 + count * SEGMENT_INTS, SEGMENT_INTS)
+        return epoch, [Segment.from_ints(values[i : i + SEGMENT_INTS]) for i in starts]
 
 
 @dataclass(frozen=True)
@@ -213,15 +201,7 @@ class ShardStream(IterableDataset):
 
     def partition(self, num_workers: int) -> Partition:
         s = self.settings
-        return Partition(
-            s.world_size,
-            num_workers,
-            s.batch.size,
-            s.batch.drop_last,
-            s.batch.epoch_rule,
-            s.shuffle.buffer,
-            s.shuffle.initial,
-        )
+        return Partition.of(s.batch, s.shuffle, s.world_size, num_workers)
 
     def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
@@ -236,10 +216,12 @@ class ShardStream(IterableDataset):
         # worker 0, so physical worker w plays slot (w + c) % num_workers.
         role = (worker + resumed) % num_workers
         stats = WorkerStats(worker=worker)
-        if self.settings.epoch_samples is None:
-            samples, planned, batches = self.plan_exact(epoch, segments, part, role, stats)
+        slot = self.plan_slot(epoch, segments, part, role)
+        planned, batches = slot.samples, slot.batches
+        if slot.pieces is None:
+            samples = self.iter_draws(self.draw_rng(epoch, len(segments), role), stats)
         else:
-            samples, planned, batches = self.plan_resampled(epoch, segments, part, role, stats)
+            samples = self.iter_pieces(slot.pieces, stats)
         stats.budget = max(10, int(planned * self.settings.max_skip_fraction))
         rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
         shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
@@ -249,32 +231,33 @@ class ShardStream(IterableDataset):
         sizes = iter_batch_sizes(planned, batches, part.batch_size, skip_batches)
         yield from self.iter_batches(shuffled, sizes, epoch, stats)
 
-    def plan_exact(self, epoch, segments, part, role, stats) -> tuple[Iterator[Sample], int, int]:
-        """Every sample once per epoch (up to the epoch rule): this worker's pieces."""
-        layout = EpochLayout.build(self.counts, self.settings.seed, epoch)
-        plan = plan_worker(layout, segments, part, self.settings.rank, role)
-        return self.iter_pieces(plan.pieces, stats), plan.samples, plan.batches
+    def plan_slot(
+        self, epoch: int, segments: list[Segment], part: Partition, role: int
+    ) -> WorkerPlan:
+        """Slot `role`'s share of the epoch, by the plan the main process counts batches by.
 
-    def plan_resampled(
-        self, epoch, segments, part, role, stats
-    ) -> tuple[Iterator[Sample], int, int]:
-        """A fixed number of samples drawn with replacement (shards weighted by size).
-
-        With class weights, each sample is kept with a probability proportional
-        to its class weight: the streaming analogue of WeightedRandomSampler.
-        Earlier segments of a resumed epoch are not replayed: draws are with
-        replacement, so a new partition simply continues drawing.
+        Only the slot's plan outlives this call: the epoch's layout (4 bytes a shard) and
+        the rank's positions are not held while the epoch is read.
         """
-        consumed = sum(s.consumed for s in segments) * part.batch_size * part.world_size
-        total = max(0, self.settings.epoch_samples - consumed)
-        index, _ = rank_slice(total, part, self.settings.rank)
-        start, stop, batches = worker_slice(len(index), part, role)
-        rng = random.Random(
-            f"resample:{self.settings.seed}:{epoch}:{len(segments)}:{self.settings.rank}:{role}"
-        )
-        return self.iter_draws(rng, stats), stop - start, batches
+        s = self.settings
+        plan = plan_epoch(self.counts, part, s.rank, s.seed, epoch, segments, s.epoch_samples)
+        return plan.worker(role)
+
+    def draw_rng(self, epoch: int, resumes: int, role: int) -> random.Random:
+        """The random source of slot `role`'s draws in resampled mode.
+
+        Draws are with replacement (shards weighted by size): a resumed epoch is not
+        replayed, a new partition simply continues drawing, from a source of its own.
+        """
+        s = self.settings
+        return random.Random(f"resample:{s.seed}:{epoch}:{resumes}:{s.rank}:{role}")
 
     def iter_draws(self, rng: random.Random, stats: WorkerStats) -> Iterator[Sample]:
+        """Samples drawn with replacement, shards weighted by size, for resampled mode.
+
+        With class weights, each sample is kept with a probability proportional to its
+        class weight: the streaming analogue of WeightedRandomSampler.
+        """
         weights = self.settings.class_weights
         top = max(weights) if weights else 1.0
         balance = BalanceRule.build(weights, self.settings.fields)
@@ -482,42 +465,6 @@ class ShardStream(IterableDataset):
                 values.append(torch.from_numpy(collated) if is_array else collated)
         keys = keys if self.settings.with_keys else None
         return tuple(values), len(rows), keys, stats.snapshot()
-
-
-def class_ranged_fields(fields: Sequence[Field], num_classes: int | None) -> frozenset[int]:
-    """Indices of the label and multi-label fields whose classes the manifest bounds.
-
-    A multi-label field no wider than the manifest's classes is bounded by its own
-    `num_classes` already (`bad_labels` in `field_value`).
-    """
-    if num_classes is None:
-        return frozenset()
-    return frozenset(
-        index
-        for index, spec in enumerate(fields)
-        if spec.kind == "label" or (spec.kind == "multi_label" and spec.num_classes > num_classes)
-    )
-
-
-def check_class_range(spec: Field, value: object, num_classes: int, key: str) -> None:
-    """Refuse a class id the manifest does not name: one compare for a label.
-
-    Raises:
-        SampleError: `bad_label` or `bad_labels`, as the field's own checks name them.
-    """
-    if spec.kind == "label":
-        if value < num_classes:
-            return
-        reason, shown = "bad_label", f"class {value}"
-    else:
-        if not value or max(value) < num_classes:
-            return
-        reason, shown = "bad_labels", f"class {max(value)}"
-    raise SampleError(
-        reason,
-        f"sample {key!r} field {spec.name!r}: {shown} is not one of the {num_classes} "
-        "classes the manifest names; rebuild the shard or its manifest",
-    )
 
 
 def stack_outputs(spec: Field, outputs: list, keys: list[str]) -> torch.Tensor | list:

@@ -21,8 +21,7 @@ from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.config import BACKENDS, Batching, LoaderConfig, Resampled, Shuffle
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
-from pipeline.plan import Partition, batches_for, rank_slice
-from pipeline.resume import Segment, remaining_runs
+from pipeline.plan import EpochPlan, Partition, Segment, plan_epoch
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
@@ -87,14 +86,10 @@ class ShardLoader:
         self.epoch = 0
         self.segments: list[Segment] = []  # earlier partitions of this epoch (resume)
         self.consumed = 0  # batches delivered in the current segment
+        self._plans: dict[tuple, EpochPlan] = {}  # (epoch, segments, partition) -> plan
         self.stats = LoaderStats()
         self._loader: DataLoader | None = None
         log_epoch_plan(self)
-
-    @property
-    def epoch_total(self) -> int:
-        """Samples in one epoch over all ranks."""
-        return self.settings.epoch_samples or self.dataset.total
 
     def make_transform(self) -> Callable:
         c = self.config.crop
@@ -125,11 +120,33 @@ class ShardLoader:
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
 
+    def epoch_plan(self, segments: Sequence[Segment] | None = None) -> EpochPlan:
+        """This rank's plan of the current epoch after `segments` (default: the loader's
+        own, so the epoch as resumed; `()`: the whole epoch), what the workers read by.
+
+        Computed once per (epoch, segments, partition): `len()`, `batches_remaining()`
+        and the log line read it, so a resumed epoch's replay is not redone per question.
+        """
+        part = self.partition()
+        key = (self.epoch, tuple(self.segments if segments is None else segments), part)
+        plan = self._plans.get(key)
+        if plan is None:
+            self._plans = {k: v for k, v in self._plans.items() if k[0] == self.epoch}
+            plan = plan_epoch(
+                self.dataset.counts,
+                part,
+                self.rank,
+                self.config.seed,
+                self.epoch,
+                key[1],
+                draws=self.settings.epoch_samples,
+            )
+            self._plans[key] = plan
+        return plan
+
     def __len__(self) -> int:
         """Batches this rank yields in a full epoch (the same on every rank unless `uneven`)."""
-        part = self.partition()
-        index, _ = rank_slice(self.epoch_total, part, self.rank)
-        return batches_for(len(index), part)
+        return self.epoch_plan(()).batches
 
     def set_epoch(self, epoch: int) -> None:
         """Read `epoch` at the next iteration (from its start, unless resumed into it).
@@ -165,17 +182,9 @@ class ShardLoader:
         return retry.deadline + 2 * retry.timeout
 
     def batches_remaining(self) -> int:
-        part = self.partition()
-        if self.settings.epoch_samples is not None:
-            done = sum(s.consumed for s in self.segments) * part.batch_size * part.world_size
-            left = max(0, self.epoch_total - done)
-        else:
-            # O(1) without earlier segments; with them, O(what they consumed).
-            left = len(
-                remaining_runs(self.epoch_total, self.segments, self.config.seed, self.epoch)
-            )
-        index, _ = rank_slice(left, part, self.rank)
-        return max(0, batches_for(len(index), part) - self.consumed)
+        """Batches this rank has left to yield in the current epoch (all of them unless
+        resumed into it or part-way through it)."""
+        return max(0, self.epoch_plan().batches - self.consumed)
 
     def __iter__(self) -> Iterator[tuple]:
         segments = self.segments + (
@@ -388,23 +397,20 @@ def log_epoch_plan(loader: ShardLoader) -> None:
             unchecked,
             len(source.shards),
         )
-    part = loader.partition()
-    total = loader.epoch_total
-    index, padded = rank_slice(total, part, loader.rank)
-    batches = batches_for(len(index), part)
-    used = min(len(index), batches * part.batch_size)
-    if padded:
+    plan = loader.epoch_plan(())
+    part = plan.partition
+    if plan.padded:
         log.info(
             "epoch rule pad: %d samples repeated so %d ranks get %d each",
-            padded,
+            plan.padded,
             part.world_size,
-            len(index),
+            plan.samples,
         )
-    dropped = total - used * part.world_size if part.rule != "uneven" else 0
+    dropped = plan.total - plan.used * part.world_size if part.rule != "uneven" else 0
     if part.rule == "drop" and dropped > 0:
         log.info(
             "epoch rule drop: %d samples left out of each epoch (a different few each epoch)",
             dropped,
         )
-    if part.drop_last and len(index) > used:
-        log.info("drop_last: %d samples per rank dropped each epoch", len(index) - used)
+    if part.drop_last and plan.samples > plan.used:
+        log.info("drop_last: %d samples per rank dropped each epoch", plan.samples - plan.used)

@@ -1,4 +1,4 @@
-"""Which samples each rank and worker reads in an epoch, and in what order.
+"""Which samples each rank and worker reads in an epoch, and in what order (`plan_epoch`).
 
 Everything here works on integer positions, never on data, so it is cheap,
 exactly reproducible, and can be replayed to find what an interrupted run had
@@ -7,21 +7,33 @@ in a `seed + epoch` permutation (the same on every rank); ranks take equal
 contiguous slices of it, workers take contiguous runs of whole batches of their
 rank's slice, and a seeded shuffle buffer mixes each worker's run.
 
+A resumed epoch is described by its segments: each is a partition (world size,
+workers, batch, rules) and the batches every rank consumed under it. With the same
+partition a resumed run skips exactly the consumed batches; with another one (say 2
+ranks -> 1) the consumed samples are found by replaying the positions through the
+same seeded shuffle, and the rest of the epoch is split afresh: no sample lost or
+doubled within the epoch. The replay is the plan itself run on what was read, which
+is why resuming lives here too.
+
 Positions are held as `Runs` (intervals), never one by one: a plan costs time and
-memory in the number of shards a worker touches, not in the number of samples.
+memory in the number of shards a worker touches (and the samples a replay covers),
+not in the number of samples.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass, fields
+from functools import cached_property
 from typing import TypeVar
 
 import numpy as np
 
+from pipeline.config import EPOCH_RULES, Batching, Shuffle
+
 T = TypeVar("T")
-EPOCH_RULES = ("pad", "drop", "uneven")
 
 
 @dataclass(frozen=True, slots=True)  # slots: a worker may hold one per shard it reads
@@ -35,7 +47,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class Partition:
-    """The shape of one epoch: a pure function of counts and the loader settings."""
+    """The shape of one epoch: who reads, in what batches, through what shuffle.
+
+    Flat integers, not the config groups: it is what a loader state records for each
+    segment of an epoch (`Segment.to_dict`), so states saved earlier keep loading, and
+    two partitions are equal exactly when they split an epoch alike.
+    """
 
     world_size: int
     num_workers: int  # worker slots (1 when the DataLoader runs in-process)
@@ -44,6 +61,39 @@ class Partition:
     rule: str  # pad | drop | uneven
     shuffle_buffer: int = 1  # 1: no sample shuffle (evaluation)
     shuffle_initial: int = 1
+
+    def __post_init__(self) -> None:
+        counts = ("world_size", "num_workers", "batch_size", "shuffle_buffer", "shuffle_initial")
+        low = [name for name in counts if getattr(self, name) < 1]
+        if low or self.rule not in EPOCH_RULES:
+            raise ValueError(
+                f"partition {self} is not one an epoch can be split by: {', '.join(low)} "
+                f"must be at least 1 and rule one of {', '.join(EPOCH_RULES)}; a loader "
+                "state with it was edited or written by another program"
+            )
+
+    @classmethod
+    def of(cls, batch: Batching, shuffle: Shuffle, world_size: int, num_workers: int) -> Partition:
+        """The partition the config's groups make: the one place they are read for it.
+
+        Raises:
+            ValueError: `batch.drop_last` or `batch.epoch_rule` is still None (the loader
+                resolves them per split in `pipeline.loader.stream_settings`).
+        """
+        if batch.drop_last is None or batch.epoch_rule is None:
+            raise ValueError(
+                f"{batch} leaves drop_last or epoch_rule to the default rule: resolve them "
+                "first (pipeline.loader.stream_settings does, per split)"
+            )
+        return cls(
+            world_size,
+            num_workers,
+            batch.size,
+            batch.drop_last,
+            batch.epoch_rule,
+            shuffle.buffer,
+            shuffle.initial,
+        )
 
 
 class Runs:
@@ -392,6 +442,11 @@ def worker_runs(remaining: Runs, part: Partition, rank: int, role: int) -> tuple
         remaining: the epoch's positions not yet delivered, sorted.
     """
     index, _ = rank_slice(len(remaining), part, rank)
+    return slot_runs(remaining, index, part, role)
+
+
+def slot_runs(remaining: Runs, index: Runs, part: Partition, role: int) -> tuple[Runs, int]:
+    """`worker_runs` given the rank's share `index` (indices into `remaining`)."""
     start, stop, batches = worker_slice(len(index), part, role)
     return remaining.at(index.select(start, stop)), batches
 
@@ -403,6 +458,205 @@ def positions_to_pieces(
     counts, order = np.asarray(counts, dtype=np.int64), np.asarray(order, dtype=np.int64)
     layout = EpochLayout(order, counts, int(counts[order].sum()), seed=0, epoch=0)
     return list(layout.pieces(Runs.from_positions(positions)))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Part of an epoch read under one partition; `consumed` batches per rank."""
+
+    partition: Partition
+    consumed: int
+
+    def to_dict(self) -> dict:
+        return {**asdict(self.partition), "consumed": self.consumed}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Segment:
+        data = dict(data)
+        consumed = data.pop("consumed")
+        return cls(Partition(**data), consumed)
+
+    def to_ints(self) -> list[int]:
+        """The segment as `SEGMENT_INTS` integers (the rule by its index in `EPOCH_RULES`),
+        for shared memory a worker reads at each epoch's start."""
+        values = astuple(self.partition)
+        return [
+            *(EPOCH_RULES.index(v) if isinstance(v, str) else int(v) for v in values),
+            self.consumed,
+        ]
+
+    @classmethod
+    def from_ints(cls, values: Sequence[int]) -> Segment:
+        data = dict(zip((f.name for f in fields(Partition)), values, strict=False))
+        data["drop_last"] = bool(data["drop_last"])
+        data["rule"] = EPOCH_RULES[data["rule"]]
+        return cls(Partition(**data), int(values[SEGMENT_INTS - 1]))
+
+
+SEGMENT_INTS = len(fields(Partition)) + 1
+
+
+def roles_consumed(consumed: int, num_workers: int) -> list[int]:
+    """Batches each worker slot had delivered after `consumed` batches of a rank."""
+    return [len(range(w, consumed, num_workers)) for w in range(num_workers)]
+
+
+def consumed_positions(
+    remaining: Runs | np.ndarray, segment: Segment, seed: int, epoch: int
+) -> np.ndarray:
+    """Positions delivered during `segment`, found by replaying every rank's shuffle.
+
+    Costs O(consumed samples): each worker's shuffle is replayed only as far as it read.
+
+    Args:
+        remaining: the positions the segment was read from (sorted), as runs or an array.
+    """
+    if isinstance(remaining, np.ndarray):
+        remaining = Runs.from_positions(remaining)
+    part = segment.partition
+    done = roles_consumed(segment.consumed, part.num_workers)
+    taken = []
+    for rank in range(part.world_size):
+        for role in range(part.num_workers):
+            if done[role] == 0:
+                continue
+            positions, _ = worker_runs(remaining, part, rank, role)
+            count = min(done[role] * part.batch_size, len(positions))
+            if count == 0:
+                continue
+            rng = worker_rng(seed, epoch, rank, role)
+            order = shuffle_buffer(
+                range(len(positions)), part.shuffle_buffer, part.shuffle_initial, rng
+            )
+            picked = np.fromiter(itertools.islice(order, count), dtype=np.int64, count=count)
+            taken.append(positions.take(picked))
+    return np.concatenate(taken) if taken else np.empty(0, dtype=np.int64)
+
+
+def remaining_runs(total: int, segments: Sequence[Segment], seed: int, epoch: int) -> Runs:
+    """Global positions of the epoch not yet delivered after `segments`, sorted.
+
+    One run `[0, total)` without segments; each segment removes what it consumed.
+    """
+    remaining = Runs.span(0, total)
+    for segment in segments:
+        used = np.unique(consumed_positions(remaining, segment, seed, epoch))
+        remaining = remaining.without(used)
+    return remaining
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one worker slot reads in an epoch, before its shuffle buffer.
+
+    Attributes:
+        pieces: runs of consecutive samples of shards, in read order; None in resampled
+            mode, whose samples are drawn as the worker goes.
+        samples: how many samples the worker reads (or draws).
+        batches: how many batches the worker yields (its last may be partial).
+    """
+
+    pieces: Pieces | None
+    samples: int
+    batches: int
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: `counts` is an array
+class EpochPlan:
+    """One rank's share of what is left of an epoch: its batches, and each slot's pieces.
+
+    The main process reads the batch count and the pad (`len(loader)`, the log line, what
+    a resumed epoch has left); each worker asks for its own slot (`worker`), which is
+    where the shards are placed: O(shards), in the worker, once an epoch.
+
+    Attributes:
+        partition: how the epoch is split.
+        rank: whose share this is.
+        remaining: the epoch's stream positions not yet delivered, over all ranks (in
+            resampled mode, the draws left to make).
+        index: the rank's share, as indices into `remaining`, in read order.
+        padded: positions repeated over all ranks so each gets as many (`pad` rule).
+        batches: batches the rank yields from its share.
+        counts, seed, epoch: what places stream positions in shards (`EpochLayout`).
+        resampled: the positions are draws with replacement, not stream positions.
+    """
+
+    partition: Partition
+    rank: int
+    remaining: Runs
+    index: Runs
+    padded: int
+    batches: int
+    counts: np.ndarray
+    seed: int
+    epoch: int
+    resampled: bool
+
+    @property
+    def total(self) -> int:
+        """Samples (or draws) left in the epoch over all ranks."""
+        return len(self.remaining)
+
+    @property
+    def samples(self) -> int:
+        """Samples in the rank's share, padding included."""
+        return len(self.index)
+
+    @property
+    def used(self) -> int:
+        """Samples of the share the rank's batches hold (drop_last leaves the rest)."""
+        return min(self.samples, self.batches * self.partition.batch_size)
+
+    @cached_property
+    def layout(self) -> EpochLayout:
+        """The epoch's shard order and stream positions, built on first use (workers)."""
+        return EpochLayout.build(self.counts, self.seed, self.epoch)
+
+    def worker_positions(self, role: int) -> tuple[Runs, int]:
+        """Positions slot `role` reads, in read order, and its batches."""
+        return slot_runs(self.remaining, self.index, self.partition, role)
+
+    def worker(self, role: int) -> WorkerPlan:
+        """What slot `role` of the rank reads: O(shards it touches) beyond the layout."""
+        positions, batches = self.worker_positions(role)
+        pieces = None if self.resampled else self.layout.pieces(positions)
+        return WorkerPlan(pieces, len(positions), batches)
+
+
+def plan_epoch(
+    counts: Sequence[int] | np.ndarray,
+    part: Partition,
+    rank: int,
+    seed: int,
+    epoch: int,
+    segments: Sequence[Segment] = (),
+    draws: int | None = None,
+) -> EpochPlan:
+    """The one plan of an epoch for `rank`, after the `segments` already read of it.
+
+    The main process and every worker call it with the same inputs, so they agree on the
+    batches by construction; workers are separate processes and each plans itself.
+
+    Exact (`draws` None): the shards' samples in the `seed + epoch` order, less what the
+    segments delivered, found by replay: O(1) without segments, O(consumed samples) with.
+    Resampled (`draws` samples an epoch over all ranks): draws are with replacement, so
+    the segments only shorten the epoch by the samples they consumed.
+
+    Args:
+        counts: samples per shard, by shard index.
+        segments: earlier partitions of this epoch whose deliveries are excluded.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if draws is None:
+        remaining = remaining_runs(int(counts.sum()), segments, seed, epoch)
+    else:
+        done = sum(s.consumed * s.partition.batch_size * s.partition.world_size for s in segments)
+        remaining = Runs.span(0, max(0, draws - done))
+    index, padded = rank_slice(len(remaining), part, rank)
+    batches = batches_for(len(index), part)
+    return EpochPlan(
+        part, rank, remaining, index, padded, batches, counts, seed, epoch, draws is not None
+    )
 
 
 def shuffle_buffer(items: Iterable[T], size: int, initial: int, rng: random.Random) -> Iterator[T]:

@@ -20,19 +20,11 @@ import numpy as np
 from pipeline.checksum import open_shard
 from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
-from pipeline.plan import (
-    EpochLayout,
-    Partition,
-    Pieces,
-    Runs,
-    shuffle_buffer,
-    worker_rng,
-    worker_runs,
-)
-from pipeline.resume import plan_worker
+from pipeline.plan import Partition, Pieces, Runs, plan_epoch, shuffle_buffer, worker_rng
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
-from shards.errors import ShardError
+from shards.errors import DataError, ShardError
 from shards.formats import FORMATS
+from shards.manifest import FormatNotBuiltError
 from shards.sample import LabelField, SampleError, decode_label, parse_json
 from shards.storage import RetryPolicy
 
@@ -46,7 +38,7 @@ METRIC_NAMES = {
 NOISE_SIGMAS = 3.0  # a stream is only called worse than ideal beyond this many standard errors
 
 
-class LabelReadError(RuntimeError):
+class LabelReadError(DataError, RuntimeError):
     """A shard's labels could not be read, or their count disagrees with the manifest."""
 
 
@@ -283,14 +275,14 @@ def plan_delivery(
 ) -> DeliveryOrder:
     """`delivery_order` from the plan's inputs alone.
 
-    Each worker slot's plan (`plan_worker`, what `ShardStream` reads) goes through the
+    Each worker slot's plan (`plan_epoch`, what `ShardStream` reads) goes through the
     seeded buffer exactly as `ShardStream` shuffles samples; the DataLoader then takes
     batch j from slot `j % num_workers`.
     """
-    layout = EpochLayout.build(counts, seed, epoch)
+    epoch_plan = plan_epoch(counts, part, rank, seed, epoch)
     per_worker: list[list[np.ndarray]] = []
     for role in range(part.num_workers):
-        plan = plan_worker(layout, [], part, rank, role)
+        plan = epoch_plan.worker(role)
         rng = worker_rng(seed, epoch, rank, role)
         picks = shuffle_buffer(range(plan.samples), part.shuffle_buffer, part.shuffle_initial, rng)
         shuffled = piece_samples(plan.pieces)[np.fromiter(picks, np.int64, count=plan.samples)]
@@ -337,7 +329,7 @@ def label_source(source: ResolvedSource, config: LoaderConfig) -> ResolvedSource
             retry=config.io.retry,
             storage_options=config.io.storage_options,
         )
-    except KeyError:  # the manifest lists no Parquet shards
+    except FormatNotBuiltError:  # the manifest lists no Parquet shards
         return source
     same = [s.samples for s in twin.shards] == [s.samples for s in source.shards]
     return twin if same else source
@@ -544,11 +536,9 @@ def suggest_buffer(
     Stops at the longest worker run: a buffer holding a worker's whole run is a full shuffle
     of it, and anything larger changes nothing.
     """
-    everything = Runs.span(0, int(np.sum(counts)))
+    plans = [plan_epoch(counts, part, rank, seed, 0) for rank in range(part.world_size)]
     longest = max(
-        len(worker_runs(everything, part, rank, role)[0])
-        for rank in range(part.world_size)
-        for role in range(part.num_workers)
+        len(plan.worker_positions(role)[0]) for plan in plans for role in range(part.num_workers)
     )
     ideal = ideal_runs.mean(axis=0)
     ideal_std = ideal_runs.std(axis=0, ddof=1)

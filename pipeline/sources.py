@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from pipeline.plan import compact_dtype
 from pipeline.urls import expand_urls
-from shards.errors import ShardError
+from shards.errors import DataError, ShardError, UsageError
 from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
 from shards.manifest import (
     MANIFEST_NAME,
@@ -41,6 +41,10 @@ from shards.redact import redact_url
 from shards.storage import DEFAULT_RETRY, RetryPolicy, is_remote, open_stream, url_scheme
 
 log = logging.getLogger("pipeline")
+
+
+class UnreadableSourceError(DataError, ValueError):
+    """None of a source's shards could be read; the message names the first failure."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class ShardSpecs(Sequence[ShardSpec]):
         """
         formats = {spec.fmt for spec in specs}
         if len(formats) > 1:
-            raise ValueError(f"shard specs mix formats {sorted(formats)}; give one per loader")
+            raise UsageError(f"shard specs mix formats {sorted(formats)}; give one per loader")
         digests = np.zeros((len(specs), 32), np.uint8)
         checked = np.zeros(len(specs), bool)
         for i, spec in enumerate(specs):
@@ -306,8 +310,10 @@ def resolve_source(
     Inline shard lists and the manifest beside shard URLs always give them.
 
     Raises:
-        ManifestError: the manifest is malformed (the message names it and the field).
-        ValueError: unknown split or format, mixed formats, or counts unavailable.
+        ManifestError: the manifest is malformed (the message names it and the field),
+            or has no such split (`SplitNotFoundError`) or format (`FormatNotBuiltError`).
+        UsageError: mixed formats, a format the URLs are not, or counts unavailable.
+        UnreadableSourceError: none of the shard URLs could be read.
     """
     if is_manifest_source(source):
         url = os.fspath(source)
@@ -325,10 +331,10 @@ def resolve_source(
     urls = expand_urls(source)
     formats = {format_of_url(u).name for u in urls}
     if len(formats) != 1:
-        raise ValueError(f"shard URLs mix formats {sorted(formats)}; give one format per loader")
+        raise UsageError(f"shard URLs mix formats {sorted(formats)}; give one format per loader")
     found = formats.pop()
     if fmt and fmt != found:
-        raise ValueError(f"format={fmt!r} but the URLs are {found} shards")
+        raise UsageError(f"format={fmt!r} but the URLs are {found} shards")
     known = neighbour_manifest(urls, found, retry, storage_options)
     specs, unreadable = [], []
     for url in urls:
@@ -345,7 +351,7 @@ def resolve_source(
                 continue
         specs.append(spec)
     if not specs:
-        raise ValueError(
+        raise UnreadableSourceError(
             f"none of the {len(urls)} shards could be read; first: {unreadable[0][1]}. "
             "Check the shards with `preprocess verify` or the URLs"
         )
@@ -474,7 +480,7 @@ def dataset_manifest(directory: str, fmt: str | None) -> tuple[str, str | None]:
     if os.path.exists(candidate) or leaf not in FORMAT_NAMES or not os.path.exists(above):
         return candidate, fmt
     if fmt is not None and fmt != leaf:
-        raise ValueError(
+        raise UsageError(
             f"format={fmt!r} but {directory} holds the {leaf} shards of the dataset in "
             f"{parent}; pass {parent} to read its {fmt} shards"
         )
@@ -542,7 +548,7 @@ def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> in
     """
     shard_format = get_format(fmt)
     if not shard_format.random_access and is_remote(url):
-        raise ValueError(
+        raise UsageError(
             f"no sample counts for remote shard {redact_url(url)}: pass the dataset's "
             "manifest.json as the source (exact epochs need counts), or use resampled=True "
             "with epoch_samples"

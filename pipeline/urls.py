@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Collection, Sequence
 
+from shards.errors import UsageError
 from shards.redact import redact_url
 from shards.storage import SHARD_SCHEMES, check_characters, check_scheme, url_scheme, validate_url
 
@@ -57,7 +58,7 @@ def expand_braces(pattern: str, *, max_shards: int = MAX_SHARDS) -> list[str]:
     """
     count = brace_count(pattern)
     if count > max_shards:
-        raise ValueError(
+        raise UsageError(
             f"brace pattern {redact_url(pattern)!r} expands to {count} URLs, "
             f"more than max_shards={max_shards}; split it or raise max_shards"
         )
@@ -95,17 +96,17 @@ def _brace_groups(pattern: str) -> list[_Group]:
     while pos < len(pattern):
         char = pattern[pos]
         if char == "}":
-            raise ValueError(f"unbalanced '}}' in {redact_url(pattern)!r}")
+            raise UsageError(f"unbalanced '}}' in {redact_url(pattern)!r}")
         if char != "{":
             literal.append(char)
             pos += 1
             continue
         end = pattern.find("}", pos + 1)
         if end < 0:
-            raise ValueError(f"unbalanced '{{' in {redact_url(pattern)!r}")
+            raise UsageError(f"unbalanced '{{' in {redact_url(pattern)!r}")
         body = pattern[pos + 1 : end]
         if "{" in body:
-            raise ValueError(
+            raise UsageError(
                 f"nested braces are not supported in {redact_url(pattern)!r}; "
                 "write the alternatives out or pass a list"
             )
@@ -129,7 +130,7 @@ def _parse_group(body: str) -> list[str] | _PaddedRange | None:
         width = max(len(first), len(last)) if padded else 0
         return _PaddedRange(int(first), int(last), width)
     if ".." in body:
-        raise ValueError(f"malformed range {{{body}}}: use non-negative integers like {{000..127}}")
+        raise UsageError(f"malformed range {{{body}}}: use non-negative integers like {{000..127}}")
     if "," in body:
         return body.split(",")
     return None
@@ -168,19 +169,19 @@ def expand_urls(
             check_scheme(pattern, schemes)
     total = sum(brace_count(pattern) for pattern in patterns)
     if total > max_shards:
-        raise ValueError(
+        raise UsageError(
             f"shard sources expand to {total} URLs, more than max_shards={max_shards}; "
             "split the list or raise max_shards"
         )
     if total == 0:
-        raise ValueError("no shard URLs given: the source list is empty")
+        raise UsageError("no shard URLs given: the source list is empty")
     urls: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
         for raw in expand_braces(pattern, max_shards=max_shards):
             url = validate_url(raw, schemes=schemes, data_root=data_root)
             if url in seen:
-                raise ValueError(f"duplicate shard URL after expansion: {redact_url(url)!r}")
+                raise UsageError(f"duplicate shard URL after expansion: {redact_url(url)!r}")
             seen.add(url)
             urls.append(url)
     return urls

@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -83,6 +84,48 @@ class ShardResult:
     pillow_fallbacks: int = 0
 
 
+@dataclass(frozen=True)
+class ShardJob:
+    """What every shard task of one build needs besides its own `ShardTask`.
+
+    Made once by the driver (`preprocess.job.shard_job`) and sent to every task as it
+    is (Ray puts it in its object store once; the local pool pickles it): plain values
+    only, no handles.
+
+    Attributes:
+        output: the output directory (absolute) or object-store URL.
+        shaping: `BuildConfig.output_shaping()`; each marker's digest covers it, so a
+            marker of a build with other options is stale.
+        image: how every input becomes the stored image.
+        formats: the shard formats written, each file holding the same samples.
+        class_names: the dataset's classes (their count sizes the class counts), written
+            into the metadata of files that carry it (Parquet).
+        row_group_size: Parquet rows per row group.
+        description: the dataset's one-line description, or None.
+        confine_root: the resolved input root under `--confine-to-input`, else None.
+        layout: where the files go (`shards.manifest.LAYOUTS`).
+        members: the members besides the image of a build with extra columns, else None
+            (`preprocess.job.shard_members`).
+        storage_options: fsspec options of the output and of remote inputs; never shown.
+    """
+
+    output: str
+    shaping: dict[str, Any]
+    image: ImageConfig
+    formats: tuple[str, ...]
+    class_names: tuple[str, ...]
+    row_group_size: int
+    description: str | None = None
+    confine_root: str | None = None
+    layout: str = LAYOUT_FLAT
+    members: tuple[str, ...] | None = None
+    storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False)
+
+    def open_store(self) -> OutputStore:
+        """The output's store."""
+        return open_output_store(self.output, self.storage_options)
+
+
 def image_field(config: ImageConfig) -> str:
     """The tar suffix and Parquet column of the encoded images."""
     return EXTENSIONS[config.encode]
@@ -102,68 +145,35 @@ def marker_name(task: ShardTask) -> str:
     return f"{BUILD_DIR}/{task.split}-{task.index:06d}.json"
 
 
-def build_shard(
-    task: ShardTask,
-    output: str,
-    shaping: dict,
-    image: ImageConfig,
-    formats: tuple[str, ...],
-    num_classes: int,
-    row_group_size: int,
-    confine_root: str | None = None,
-    class_names: tuple[str, ...] | None = None,
-    description: str | None = None,
-    layout: str = LAYOUT_FLAT,
-    members: tuple[str, ...] | None = None,
-) -> ShardResult:
+def build_shard(task: ShardTask, job: ShardJob) -> ShardResult:
     """Build one shard, or reuse it if an earlier run completed it and it checks out.
 
     A reused shard's skipped inputs are tried again first (`retry_skips`): when one
     of them reads now, the shard is rebuilt and gains it, byte-identical to a shard
     built with the input there from the start.
 
-    Args:
-        output: the output directory or object-store URL (see `open_output_store`).
-        confine_root: the resolved input root under `--confine-to-input`, else None.
-        class_names, description: the dataset's classes and description, written into
-            the metadata of files that carry it (Parquet) for other tools to read.
-        layout: where the files go (`shards.manifest.LAYOUTS`): beside the manifest,
-            or in one directory per format (`tar/train-000000.tar`).
-
     Data errors of single inputs are skipped and reported, and so are inputs that
     cannot be read (missing, permission denied, an I/O error); errors of the machine
     or the output (disk full, an upload that failed) propagate and leave no file
     under a final name.
     """
-    store = open_output_store(output)
-    digest = task_digest(task, shaping)
-    reused = reusable_result(store, task, digest, image, confine_root)
+    store = job.open_store()
+    digest = task_digest(task, job.shaping)
+    reused = reusable_result(store, task, digest, job)
     if reused is not None and reused.reused:
         return reused
     retried = reused.retried if reused is not None else 0
-    field = image_field(image)
-    names = {fmt: shard_name(task.split, task.index, fmt, layout) for fmt in formats}
+    names = {fmt: shard_name(task.split, task.index, fmt, job.layout) for fmt in job.formats}
     with contextlib.ExitStack() as stack:
         # Leaving the stack commits the staged files one by one (last format first);
         # an exception discards those not yet committed. A committed file without
         # its marker is not part of the build: a rerun rewrites it.
-        staged = {fmt: stack.enter_context(store.staged(names[fmt])) for fmt in formats}
-        skipped, class_counts, fallbacks = write_formats(
-            task,
-            staged,
-            image,
-            field,
-            num_classes,
-            row_group_size,
-            confine_root,
-            class_names=class_names,
-            description=description,
-            members=members,
-        )
+        staged = {fmt: stack.enter_context(store.staged(names[fmt])) for fmt in job.formats}
+        skipped, class_counts, fallbacks = write_formats(task, staged, job)
         # Hashed before the commit: an upload is then never read back to hash it.
         files = {
             fmt: FileInfo(names[fmt], staged[fmt].stat().st_size, file_sha256(staged[fmt]))
-            for fmt in formats
+            for fmt in job.formats
         }
     info = ShardInfo(task.index, len(task.samples) - len(skipped), files, class_counts)
     recovered = 0
@@ -177,7 +187,7 @@ def build_shard(
 
 
 def reusable_result(
-    store: OutputStore, task: ShardTask, digest: str, image: ImageConfig, confine_root: str | None
+    store: OutputStore, task: ShardTask, digest: str, job: ShardJob
 ) -> ShardResult | None:
     """The shard an earlier run committed, as `build_shard` would report it, or None.
 
@@ -188,13 +198,11 @@ def reusable_result(
     committed = load_complete_shard(store, task, digest)
     if committed is None:
         return None
-    retried, changed = retry_skips(task, committed.skipped, image, confine_root)
+    retried, changed = retry_skips(task, committed.skipped, job)
     return dataclasses.replace(committed, reused=not changed, retried=retried)
 
 
-def retry_skips(
-    task: ShardTask, skipped: list[Skip], image: ImageConfig, confine_root: str | None
-) -> tuple[int, bool]:
+def retry_skips(task: ShardTask, skipped: list[Skip], job: ShardJob) -> tuple[int, bool]:
     """Try a reused shard's skipped inputs again: (how many were tried, whether any changed).
 
     An environmental skip is tried by reading the input again: it changed when it
@@ -213,7 +221,7 @@ def retry_skips(
         if skip.environmental:
             tried += 1
             try:
-                read_input(planned, image, confine_root)
+                read_input(planned, job.image, job.confine_root, job.storage_options)
             except SampleError as error:
                 changed = changed or error.reason != skip.reason
             else:
@@ -236,17 +244,7 @@ def _stat_of(path: str) -> tuple[int | None, int | None]:
 
 
 def write_formats(
-    task: ShardTask,
-    paths: dict[str, Path],
-    image: ImageConfig,
-    field: str,
-    num_classes: int,
-    row_group_size: int,
-    confine_root: str | None = None,
-    *,
-    class_names: tuple[str, ...] | None = None,
-    description: str | None = None,
-    members: tuple[str, ...] | None = None,
+    task: ShardTask, paths: dict[str, Path], job: ShardJob
 ) -> tuple[list[Skip], list[int], int]:
     """Write the task's samples to one file per format: skips, class counts, Pillow fallbacks.
 
@@ -256,26 +254,32 @@ def write_formats(
     """
     skipped: list[Skip] = []
     fallbacks: dict[str, int] = {"pillow": 0}
-    class_counts = [0] * num_classes
+    class_counts = [0] * len(job.class_names)
     single = all(type(planned.label) is int for planned in task.samples)
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
+    field = image_field(job.image)
     dataset = {
-        "class_names": class_names,
-        "description": description,
+        "class_names": job.class_names,
+        "description": job.description,
         "split": task.split,
-        "members": members,  # the build's columns, also for a shard whose inputs all fail
+        "members": job.members,  # the build's columns, also for a shard whose inputs all fail
     }
     with contextlib.ExitStack() as stack:
         writers = []
         for fmt, path in paths.items():
             fileobj: BinaryIO = stack.enter_context(open(path, "wb"))
-            writers.append(get_format(fmt).open_writer(fileobj, field, row_group_size, **dataset))
+            writer = get_format(fmt).open_writer(fileobj, field, job.row_group_size, **dataset)
+            writers.append(writer)
         try:
             for planned in task.samples:
                 try:
                     sample = build_shard_sample(
-                        planned, task.split, image, field, confine_root, fallbacks=fallbacks
+                        planned,
+                        task.split,
+                        job.image,
+                        field,
+                        job.confine_root,
+                        fallbacks=fallbacks,
+                        storage_options=job.storage_options,
                     )
                 except SampleError as error:
                     size, mtime_ns = _stat_of(planned.path)
@@ -317,12 +321,18 @@ def committed_etags(store: OutputStore, files: dict[str, FileInfo]) -> dict[str,
     return etags
 
 
-def read_input(planned: PlannedSample, image: ImageConfig, confine_root: str | None) -> bytes:
+def read_input(
+    planned: PlannedSample,
+    image: ImageConfig,
+    confine_root: str | None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> bytes:
     """One input's bytes; a file that cannot be read is a skip, not the build's end.
 
     A remote input is read through `shards.storage` with the shards' retries and a
-    deadline (`preprocess.images.INPUT_RETRY`); one still failing after them is its
-    `missing` or `io_error` skip naming the redacted URL, retried by a plain rerun.
+    deadline (`preprocess.images.INPUT_RETRY`) and the build's `storage_options`; one
+    still failing after them is its `missing` or `io_error` skip naming the redacted
+    URL, retried by a plain rerun.
 
     Raises:
         SampleError: `read_source`'s reasons, `unreadable` (permission denied),
@@ -331,7 +341,12 @@ def read_input(planned: PlannedSample, image: ImageConfig, confine_root: str | N
         OSError: an error of the machine rather than the file; it propagates.
     """
     try:
-        return read_source(planned.path, image.max_file_bytes, confine_to=confine_root)
+        return read_source(
+            planned.path,
+            image.max_file_bytes,
+            confine_to=confine_root,
+            storage_options=storage_options,
+        )
     except PermissionError as error:
         raise SampleError(
             "unreadable",
@@ -358,10 +373,12 @@ def build_shard_sample(
     confine_root: str | None = None,
     *,
     fallbacks: dict[str, int] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Sample:
     """Read and process one input into the sample dict written to every format.
 
-    `fallbacks["pillow"]` counts the inputs the fast backend handed to Pillow.
+    `fallbacks["pillow"]` counts the inputs the fast backend handed to Pillow; a remote
+    input is read with `storage_options`.
 
     Members: the image, `json` (our metadata, plus the input list's `json` columns),
     then by the label `cls` (single), `labels` (multi-label: a JSON list of class ids)
@@ -371,7 +388,8 @@ def build_shard_sample(
         SampleError: the image's reasons, or `bad_json` when the metadata document
             with the list's `json` columns is over `MAX_FIELD_BYTES` (what the loader reads).
     """
-    processed = process_image(read_input(planned, image, confine_root), image)
+    data = read_input(planned, image, confine_root, storage_options)
+    processed = process_image(data, image)
     if fallbacks is not None and processed.pillow_fallback:
         fallbacks["pillow"] += 1
     meta = {

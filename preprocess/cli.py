@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from preprocess.config import BuildConfig
+from shards.errors import ShardpipeError, UsageError
 from shards.flags import (
     Command,
     build_command_parser,
@@ -52,13 +53,13 @@ class SampleOptions:
 
     def __post_init__(self) -> None:
         if self.count < 1:
-            raise ValueError("--count must be at least 1")
+            raise UsageError("--count must be at least 1")
         if not 1 <= self.classes <= 1000:
-            raise ValueError("--classes must be in 1..1000")
+            raise UsageError("--classes must be in 1..1000")
         if self.seed < 0:
-            raise ValueError("--seed must be 0 or more")
+            raise UsageError("--seed must be 0 or more")
         if self.workers is not None and self.workers < 1:
-            raise ValueError("--workers must be at least 1")
+            raise UsageError("--workers must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,12 @@ def setup_logging() -> None:
         logger.addHandler(handler)
 
 
-def fail(command: str, error: BaseException, label: str = "error") -> int:
-    """A user's mistake, or a problem of the data or the machine: one line on stderr, exit 1."""
+def fail(command: str, error: BaseException | str, label: str = "error") -> int:
+    """A user's mistake, or a problem of the data or the machine: one line on stderr, exit 1.
+
+    Our own errors (`ShardpipeError`) that a command does not label itself are printed
+    the same way by `run_command`; any other exception is a bug and keeps its traceback.
+    """
     print(f"preprocess {command}: {label}: {error}", file=sys.stderr)
     return 1
 
@@ -151,7 +156,7 @@ def run_make_sample(options: SampleOptions, args: argparse.Namespace) -> int:
             workers=options.workers,
             overwrite=options.overwrite,
         )
-    except (ValueError, OSError) as error:
+    except OSError as error:
         return fail("make-sample", error)
     print(summary.describe())
     return 0
@@ -165,18 +170,15 @@ def build_config_from_args(args: argparse.Namespace) -> BuildConfig:
 def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
     from preprocess.dry_run import run_dry_run
     from preprocess.job import run_build
-    from preprocess.ray_job import BuildError
-    from preprocess.sources import InputError
-    from shards.errors import ShardError
 
     try:
         if args.dry_run:
             print(format_dry_run(run_dry_run(config)))
             return 0
         summary = run_build(config)
-    except (BuildError, InputError, ShardError, ValueError, FileNotFoundError) as error:
+    except FileNotFoundError as error:
         return fail("build-shards", error)
-    except OSError as error:
+    except OSError as error:  # a shard read that ran out of retries too (`ShardReadError`)
         return fail(
             "build-shards",
             f"{error}. Nothing partial was left under a final name; fix the cause and rerun "
@@ -348,12 +350,11 @@ def _existing_line(report) -> str:
 
 
 def run_verify(options: VerifyOptions, args: argparse.Namespace) -> int:
-    from preprocess.verify import VerifyError, verify_directory
-    from shards.errors import ShardError
+    from preprocess.verify import verify_directory
 
     try:
         report = verify_directory(options.directory, check_images=options.images)
-    except (VerifyError, ShardError, FileNotFoundError, ValueError) as error:
+    except (ShardpipeError, FileNotFoundError) as error:
         return fail("verify", error, "FAILED")
     print(f"verify: OK: {report.shards} shards, {report.files} files, {report.samples} samples")
     return 0
@@ -365,7 +366,7 @@ def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
 
     try:
         print(describe(read_manifest(options.directory)))
-    except (FileNotFoundError, ValueError) as error:
+    except FileNotFoundError as error:
         return fail("info", error)
     return 0
 
@@ -375,7 +376,7 @@ def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
 
     try:
         names = rewrite_client_files(options.directory)
-    except (FileNotFoundError, ValueError) as error:
+    except FileNotFoundError as error:
         return fail("index", error)
     except OSError as error:
         return fail("index", f"{error}; fix the cause and rerun", "environment error")

@@ -6,13 +6,31 @@ build and in the manifest; a rerun against the same output must match it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import functools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from preprocess.images import BACKENDS, EXTENSIONS, RESAMPLING, RESIZE_POLICIES, ImageConfig
+from preprocess.images import (
+    BACKENDS,
+    EXTENSIONS,
+    RESAMPLING,
+    RESIZE_POLICIES,
+    RESTART_LAYOUTS,
+    ImageConfig,
+)
 from preprocess.sizing import parse_bytes
 from preprocess.sources import LABEL_MODES, InputColumns
-from shards.flags import about, option
+from shards.flags import (
+    about,
+    check_at_least,
+    check_choice,
+    check_flag,
+    check_fraction,
+    check_int_at_least,
+    option,
+    refuse,
+)
 from shards.manifest import LAYOUTS, SHARD_FORMATS
 from shards.redact import url_credentials_problem
 
@@ -30,7 +48,29 @@ RUNTIME_ONLY = (
     "max_skip_fraction",
     "executor",
     "progress",
+    "storage_options",
 )
+
+
+def older_restarts(layout: str, current: str) -> str:
+    """The older of two `RESTART_LAYOUTS`: what an old `--no-jpeg-restart*` switch leaves."""
+    return max(layout, current, key=RESTART_LAYOUTS.index)
+
+
+def unchanged(current: Any) -> Any:
+    """An old switch that named the default: accepted, and it changes nothing."""
+    return current
+
+
+# The switches of builds made before `--jpeg-restarts` took a layout; each one can only
+# make the layout older, so they combine in any order as they did.
+RESTART_SPELLINGS = {
+    "--no-jpeg-restarts": functools.partial(older_restarts, "none"),
+    "--no-jpeg-restart-columns": functools.partial(older_restarts, "rows"),
+    "--no-jpeg-restart-narrow-rows": functools.partial(older_restarts, "columns-all"),
+    "--jpeg-restart-columns": unchanged,
+    "--jpeg-restart-narrow-rows": unchanged,
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +114,10 @@ class BuildConfig:
             holds a list of class names) or `none` (no classes: image-text pairs).
         fields: `COLUMN:MEMBER` entries: the input list's column becomes the sample
             member `txt` (a caption), `weight` (a number) or a key of `json`.
+        storage_options: fsspec options of the object stores the build reads and writes
+            (the input's listing and images, the output), e.g. `endpoint_url`; None takes
+            each store's standard environment (`AWS_*`, ...), which is all the command
+            line uses. Python only, never shown in a repr nor recorded: credentials go here.
     """
 
     input: str = option(
@@ -107,23 +151,17 @@ class BuildConfig:
                 BACKENDS,
             ),
             "jpeg_restarts": about(
-                "JPEG output gets a restart marker at every MCU row, so the loader can decode "
-                "only the rows a crop needs (about 4 bytes a row); "
-                "--no-jpeg-restarts writes files without them, as builds made before the "
-                "option did, and is how such a build resumes"
-            ),
-            "jpeg_restart_columns": about(
-                "with --jpeg-restarts, a restart interval is about 64 px of a row (a divisor "
-                "of its MCUs; the whole row when none fits), so the loader can decode only "
-                "the columns a crop needs too (files ~1.5-3% larger); "
-                "--no-jpeg-restart-columns writes one interval per MCU row, as builds made "
-                "before the option did, and is how such a build resumes"
-            ),
-            "jpeg_restart_narrow_rows": about(
-                "with column intervals, rows under 384 px (24 MCUs) keep one interval per row, "
-                "which the loader decodes faster there; --no-jpeg-restart-narrow-rows cuts "
-                "them into columns too, as builds made before the option did, and is how "
-                "such a build resumes"
+                "where JPEG restart markers start intervals, so the loader decodes only the "
+                "rows and columns a crop needs: columns = intervals of about 64 px (files "
+                "~1.5-3% larger), one per row in rows under 384 px, which decode faster so; "
+                "columns-all = column intervals in those rows too; rows = one interval per "
+                "MCU row (about 4 bytes a row); none = no markers. Each of the last three "
+                "writes the files of builds made before the one above it, and is how such a "
+                "build resumes (the older --no-jpeg-restarts, --no-jpeg-restart-columns and "
+                "--no-jpeg-restart-narrow-rows still mean none, rows and columns-all)",
+                RESTART_LAYOUTS,
+                bare="columns",
+                spellings=RESTART_SPELLINGS,
             ),
         },
     )
@@ -212,38 +250,72 @@ class BuildConfig:
         "input and output",
         metavar="COLUMN:MEMBER,...",
     )
+    # repr=False: credentials put here must not leak wherever a config is logged.
+    storage_options: dict | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "fsspec options of the build's object stores", "cli": False},
+    )
 
     def __post_init__(self) -> None:
-        self.input_columns()  # a bad --label or --fields is one error before any work
-        for flag, location in (("--input", self.input), ("--output", self.output)):
-            credentials = url_credentials_problem(str(location))
+        for name in ("input", "output"):
+            location = getattr(self, name)
+            if not isinstance(location, str) or not location:
+                raise refuse(self, name, f" must be a path or URL, got {location!r}")
+            credentials = url_credentials_problem(location)
             if credentials is not None:
-                raise ValueError(f"{flag} {credentials}")
-        if self.shard_size < 1:
-            raise ValueError("--shard-size must be at least 1")
-        if self.shard_bytes is not None and self.shard_bytes < 1:
-            raise ValueError("--shard-bytes must be at least 1")
-        if not self.formats or any(f not in SHARD_FORMATS for f in self.formats):
-            raise ValueError(
-                f"--formats takes a comma-separated subset of {','.join(SHARD_FORMATS)}"
+                raise refuse(self, name, f" {credentials}")
+        if not isinstance(self.image, ImageConfig):
+            raise refuse(self, "image", f" must be an ImageConfig, got {self.image!r}")
+        check_int_at_least(self, "shard_size", 1)
+        if self.shard_bytes is not None:
+            check_int_at_least(self, "shard_bytes", 1)
+        formats = self.formats
+        if (
+            not isinstance(formats, tuple)
+            or not formats
+            or any(f not in SHARD_FORMATS for f in formats)
+        ):
+            raise refuse(
+                self,
+                "formats",
+                f" takes a comma-separated subset of {','.join(SHARD_FORMATS)}, got {formats!r}",
             )
-        if self.layout is not None and self.layout not in LAYOUTS:
-            raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, or left out")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError("--val-fraction must be in [0, 1)")
-        if not 0.0 <= self.max_skip_fraction <= 1.0:
-            raise ValueError("--max-skip-fraction must be in [0, 1]")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}")
+        check_choice(self, "layout", LAYOUTS, optional=True)
+        value = self.val_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise refuse(self, "val_fraction", f" must be a number in [0, 1), got {value!r}")
+        if type(self.seed) is not int:
+            raise refuse(self, "seed", f" must be an integer, got {self.seed!r}")
+        check_int_at_least(self, "row_group_size", 1)
+        check_fraction(self, "max_skip_fraction")
+        self._check_run_options()
+        check_choice(self, "label", LABEL_MODES)
+        if self.description is not None and not isinstance(self.description, str):
+            raise refuse(self, "description", f" must be text or None, got {self.description!r}")
+        if not isinstance(self.fields, tuple):
+            raise refuse(self, "fields", f" must be a tuple of COLUMN:MEMBER, got {self.fields!r}")
+        self.input_columns()  # a bad --fields entry is one error before any work
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise refuse(self, "storage_options", " must be a dict of fsspec options or None")
+
+    def _check_run_options(self) -> None:
+        """The options of where and how the tasks run (`RUNTIME_ONLY`)."""
+        address = self.ray_address
+        if address is not None and (not isinstance(address, str) or not address):
+            raise refuse(self, "ray_address", f" must be `auto`, ray://host:port or None, got {address!r}")
+        check_choice(self, "executor", EXECUTORS)
         if self.ray_address and self.executor in ("local", "inline"):
-            raise ValueError(
-                f"--ray-address names a Ray cluster, and --executor {self.executor} does not "
-                "use Ray; pass --executor ray (or auto), or leave --ray-address out"
+            raise refuse(
+                self,
+                "executor",
+                f" {self.executor} does not use Ray, and ray_address (--ray-address) names "
+                "a Ray cluster; use executor ray (or auto), or leave ray_address out",
             )
-        if self.workers is not None and self.workers < 1:
-            raise ValueError("--workers must be at least 1")
-        if self.row_group_size < 1:
-            raise ValueError("--row-group-size must be at least 1")
+        if self.workers is not None:
+            check_int_at_least(self, "workers", 1)
+        for name in ("overwrite", "progress", "confine_to_input"):
+            check_flag(self, name)
 
     def input_columns(self) -> InputColumns:
         """What the input list's columns hold (`--label`, `--fields`), checked.
@@ -255,9 +327,9 @@ class BuildConfig:
 
     def output_shaping(self) -> dict[str, Any]:
         """The options that determine the output bytes (compared on resume)."""
-        data = asdict(self)
-        for name in RUNTIME_ONLY:
-            data.pop(name)
+        # Field by field: `storage_options` may hold what `asdict` cannot copy (a session).
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RUNTIME_ONLY}
+        data["image"] = asdict(self.image)
         # The layout shapes the output too, but the build record keeps it apart
         # (`preprocess.output.build_record`): records of builds made before it existed
         # still match, and a rerun without --layout keeps the layout it started with.
@@ -282,75 +354,80 @@ class BuildConfig:
         data["image"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in data["image"].items()
         }
-        # Restart markers: recorded only when they are written, so the records of builds
-        # made before the option (no markers) match --no-jpeg-restarts, and PNG or WebP
-        # builds, which they do not touch, still resume.
-        markers = self.image.jpeg_restarts and self.image.encode == "jpeg"
-        if not markers:
-            data["image"].pop("jpeg_restarts")
-        # Column intervals: the same, and only where there are markers, so the records of
-        # builds made before them (row intervals) match --no-jpeg-restart-columns, and the
-        # record of a --no-jpeg-restarts build is what it was.
-        columns = markers and self.image.jpeg_restart_columns
-        if not columns:
-            data["image"].pop("jpeg_restart_columns")
-        # Narrow rows kept whole: the same again, only with column intervals.
-        if not (columns and self.image.jpeg_restart_narrow_rows):
-            data["image"].pop("jpeg_restart_narrow_rows")
+        data["image"].pop("jpeg_restarts")
+        data["image"].update(restart_record(self.image))
         return data
 
 
-# Output-shaping switches that `output_shaping` records only when on, so the records of
-# builds made before them (off) still match: for each, the hint for a rerun that meets a
-# build started with it off, and one started with it on.
-RECORDED_WHEN_ON = {
-    "image.jpeg_restarts": (
-        "the build was started without JPEG restart markers; rerun with --no-jpeg-restarts "
-        "to resume it",
-        "the build was started with JPEG restart markers; rerun without --no-jpeg-restarts "
-        "to resume it",
-    ),
-    "image.jpeg_restart_columns": (
-        "the build was started without restart intervals shorter than an MCU row; rerun "
-        "with --no-jpeg-restart-columns to resume it",
-        "the build was started with restart intervals shorter than an MCU row; rerun "
-        "without --no-jpeg-restart-columns to resume it",
-    ),
-    "image.jpeg_restart_narrow_rows": (
-        "the build was started with column intervals in rows under 384 px too; rerun with "
-        "--no-jpeg-restart-narrow-rows to resume it",
-        "the build was started with one interval per row under 384 px; rerun without "
-        "--no-jpeg-restart-narrow-rows to resume it",
-    ),
+# How the build record and the manifest spell `ImageConfig.jpeg_restarts`: the switches of
+# the versions before it took a layout, each recorded only when on, so the records (and
+# the marker digests) of builds started by those versions still match. `none` records
+# nothing, and neither do PNG and WebP builds, which no layout touches.
+RESTART_RECORD = {
+    "columns": ("jpeg_restarts", "jpeg_restart_columns", "jpeg_restart_narrow_rows"),
+    "columns-all": ("jpeg_restarts", "jpeg_restart_columns"),
+    "rows": ("jpeg_restarts",),
+    "none": (),
 }
+RESTART_KEYS = RESTART_RECORD["columns"]
 
 
-# Switches recorded only while another one is on: when that one differs too, its line alone
-# says what to rerun with (`--no-jpeg-restarts` already writes no restart intervals at all,
-# `--no-jpeg-restart-columns` no column intervals).
-RECORDED_UNDER = {
-    "image.jpeg_restart_columns": "image.jpeg_restarts",
-    "image.jpeg_restart_narrow_rows": "image.jpeg_restart_columns",
-}
+def restart_record(image: ImageConfig) -> dict[str, bool]:
+    """The image record's entries for the restart layout (`RESTART_RECORD`), in order."""
+    layout = image.jpeg_restarts if image.encode == "jpeg" else "none"
+    return dict.fromkeys(RESTART_RECORD[layout], True)
 
 
-def diff_configs(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human-readable differences between two output-shaping configs, one line each."""
-    changes = {}
+def recorded_restarts(image: Mapping[str, Any]) -> str:
+    """The restart layout an image record names (`RESTART_RECORD`, read back).
+
+    Each switch counts only under the one before it, as the versions that wrote them
+    read them: no `jpeg_restarts` is `none` whatever else is there.
+    """
+    on = [image.get(key) is True for key in RESTART_KEYS]
+    if not on[0]:
+        return "none"
+    if not on[1]:
+        return "rows"
+    return "columns" if on[2] else "columns-all"
+
+
+def comparable_record(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An output-shaping record with its restart switches read as one `jpeg_restarts` layout."""
+    image = config.get("image")
+    if not isinstance(image, Mapping):
+        return dict(config)
+    folded = {key: value for key, value in image.items() if key not in RESTART_KEYS}
+    folded["jpeg_restarts"] = recorded_restarts(image)
+    return {**config, "image": folded}
+
+
+def diff_configs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two output-shaping records, one line each.
+
+    A build started with another restart layout gets the flag that resumes it; that
+    line is left out when the encoding differs too (no layout touches PNG or WebP).
+    """
+    old, new = comparable_record(old), comparable_record(new)
+    changes = dict(_diff(old, new, ""))
+    if "image.encode" in changes:
+        changes.pop("image.jpeg_restarts", None)
+    elif "image.jpeg_restarts" in changes:
+        flag = f"--jpeg-restarts {old['image']['jpeg_restarts']}"
+        changes["image.jpeg_restarts"] += (
+            f" (the build was started with {flag}; rerun with {flag} to resume it)"
+        )
+    return list(changes.values())
+
+
+def _diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """`(path, line)` of every difference, nested records walked."""
+    changes = []
     for name in sorted(set(old) | set(new)):
         path = f"{prefix}{name}"
         before, after = old.get(name), new.get(name)
-        if isinstance(before, dict) and isinstance(after, dict):
-            changes.update((line, line) for line in diff_configs(before, after, f"{path}."))
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            changes.extend(_diff(before, after, f"{path}."))
         elif before != after:
-            changes[path] = _change_line(path, name in old, before, name in new, after)
-    return [line for path, line in changes.items() if RECORDED_UNDER.get(path) not in changes]
-
-
-def _change_line(path: str, had: bool, before: Any, has: bool, after: Any) -> str:
-    """`path: before -> after`; a switch recorded only when on shows its absence as False."""
-    if path not in RECORDED_WHEN_ON:
-        return f"{path}: {before!r} -> {after!r}"
-    was_off, was_on = RECORDED_WHEN_ON[path]
-    before, after = (before if had else False), (after if has else False)
-    return f"{path}: {before!r} -> {after!r} ({was_on if had else was_off})"
+            changes.append((path, f"{path}: {before!r} -> {after!r}"))
+    return changes

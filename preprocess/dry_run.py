@@ -68,11 +68,11 @@ def run_dry_run(config: BuildConfig) -> DryRun:
         BuildError: the output holds something other than a build.
         InputError: the input list cannot be trusted (nothing is left behind).
     """
-    store = open_output_store(config.output)
+    store = open_output_store(config.output, config.storage_options)
     check_output(store, config)
     with contextlib.ExitStack() as stack:
         listing, plan = plan_build(config, store, stack)
-    probe = probe_inputs(plan.probe, config.image, config.formats)
+    probe = probe_inputs(plan.probe, config.image, config.formats, config.storage_options)
     location = None if is_remote(store.url) else store.location(PLAN_NAME)
     existing, committed = describe_existing(store, config, plan)
     return DryRun(plan, listing, store.url, location, probe, existing, committed)

@@ -120,13 +120,16 @@ import math
 import os
 import stat
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from io import BytesIO
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageFile
 
+from shards.flags import check_at_least, check_choice, check_int_at_least, refuse
 from shards.imagedata import (
     FAST_HINT,
     FAST_JPEG_COLORSPACES,
@@ -160,6 +163,11 @@ from shards.storage import (
 INPUT_RETRY = RetryPolicy(deadline=5 * 60.0)
 
 RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
+# Where a JPEG output's restart intervals start (`ImageConfig.jpeg_restarts`), newest first:
+# columns of about 64 px in rows of 384 px and more, whole rows below (the default);
+# columns in every row; one interval per MCU row; no markers at all. Each older one is
+# what builds started before the next existed wrote, so they resume byte for byte.
+RESTART_LAYOUTS = ("columns", "columns-all", "rows", "none")
 BACKENDS = ("auto", "fast", "pillow")
 RESAMPLING = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -205,19 +213,15 @@ class ImageConfig:
             resample is bilinear and simplejpeg and OpenCV import, else `pillow`. `auto` is
             resolved when the config is made, so manifests and resume checks record the
             backend that ran.
-        jpeg_restarts: JPEG output gets restart markers, at least one at the start of
-            every MCU row (see "Restart markers" in the module docstring), so the loader can
-            decode only the rows a crop needs. False writes the files of builds made before
-            the option.
-        jpeg_restart_columns: with `jpeg_restarts`, a restart interval is
-            `shards.jpegband.restart_interval(width)` MCUs (about 64 px; the whole row when
-            the row's MCU count has no divisor in 4..8) instead of one MCU row, so the loader
-            can decode only the columns a crop needs too, for files ~1.5% larger. False
-            writes the files of builds made before the option.
-        jpeg_restart_narrow_rows: with `jpeg_restart_columns`, rows of fewer than
-            `shards.jpegband.MIN_COLUMN_MCUS` MCUs (384 px) keep one interval per row,
-            whose bands decode faster than column bands of so few MCUs. False writes
-            column intervals in them too, as builds made before the option did.
+        jpeg_restarts: where the restart intervals of JPEG output start
+            (`RESTART_LAYOUTS`; see "Restart markers" in the module docstring), so the
+            loader can decode only the rows, and columns, a crop needs. `columns`
+            (default): `shards.jpegband.restart_interval(width)` MCUs (about 64 px; the
+            whole row when the row's MCU count has no divisor in 4..8), and one interval
+            per row in rows of fewer than `shards.jpegband.MIN_COLUMN_MCUS` MCUs (384 px),
+            whose bands decode faster so. `columns-all`: column intervals in those rows
+            too; `rows`: one interval per MCU row; `none`: no markers. The last three
+            write the files of builds made before the one above them existed.
     """
 
     image_size: int = 256
@@ -231,29 +235,40 @@ class ImageConfig:
     resample: str = "bilinear"
     background: tuple[int, int, int] = (255, 255, 255)
     backend: str = "auto"
-    jpeg_restarts: bool = True
-    jpeg_restart_columns: bool = True
-    jpeg_restart_narrow_rows: bool = True
+    jpeg_restarts: str = "columns"
 
     def __post_init__(self) -> None:
-        _check_choice("resize", self.resize, RESIZE_POLICIES)
-        _check_choice("backend", self.backend, BACKENDS)
+        check_int_at_least(self, "image_size", 1)
+        check_choice(self, "resize", RESIZE_POLICIES)
+        check_choice(self, "encode", tuple(EXTENSIONS))
+        check_int_at_least(self, "quality", 1)
+        if self.quality > 100:
+            raise refuse(self, "quality", f" must be in 1..100, got {self.quality!r}")
+        check_int_at_least(self, "max_pixels", 1)
+        try:
+            check_max_pixels(self.max_pixels)
+        except ValueError as error:
+            raise refuse(self, "max_pixels", f" refused: {error}") from error
+        check_int_at_least(self, "max_file_bytes", 1)
+        check_at_least(self, "max_aspect", 1)
+        check_int_at_least(self, "min_side", 1)
+        check_choice(self, "resample", tuple(RESAMPLING))
+        background = self.background
+        if not (
+            isinstance(background, tuple)
+            and len(background) == 3
+            and all(type(c) is int and 0 <= c <= 255 for c in background)
+        ):
+            raise refuse(
+                self, "background", f" must be three integers in 0..255, got {background!r}"
+            )
+        check_choice(self, "jpeg_restarts", RESTART_LAYOUTS)
+        check_choice(self, "backend", BACKENDS)
         if self.backend == "auto":  # frozen: resolved once, here
             fast = self.resample == "bilinear" and fast_backend_available()
             object.__setattr__(self, "backend", "fast" if fast else "pillow")
-        _check_choice("encode", self.encode, tuple(EXTENSIONS))
-        _check_choice("resample", self.resample, tuple(RESAMPLING))
-        if self.image_size < 1 or self.min_side < 1 or self.max_file_bytes < 1:
-            raise ValueError("image_size, min_side and max_file_bytes must be positive")
-        if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality {self.quality} is outside 1..100")
-        check_max_pixels(self.max_pixels)
-        if self.max_aspect < 1:
-            raise ValueError(f"max_aspect {self.max_aspect} must be at least 1")
-        if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
-            raise ValueError(f"background {self.background} must be three values in 0..255")
         if self.backend == "fast":
-            _check_fast_backend(self.resample)
+            _check_fast_backend(self, self.resample)
 
 
 @dataclass(frozen=True)
@@ -295,7 +310,12 @@ class ResizePlan:
     box: tuple[int, int, int, int]
 
 
-def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None) -> bytes:
+def read_source(
+    path_or_url: str,
+    max_bytes: int,
+    confine_to: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> bytes:
     """Read one input, refusing files over `max_bytes`.
 
     Plain paths are read directly; anything with a scheme (`file://`, `s3://`,
@@ -305,6 +325,8 @@ def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None)
         confine_to: a resolved directory (`--confine-to-input`): a local path whose real
             path lies outside it is refused, checked here, when the file is opened, so
             a link that appeared after listing is caught too.
+        storage_options: fsspec options of a remote input's store (`BuildConfig`); None
+            takes the store's standard environment.
 
     Raises:
         SampleError: `missing` (absent or not a regular file), `too_large_file`, `empty`,
@@ -313,7 +335,7 @@ def read_source(path_or_url: str, max_bytes: int, confine_to: str | None = None)
     """
     try:
         if "://" in path_or_url:
-            data = _read_url(path_or_url, max_bytes)
+            data = _read_url(path_or_url, max_bytes, storage_options)
         else:
             data = _read_local(path_or_url, max_bytes, confine_to)
     except (FileNotFoundError, NotADirectoryError) as error:
@@ -375,7 +397,7 @@ def _confined_path(path: str, root: str) -> str:
     return real
 
 
-def _read_url(url: str, max_bytes: int) -> bytes:
+def _read_url(url: str, max_bytes: int, storage_options: Mapping[str, Any] | None) -> bytes:
     """A remote input, read as a shard is (`shards.storage`): retries, a deadline, redaction.
 
     A failure that outlasts the retries is this input's skip, never the build's end:
@@ -383,7 +405,9 @@ def _read_url(url: str, max_bytes: int) -> bytes:
     both naming the redacted URL.
     """
     try:
-        return read_bytes(url, max_bytes, INPUT_RETRY, schemes=READ_SCHEMES)
+        return read_bytes(
+            url, max_bytes, INPUT_RETRY, storage_options=storage_options, schemes=READ_SCHEMES
+        )
     except ObjectNotFoundError as error:
         raise SampleError(
             "missing", f"{error.url}: {error.reason}; restore it and rerun"
@@ -529,12 +553,13 @@ def _restart_blocks(width: int, config: ImageConfig) -> int:
     libjpeg's `restart_in_rows = 1` sets, so the files of builds without column intervals
     are unchanged. A JPEG's 65535 px are 4096 MCUs: any interval fits DRI's 16 bits.
     """
-    if not config.jpeg_restarts:
+    layout = config.jpeg_restarts
+    if layout == "none":
         return 0
-    if config.jpeg_restart_columns:
-        narrowest = MIN_COLUMN_MCUS if config.jpeg_restart_narrow_rows else 0
-        return restart_interval(width, _MCU_WIDTH, narrowest)
-    return -(-width // _MCU_WIDTH)  # one MCU row
+    if layout == "rows":
+        return -(-width // _MCU_WIDTH)  # one MCU row
+    narrowest = MIN_COLUMN_MCUS if layout == "columns" else 0
+    return restart_interval(width, _MCU_WIDTH, narrowest)
 
 
 def _check_output_size(width: int, height: int, config: ImageConfig) -> None:
@@ -545,11 +570,6 @@ def _check_output_size(width: int, height: int, config: ImageConfig) -> None:
             f"output {width}x{height} exceeds the {config.encode} limit of {limit} px "
             "a side; use a resize policy other than `none`",
         )
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
 def _bound_aspect(width: int, height: int, max_aspect: float) -> tuple[int, int]:
@@ -584,14 +604,16 @@ def _draft(source: ImageFile.ImageFile, config: ImageConfig) -> None:
 # --- The `fast` backend (see "Backends" in the module docstring) -----------------------------
 
 
-def _check_fast_backend(resample: str) -> None:
+def _check_fast_backend(config: ImageConfig, resample: str) -> None:
     if resample != "bilinear":
-        raise ValueError(
-            f"backend 'fast' resizes with OpenCV's bilinear filter, not {resample!r}; "
-            "use resample='bilinear' (--resample bilinear) or backend='pillow'"
+        raise refuse(
+            config,
+            "backend",
+            f" 'fast' resizes with OpenCV's bilinear filter, not {resample!r}; "
+            "use resample='bilinear' (--resample bilinear) or backend='pillow'",
         )
     if not fast_backend_available():
-        raise ValueError(f"backend 'fast': {FAST_HINT}, or use backend='pillow'")
+        raise refuse(config, "backend", f" 'fast': {FAST_HINT}, or use backend='pillow'")
 
 
 def _process_fast(
@@ -642,7 +664,7 @@ def _encode_jpeg_array(
     Pillow's bytes (4:2:0, accurate DCT, baseline, standard tables, JFIF header, no
     metadata), and costs no more than simplejpeg did, the BGR copy included.
     """
-    if not config.jpeg_restarts:
+    if config.jpeg_restarts == "none":
         # A build started before restart markers: its old encoder, so it resumes byte for byte.
         return simplejpeg.encode_jpeg(pixels, config.quality, "RGB", "420", fastdct=False)
     params = [

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from preprocess.build import (
     BUILD_DIR,
+    ShardJob,
     ShardResult,
     image_field,
     marker_name,
@@ -95,7 +96,7 @@ def run_build(config: BuildConfig) -> BuildSummary:
             `config.layout` is not the layout of the build being resumed.
     """
     started = time.perf_counter()
-    store = open_output_store(config.output)
+    store = open_output_store(config.output, config.storage_options)
     check_output(store, config)
     executor = choose_executor(config)
     clock = PhaseClock()
@@ -111,7 +112,8 @@ def run_build(config: BuildConfig) -> BuildSummary:
         waited = executor.wait_s
         clock.lap("plan", waited)
         confine_root = listing.root if config.confine_to_input else None
-        results, tail_idle = run_tasks(plan, config, store.url, confine_root, layout, executor)
+        job = shard_job(config, plan, store.url, confine_root, layout)
+        results, tail_idle = run_tasks(plan, config, job, executor)
         clock.lap("encode", executor.wait_s - waited)
         manifest = assemble_manifest(plan, config, results, listing, layout)
         write_errors(store, results, listing)
@@ -213,14 +215,19 @@ def plan_build(
 def plan_inputs(config: BuildConfig, directory: Path) -> tuple[Listing, Plan]:
     """Stream the listing into the spill, size the shards, order and cut the plan."""
     listing, items = stream_sources(
-        config.input, confine=config.confine_to_input, columns=config.input_columns()
+        config.input,
+        confine=config.confine_to_input,
+        columns=config.input_columns(),
+        storage_options=config.storage_options,
     )
     with Spill(directory, config.val_fraction, config.seed) as spill:
         for item in items:
             spill.add(item)
     shard_size = config.shard_size
     if config.shard_bytes is not None:
-        shard_size = shard_size_for_bytes(spill.probe, config.shard_bytes, config.image)
+        shard_size = shard_size_for_bytes(
+            spill.probe, config.shard_bytes, config.image, config.storage_options
+        )
     return listing, order_spill(spill, shard_size)
 
 
@@ -230,45 +237,53 @@ def remove_plan(store: OutputStore) -> None:
         shutil.rmtree(Path(store.url) / PLAN_NAME, ignore_errors=True)
 
 
-def run_tasks(
-    plan: Plan,
+def shard_job(
     config: BuildConfig,
+    plan: Plan,
     output: str,
     confine_root: str | None = None,
     layout: str = LAYOUT_FLAT,
-    executor: ShardExecutor | None = None,
+) -> ShardJob:
+    """What every shard task of this build needs: the one place a `ShardJob` is made.
+
+    `output` is the store's absolute location; `confine_root` the resolved input root
+    that tasks confine reads to, or None.
+    """
+    return ShardJob(
+        output=output,
+        shaping=config.output_shaping(),
+        image=config.image,
+        formats=tuple(config.formats),
+        class_names=tuple(plan.classes),
+        row_group_size=config.row_group_size,
+        description=config.description,
+        confine_root=confine_root,
+        layout=layout,
+        members=shard_members(config),
+        storage_options=config.storage_options,
+    )
+
+
+def run_tasks(
+    plan: Plan, config: BuildConfig, job: ShardJob, executor: ShardExecutor | None = None
 ) -> tuple[list[ShardResult], float]:
-    """Run every shard task, writing to `output` (absolute).
+    """Run every shard task of `job`.
 
     Returns the results in plan order, and the worker-seconds idle at the end
-    (`TailClock`). `confine_root` is the resolved input root that tasks confine reads
-    to, or None. Shards an earlier run committed are checked here first
+    (`TailClock`). Shards an earlier run committed are checked here first
     (`reuse_committed`), so a rerun with nothing to do waits for no executor at all.
     `executor` defaults to `config.executor`'s, started here if it must run.
     """
     executor = executor or choose_executor(config)
-    build_kwargs = {
-        "output": output,
-        "shaping": config.output_shaping(),
-        "image": config.image,
-        "formats": tuple(config.formats),
-        "num_classes": len(plan.classes),
-        "class_names": tuple(plan.classes),
-        "description": config.description,
-        "row_group_size": config.row_group_size,
-        "confine_root": confine_root,
-        "layout": layout,
-        "members": shard_members(config),
-    }
     pieces = dispatch_order(plan.shards)
-    by_name = reuse_committed(pieces, build_kwargs)
+    by_name = reuse_committed(pieces, job)
     pieces = [piece for piece in pieces if (piece.split, piece.index) not in by_name]
     tail_idle = 0.0
     if pieces:
         # A local output's tasks read their pieces from `_build/plan/`; an object store's
         # plan is on this machine only, so each piece is loaded here as its task is sent.
-        tasks = map(load_task, pieces) if is_remote(output) else pieces
-        stream = executor.iter_results(tasks, build_kwargs)  # started: before the bar
+        tasks = map(load_task, pieces) if is_remote(job.output) else pieces
+        stream = executor.iter_results(tasks, job)  # started: before the bar
         tail = TailClock(executor.slots())
         done = sum(r.info.samples + len(r.skipped) for r in by_name.values())
         with progress_bar(plan.inputs, config.progress, done) as bar:
@@ -285,23 +300,21 @@ def run_tasks(
 DRIVER_CHECK_BYTES = 512 * 2**20
 
 
-def reuse_committed(pieces: list[ShardPiece], build_kwargs: dict) -> dict:
+def reuse_committed(pieces: list[ShardPiece], job: ShardJob) -> dict:
     """`{(split, index): result}` of the shards kept as an earlier run committed them.
 
     Checked in dispatch order until the first shard that needs building, or until
     `DRIVER_CHECK_BYTES` have been hashed: from there the executor's tasks check
     (and build) the rest, in parallel. A result is the one the task would return.
     """
-    store = open_output_store(build_kwargs["output"])
+    store = job.open_store()
     found: dict = {}
     hashed = 0
     for piece in pieces:
         if hashed >= DRIVER_CHECK_BYTES or store.info(marker_name(piece)) is None:
             break
         task = load_task(piece)
-        digest = task_digest(task, build_kwargs["shaping"])
-        image, confine_root = build_kwargs["image"], build_kwargs["confine_root"]
-        result = reusable_result(store, task, digest, image, confine_root)
+        result = reusable_result(store, task, task_digest(task, job.shaping), job)
         if result is None or not result.reused:
             break
         found[(piece.split, piece.index)] = result

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from preprocess.sources import MAX_MULTI_LABEL_CLASSES, InputColumns, InputError, SourceItem
+from shards.errors import DataError
 from shards.io import atomic_write_bytes
 from shards.manifest import fields_entry
 from shards.sample import check_key
@@ -51,7 +52,7 @@ _MAX_OPEN_SPLIT_FILES = 64
 _BY_ORDER = itemgetter(0, 1, 4)  # spill records: (order hash, key, relative path)
 
 
-class PlanError(ValueError):
+class PlanError(DataError, ValueError):
     """A plan file of this build does not hold what the plan says; rerun to plan again."""
 
 

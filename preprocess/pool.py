@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Generic, TypeVar
 
-from preprocess.build import ShardResult
+from preprocess.build import ShardJob, ShardResult
 from preprocess.plan import ShardPiece, ShardTask
 from preprocess.ray_job import (
     TASK_RETRIES,
@@ -30,7 +30,6 @@ from preprocess.ray_job import (
     iter_inline,
     ray_slots,
 )
-from shards.io import open_output_store
 
 # forkserver: workers fork from a clean single-threaded server that imported the image stack
 # once, so starting one costs milliseconds, and no lock held by a driver thread is inherited.
@@ -172,8 +171,8 @@ class LocalPool:
             future.result()
         return self
 
-    def submit(self, task: ShardPiece | ShardTask, build_kwargs: dict) -> Future:
-        return self.executor.submit(build_with_options, task, build_kwargs)
+    def submit(self, task: ShardPiece | ShardTask, job: ShardJob) -> Future:
+        return self.executor.submit(build_with_options, task, job)
 
     def restart(self) -> None:
         """Replace a pool broken by a worker that died (its futures all failed)."""
@@ -186,7 +185,7 @@ class LocalPool:
 
 
 def iter_local(
-    tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict, pool: LocalPool
+    tasks: Iterable[ShardPiece | ShardTask], job: ShardJob, pool: LocalPool
 ) -> Iterator[ShardResult]:
     """Run tasks on `pool` and yield results as they complete (not in task order).
 
@@ -208,7 +207,7 @@ def iter_local(
                 pool.restart()  # every future of the broken pool has failed: none is lost
                 broken = False
             if not broken:
-                fill(pool, pending, suspects, queue, build_kwargs)
+                fill(pool, pending, suspects, queue, job)
             if not pending:
                 break
             in_flight = len(pending)
@@ -229,7 +228,7 @@ def iter_local(
             future.cancel()
     if died:
         # A dead worker's temp files are orphans; with every task done no writer is left.
-        open_output_store(build_kwargs["output"]).remove_stale_temps()
+        job.open_store().remove_stale_temps()
 
 
 def fill(
@@ -237,16 +236,16 @@ def fill(
     pending: dict[Future, ShardPiece | ShardTask],
     suspects: list[ShardPiece | ShardTask],
     queue: Iterator[ShardPiece | ShardTask],
-    build_kwargs: dict,
+    job: ShardJob,
 ) -> None:
     """Submit tasks up to `pool.workers` in flight; a suspect only alone (see `iter_local`)."""
     if suspects:
         if not pending:
             task = suspects.pop(0)
-            pending[pool.submit(task, build_kwargs)] = task
+            pending[pool.submit(task, job)] = task
         return
     while len(pending) < pool.workers and (task := next(queue, None)) is not None:
-        pending[pool.submit(task, build_kwargs)] = task
+        pending[pool.submit(task, job)] = task
 
 
 def count_death(
@@ -367,20 +366,20 @@ class ShardExecutor:
         self.ray_s = self.ray_done - began
 
     def iter_results(
-        self, tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict
+        self, tasks: Iterable[ShardPiece | ShardTask], job: ShardJob
     ) -> Iterator[ShardResult]:
         """Wait for the start (begun now if it was not: its error is raised here), then run."""
         if self.kind == "inline":
-            return iter_inline(tasks, build_kwargs)
+            return iter_inline(tasks, job)
         if self.kind == "ray":
             if self.ray_s is None:  # not started while planning: all of it is waited for
                 self.start_ray_now()
                 self.ray_wait_s = self.ray_s or 0.0
-            return self.iter_ray(tasks, build_kwargs, self.ray_address, self.workers)
+            return self.iter_ray(tasks, job, self.ray_address, self.workers)
         self.begin_pool()
         assert self.starting is not None
         self.pool = self.starting.result()
-        return iter_local(tasks, build_kwargs, self.pool)
+        return iter_local(tasks, job, self.pool)
 
     def slots(self) -> int:
         """Tasks run at once, once started."""

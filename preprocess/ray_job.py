@@ -19,9 +19,9 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 
-from preprocess.build import ShardResult, build_shard
+from preprocess.build import ShardJob, ShardResult, build_shard
 from preprocess.plan import ShardPiece, ShardTask, load_task
-from shards.io import open_output_store
+from shards.errors import ShardpipeError
 from shards.redact import redact_url
 
 TASK_RETRIES = 3
@@ -29,21 +29,19 @@ TASK_RETRIES = 3
 log = logging.getLogger(__name__)
 
 
-class BuildError(RuntimeError):
+class BuildError(ShardpipeError, RuntimeError):
     """The build cannot go on; the message says what to do."""
 
 
-def iter_inline(
-    tasks: Iterable[ShardPiece | ShardTask], build_kwargs: dict
-) -> Iterator[ShardResult]:
+def iter_inline(tasks: Iterable[ShardPiece | ShardTask], job: ShardJob) -> Iterator[ShardResult]:
     """Run tasks one after another in this process."""
     for task in tasks:
-        yield build_with_options(task, build_kwargs)
+        yield build_with_options(task, job)
 
 
 def iter_ray(
     tasks: Iterable[ShardPiece | ShardTask],
-    build_kwargs: dict,
+    job: ShardJob,
     address: str | None,
     workers: int | None,
 ) -> Iterator[ShardResult]:
@@ -56,21 +54,21 @@ def iter_ray(
 
     start_ray(address, workers)
     remote_build = ray.remote(build_with_options).options(num_cpus=1, max_retries=TASK_RETRIES)
-    # Shared options travel once through the object store; Ray resolves the
-    # reference to the dict before each task runs.
-    options_ref = ray.put(build_kwargs)
+    # The job travels once through the object store; Ray resolves the reference
+    # before each task runs.
+    job_ref = ray.put(job)
     max_in_flight = ray_slots()
     pending: dict = {}
     queue = iter(tasks)
     try:
         while True:
             while len(pending) < max_in_flight and (task := next(queue, None)) is not None:
-                pending[remote_build.remote(task, options_ref)] = task
+                pending[remote_build.remote(task, job_ref)] = task
             if not pending:
                 # Each attempt writes temp files of its own name and a retry never
                 # reuses them; with every task done no writer is left, so any temp
                 # file now is an orphan of an attempt whose worker or node died.
-                open_output_store(build_kwargs["output"]).remove_stale_temps()
+                job.open_store().remove_stale_temps()
                 return
             done, _ = ray.wait(list(pending), num_returns=1)
             task = pending.pop(done[0])
@@ -137,8 +135,8 @@ def init_ray(address: str | None, workers: int | None) -> None:
         )
 
 
-def build_with_options(task: ShardPiece | ShardTask, options: dict) -> ShardResult:
-    """`build_shard` with the job-wide options in one dict (one object-store entry)."""
+def build_with_options(task: ShardPiece | ShardTask, job: ShardJob) -> ShardResult:
+    """`build_shard` of a task or of its place in the plan files (the task of every executor)."""
     if isinstance(task, ShardPiece):
         task = load_task(task)
-    return build_shard(task, **options)
+    return build_shard(task, job)

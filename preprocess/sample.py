@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from shards.errors import UsageError
 from shards.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ def render_image(index: int, classes: int = 10, seed: int = 0) -> tuple[int, Ima
     file holds these pixels turned, and `ImageOps.exif_transpose` turns them back.
     """
     if index < 0:
-        raise ValueError(f"index must be non-negative, got {index}")
+        raise UsageError(f"index must be non-negative, got {index}")
     _check_args(1, classes, seed, None)
     plan = _draw_plan(index, seed, classes)
     return plan.label, _compose(plan, _get_bank(seed))
@@ -216,22 +217,22 @@ def render_image(index: int, classes: int = 10, seed: int = 0) -> tuple[int, Ima
 
 def _check_args(count: int, classes: int, seed: int, workers: int | None) -> None:
     if count < 1:
-        raise ValueError(f"count must be at least 1, got {count}")
+        raise UsageError(f"count must be at least 1, got {count}")
     if not 1 <= classes <= MAX_CLASSES:
-        raise ValueError(f"classes must be between 1 and {MAX_CLASSES}, got {classes}")
+        raise UsageError(f"classes must be between 1 and {MAX_CLASSES}, got {classes}")
     if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
+        raise UsageError(f"seed must be non-negative, got {seed}")
     if workers is not None and workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
+        raise UsageError(f"workers must be at least 1, got {workers}")
 
 
 def _prepare_output(root: Path, overwrite: bool) -> Path:
     """Return `root` as an existing empty directory, clearing an old sample if allowed."""
     if root.exists() and not root.is_dir():
-        raise ValueError(f"output {root} exists and is not a directory; choose another path")
+        raise UsageError(f"output {root} exists and is not a directory; choose another path")
     if root.is_dir() and any(root.iterdir()):
         if not overwrite:
-            raise ValueError(
+            raise UsageError(
                 f"output directory {root} is not empty; choose an empty or new directory, "
                 "or pass overwrite=True (--overwrite) to replace an earlier sample there"
             )
@@ -245,13 +246,13 @@ def _remove_old_sample(root: Path) -> None:
     dirs = list(root.iterdir())
     for entry in dirs:
         if entry.is_symlink() or not entry.is_dir() or not _OUR_DIR.match(entry.name):
-            raise ValueError(
+            raise UsageError(
                 f"{root} holds {entry.name!r}, not written by make-sample; "
                 "refusing to delete it: choose an empty or new directory"
             )
         for item in entry.iterdir():
             if item.is_symlink() or not item.is_file() or not _OUR_FILE.match(item.name):
-                raise ValueError(
+                raise UsageError(
                     f"{entry} holds {item.name!r}, not written by make-sample; "
                     "refusing to delete it: choose an empty or new directory"
                 )

@@ -15,8 +15,9 @@ from __future__ import annotations
 import heapq
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from preprocess.build import build_shard_sample, image_field
 from preprocess.images import ImageConfig
@@ -74,10 +75,14 @@ class Probe:
 
 
 def probe_inputs(
-    items: Iterable[SourceItem], image: ImageConfig, formats: Iterable[str] = ("tar",)
+    items: Iterable[SourceItem],
+    image: ImageConfig,
+    formats: Iterable[str] = ("tar",),
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Probe:
     """Process the `PROBE_SIZE` inputs of `items` with the smallest keys (the same on every
-    run, wherever they are in the listing) and measure them in each of `formats`."""
+    run, wherever they are in the listing) and measure them in each of `formats`; remote
+    inputs are read with the build's `storage_options`."""
     probe = heapq.nsmallest(PROBE_SIZE, items, key=_key_of)
     field_name = image_field(image)
     sizes: dict[str, list[int]] = {fmt: [] for fmt in formats}
@@ -85,7 +90,13 @@ def probe_inputs(
     for item in probe:
         planned = PlannedSample(sample_key(item.rel), item.path, item.rel, 0)
         try:
-            sample = build_shard_sample(planned, item.split or "train", image, field_name)
+            sample = build_shard_sample(
+                planned,
+                item.split or "train",
+                image,
+                field_name,
+                storage_options=storage_options,
+            )
         except SampleError as error:
             failed[error.reason] += 1  # the build's to skip and report; the probe moves on
             continue
@@ -98,7 +109,12 @@ def _key_of(item: SourceItem) -> str:
     return sample_key(item.rel)
 
 
-def shard_size_for_bytes(items: Iterable[SourceItem], target_bytes: int, image: ImageConfig) -> int:
+def shard_size_for_bytes(
+    items: Iterable[SourceItem],
+    target_bytes: int,
+    image: ImageConfig,
+    storage_options: Mapping[str, Any] | None = None,
+) -> int:
     """Samples per shard that make tar shards of about `target_bytes`.
 
     `items` may be the whole listing or just the plan's probe (`Plan.probe`): both
@@ -107,7 +123,7 @@ def shard_size_for_bytes(items: Iterable[SourceItem], target_bytes: int, image: 
     Raises:
         InputError: none of the probe's inputs could be processed.
     """
-    probe = probe_inputs(items, image)
+    probe = probe_inputs(items, image, storage_options=storage_options)
     sizes = probe.sizes["tar"]
     if not sizes:
         raise InputError(

@@ -44,6 +44,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from PIL import Image
 
+from shards.errors import DataError
 from shards.imagedata import INPUT_FORMATS
 from shards.redact import redact_url, url_credentials_problem
 from shards.sample import MAX_FIELD_BYTES, Field, SampleError, check_value, decode_text, parse_json
@@ -118,7 +119,7 @@ COUNTED_ONLY = ("hidden", "other_suffix", "no_class")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class InputError(ValueError):
+class InputError(DataError, ValueError):
     """The input list cannot be trusted; nothing was built."""
 
 

@@ -14,17 +14,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shards.errors import ShardError
+from shards.errors import DataError, ShardError
 from shards.formats import get_format
 from shards.imagedata import check_image
 from shards.io import file_sha256
 from shards.manifest import LAYOUT_FLAT, Manifest, ShardInfo, format_dir, read_manifest
-from shards.sample import DEFAULT_FIELDS, Field, SampleError, field_value, read_fields
+from shards.sample import (
+    DEFAULT_FIELDS,
+    Field,
+    SampleError,
+    check_class_range,
+    class_ranged_fields,
+    field_value,
+    read_fields,
+)
 
 MAX_EXAMPLES = 5
 
 
-class VerifyError(Exception):
+class VerifyError(DataError):
     """A shard does not match the manifest, or holds samples the loader would skip."""
 
 
@@ -90,7 +98,9 @@ def verify_shard(
             )
         if file_sha256(path) != file.sha256:
             raise VerifyError(f"{file.name}: checksum mismatch")
-        contents[fmt] = read_shard_index(path, fmt, shard.samples, check_images, report, fields)
+        contents[fmt] = read_shard_index(
+            path, fmt, shard.samples, check_images, report, fields, len(manifest.classes) or None
+        )
     first, *others = contents.values()
     for fmt_contents in others:
         if fmt_contents != first:
@@ -126,8 +136,10 @@ def read_shard_index(
     check_images: bool,
     report: VerifyReport,
     fields: tuple[Field, ...] = DEFAULT_FIELDS,
+    num_classes: int | None = None,
 ) -> list[tuple[str, tuple | None]]:
-    """(key, decoded non-image values) of every sample, judging each as the loader would.
+    """(key, decoded non-image values) of every sample, judging each as the loader would,
+    labels against the manifest's `num_classes` included.
 
     Raises:
         VerifyError: the shard is malformed, or holds another number of samples
@@ -138,8 +150,10 @@ def read_shard_index(
         with open(path, "rb") as stream:
             reader = get_format(fmt).iter_samples
             members = read_fields(fields)
+            ranged = class_ranged_fields(fields, num_classes)
             for sample in reader(stream, str(path), fields=members, declared=declared):
-                entries.append((sample["__key__"], judge_sample(sample, check_images, fields)))
+                judged = judge_sample(sample, check_images, fields, ranged, num_classes)
+                entries.append((sample["__key__"], judged))
     except ShardError as error:
         raise VerifyError(f"{path.name}: {error.reason}: {error.detail}") from error
     for key, label in entries:
@@ -149,16 +163,23 @@ def read_shard_index(
 
 
 def judge_sample(
-    sample: dict, check_images: bool, fields: tuple[Field, ...] = DEFAULT_FIELDS
+    sample: dict,
+    check_images: bool,
+    fields: tuple[Field, ...] = DEFAULT_FIELDS,
+    ranged: frozenset[int] = frozenset(),
+    num_classes: int | None = None,
 ) -> tuple | SampleError:
     """The sample's decoded values (label, text, ...), or the `SampleError` the loader would
-    skip it for."""
+    skip it for (`ranged`: indices of the fields checked against `num_classes`, as the
+    loader's `class_ranged_fields`)."""
     try:
         if "__error__" in sample:
             raise sample["__error__"]
         values, parsed = [], {}
-        for spec in fields:
+        for index, spec in enumerate(fields):
             value = field_value(sample, spec, parsed)
+            if index in ranged:
+                check_class_range(spec, value, num_classes, sample["__key__"])
             if spec.kind != "image":
                 values.append(value)
             elif check_images:

@@ -1,4 +1,13 @@
-"""The one error type for bad shard bytes, and the read limits every shard reader obeys.
+"""The root of our errors (`ShardpipeError`: `DataError`, `UsageError`), the one error type
+for bad shard bytes, and the read limits every shard reader obeys.
+
+Every error class of the project derives from `ShardpipeError`, through one of two kinds:
+`DataError` (the input data cannot be used: shards, manifests, samples, build inputs,
+checkpoints) and `UsageError` (a setting or request that cannot be honoured). A command
+line prints one line for these and exits 1 (2 for a refused command line); any other
+exception (`TypeError`, a bare `KeyError`, ...) is a bug in our code and keeps its
+traceback. Each class keeps the builtin base it had (`ManifestError` is a `ValueError`,
+`ShardReadError` an `OSError`), so code catching those still catches them.
 
 A reader that meets a shard it cannot trust raises `ShardError`: the loader and
 `preprocess verify` catch exactly that (plus transient I/O errors), count it and move
@@ -15,7 +24,21 @@ from dataclasses import dataclass
 from shards.redact import redact_url
 
 
-class ShardError(Exception):
+class ShardpipeError(Exception):
+    """The root of every error this project raises on purpose; anything else is a bug."""
+
+
+class DataError(ShardpipeError):
+    """The input data cannot be used as asked: a shard, manifest, sample, build input or
+    checkpoint that is missing, malformed or inconsistent. The message names it."""
+
+
+class UsageError(ShardpipeError, ValueError):
+    """A setting outside what it allows, or a request that cannot be honoured here (an
+    unknown model, a device that is not there). A `ValueError`, as bad arguments are."""
+
+
+class ShardError(DataError):
     """A shard's bytes break the format or the manifest's promises; the shard is skipped.
 
     Attributes:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
+from shards.errors import ShardpipeError, UsageError
+
 
 def about(
     text: str,
@@ -25,13 +27,24 @@ def about(
     *,
     parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
+    bare: Any = None,
+    spellings: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> dict[str, Any]:
-    """The flag metadata of one field: help text, allowed values, a parser for the text."""
+    """The flag metadata of one field: help text, allowed values, a parser for the text.
+
+    Args:
+        bare: the value of the flag given without one (a choice that replaced an on/off
+            switch of the same name keeps the switch's bare form working).
+        spellings: older flags that still work, hidden from `--help`:
+            `{"--no-old-switch": update}`, where `update(value so far)` is the value after it.
+    """
     return {
         "help": text,
         "choices": tuple(choices) if choices else None,
         "parse": parse,
         "metavar": metavar,
+        "bare": bare,
+        "spellings": spellings,
     }
 
 
@@ -94,7 +107,7 @@ def settings_group(
     return dataclasses.field(default_factory=factory, metadata=meta)
 
 
-class SettingError(ValueError):
+class SettingError(UsageError):
     """A setting outside what it allows, naming the setting, what it allows and the value.
 
     Raised by a settings group's `__post_init__` with the field's own name; whoever
@@ -109,6 +122,50 @@ class SettingError(ValueError):
     def spelled(self, name: str) -> SettingError:
         """The same refusal naming the setting as `name` (`--batch-size`, `batch_size`)."""
         return SettingError("", name, self.detail)
+
+
+def refuse(group: object, name: str, detail: str) -> SettingError:
+    """The error for `group.name`: `detail` says what it allows and what it got."""
+    return SettingError(type(group).__name__, name, detail)
+
+
+def check_at_least(group: object, name: str, minimum: float, integer: bool = False) -> None:
+    """A number (an integer with `integer`) of at least `minimum`."""
+    value = getattr(group, name)
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an integer" if integer else "a number"
+        raise refuse(group, name, f" must be {kind} of at least {minimum}, got {value!r}")
+    if value < minimum:
+        raise refuse(group, name, f" must be at least {minimum}, got {value!r}")
+
+
+def check_int_at_least(group: object, name: str, minimum: int) -> None:
+    check_at_least(group, name, minimum, integer=True)
+
+
+def check_fraction(group: object, name: str, low_open: bool = False) -> None:
+    """`value` in [0, 1] (in (0, 1] with `low_open`)."""
+    value = getattr(group, name)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (0 < value <= 1 if low_open else 0 <= value <= 1):
+        allowed = "in (0, 1]" if low_open else "in [0, 1]"
+        raise refuse(group, name, f" must be a number {allowed}, got {value!r}")
+
+
+def check_flag(group: object, name: str, optional: bool = False) -> None:
+    """True or False (or None, meaning the default rule, with `optional`)."""
+    value = getattr(group, name)
+    if not (isinstance(value, bool) or (optional and value is None)):
+        allowed = "True, False or None (the default rule)" if optional else "True or False"
+        raise refuse(group, name, f" must be {allowed}, got {value!r}")
+
+
+def check_choice(group: object, name: str, choices: Sequence[str], optional: bool = False) -> None:
+    value = getattr(group, name)
+    if not (value in choices or (optional and value is None)):
+        extra = " (or None, the default)" if optional else ""
+        raise refuse(group, name, f" {value!r} is not one of {', '.join(choices)}{extra}")
 
 
 def flag_name(name: str) -> str:
@@ -291,11 +348,27 @@ def add_flag(
             kwargs.update(nargs="?", default=values[dest])
         container.add_argument(dest, **kwargs)
         return
+    if meta.get("bare") is not None:
+        kwargs.update(nargs="?", const=meta["bare"])
     if dest in values:
         kwargs["default"] = values[dest]
     else:
         kwargs["required"] = True
     container.add_argument(f"--{flag_name(dest)}", dest=dest, **kwargs)
+    for spelling, update in (meta.get("spellings") or {}).items():
+        container.add_argument(
+            spelling, dest=dest, action=OldSpelling, const=update, help=argparse.SUPPRESS
+        )
+
+
+class OldSpelling(argparse.Action):
+    """An older flag of a setting: sets `const(value so far)` (see `about(spellings=...)`)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, self.const(getattr(namespace, self.dest)))
 
 
 def flat_defaults(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -472,15 +545,21 @@ def run_command(
     interrupted: str = "interrupted",
     setup: Callable[[], None] | None = None,
 ) -> int:
-    """A CLI's `main`: parse, run the command, and end the two ways a user ends one.
+    """A CLI's `main`: parse, run the command, and end the ways a command ends without a bug.
 
-    Ctrl-C prints `interrupted` and exits 130; a closed pipe (`CMD | head`) exits quietly.
+    A refused command line exits 2 (`parse_command`). Our own errors (`ShardpipeError`:
+    bad data, a request that cannot be honoured) print `PROG COMMAND: error: ...` and
+    exit 1; any other exception is a bug and keeps its traceback. Ctrl-C prints
+    `interrupted` and exits 130; a closed pipe (`CMD | head`) exits quietly.
     """
     command, options, args = parse_command(parser, argv)
     if setup is not None:
         setup()
     try:
         return command.run(options, args)
+    except ShardpipeError as error:
+        print(f"{parser.prog} {command.name}: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return 130
@@ -491,7 +570,12 @@ def run_command(
 def parse_command(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> tuple[Command, Any, argparse.Namespace]:
-    """`(command, options, args)`; a value the options refuse is a usage error (exit 2)."""
+    """`(command, options, args)`; a value the options refuse is a usage error (exit 2).
+
+    Only the options' own checks run here (their `__post_init__`), which refuse with a
+    `SettingError` (a `UsageError`) or, in older checks, a plain `ValueError`: both are
+    the command line's fault, and nothing else runs inside this `try`.
+    """
     args = parser.parse_args(argv)
     try:
         options = config_from_args(args.command.options, args)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shards.errors import MemberCap
+from shards.errors import DataError, MemberCap
 
 # Field names a shard may carry. Anything else is ignored by our readers, so a
 # planted `.pkl` or `.pth` member is never even read, let alone unpickled. Image
@@ -36,7 +36,7 @@ _KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_LABEL_DIGITS = 18  # fits int64; anything longer is garbage, not a class index
 
 
-class SampleError(Exception):
+class SampleError(DataError):
     """A data error tied to one input or sample: skipped and counted, never fatal alone.
 
     Attributes:
@@ -487,6 +487,42 @@ def check_value(field: Field, value: object, where: str) -> object:
         SampleError: `bad_json`, `bad_labels`, `bad_weight`, naming `where`.
     """
     return _CHECKS[field.kind](value, where, field)
+
+
+def class_ranged_fields(fields: Sequence[Field], num_classes: int | None) -> frozenset[int]:
+    """Indices of the label and multi-label fields whose classes the manifest bounds.
+
+    A multi-label field no wider than the manifest's classes is bounded by its own
+    `num_classes` already (`bad_labels` in `field_value`).
+    """
+    if num_classes is None:
+        return frozenset()
+    return frozenset(
+        index
+        for index, spec in enumerate(fields)
+        if spec.kind == "label" or (spec.kind == "multi_label" and spec.num_classes > num_classes)
+    )
+
+
+def check_class_range(spec: Field, value: object, num_classes: int, key: str) -> None:
+    """Refuse a class id the manifest does not name: one compare for a label.
+
+    Raises:
+        SampleError: `bad_label` or `bad_labels`, as the field's own checks name them.
+    """
+    if spec.kind == "label":
+        if value < num_classes:
+            return
+        reason, shown = "bad_label", f"class {value}"
+    else:
+        if not value or max(value) < num_classes:
+            return
+        reason, shown = "bad_labels", f"class {max(value)}"
+    raise SampleError(
+        reason,
+        f"sample {key!r} field {spec.name!r}: {shown} is not one of the {num_classes} "
+        "classes the manifest names; rebuild the shard or its manifest",
+    )
 
 
 def collate_values(field: Field, values: list) -> np.ndarray | list:

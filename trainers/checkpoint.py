@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shards.errors import DataError
 from shards.io import atomic_path, atomic_write_bytes, is_temp_name
 
 log = logging.getLogger("trainers")
@@ -32,7 +33,7 @@ FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"step-(\d{9})\.pt")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(DataError, RuntimeError):
     """A checkpoint that cannot be used: corrupt, unsafe, or from an incompatible run."""
 
 

@@ -20,7 +20,8 @@ from pipeline.config import Batching
 from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
 from pipeline.urls import expand_urls
-from shards.manifest import MANIFEST_NAME, ManifestError
+from shards.errors import DataError, ShardpipeError
+from shards.manifest import MANIFEST_NAME, SplitNotFoundError
 from shards.redact import redact_url
 from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
 from shards.storage import DEFAULT_RETRY, url_scheme
@@ -29,10 +30,6 @@ from trainers.distributed import DistInfo
 
 log = logging.getLogger("trainers")
 MAX_EXAMPLES = 5
-
-
-class DataError(RuntimeError):
-    """The data cannot be trained on as configured (a missing path, overlapping splits, ...)."""
 
 
 @dataclass
@@ -209,7 +206,7 @@ def build_val_loader(
         return None
     try:
         return open_split(settings, config, num_classes)
-    except KeyError:
+    except SplitNotFoundError:
         log.warning(
             "the train manifest has no %r split: training without evaluation", config.val_split
         )
@@ -218,9 +215,11 @@ def build_val_loader(
         raise source_error("--train-shards", settings, error) from error
 
 
-# What resolving a source raises for data it cannot use (see `resolve_source` and
-# `Manifest.shard_urls`); anything else is a bug and propagates.
-SOURCE_ERRORS = (ManifestError, ValueError, KeyError, OSError)
+# What resolving a source raises for data it cannot use (see `resolve_source`): our
+# errors, I/O errors, and the loader's refusals that are still plain `ValueError`s (a
+# source without labels or counts). Anything else (a bare `KeyError`, `TypeError`) is a
+# bug and propagates with its traceback.
+SOURCE_ERRORS = (ShardpipeError, ValueError, OSError)
 
 
 def build_split_loader(
@@ -234,9 +233,7 @@ def build_split_loader(
 
 
 def source_error(flag: str, settings: LoaderConfig, error: Exception) -> DataError:
-    # A KeyError's str() is its repr; the message is its first argument.
-    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    text = " ".join(text.split())  # one line, whatever the cause wrapped
+    text = " ".join(str(error).split())  # one line, whatever the cause wrapped
     source = redact_url(os.fspath(settings.source))
     return DataError(f"{flag} {source} (split {settings.split!r}): {text}")
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from shards.errors import UsageError
+
 log = logging.getLogger("trainers")
 
 
@@ -37,7 +39,7 @@ class DistInfo:
         return self.world_size > 1
 
 
-class DeviceError(RuntimeError):
+class DeviceError(UsageError, RuntimeError):
     """The device asked for is not there, or too small for the job (not a bug in our code)."""
 
 

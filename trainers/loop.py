@@ -22,6 +22,7 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from shards.errors import DataError
 from trainers.data import locate_keys
 from trainers.distributed import all_reduce, all_reduce_tensor, gather_objects
 from trainers.metrics import (
@@ -41,7 +42,7 @@ MULTI_LABEL_FIGURES = ("val_map", "val_f1_micro", "val_f1_macro", "val_f1_tuned"
 MAX_THRESHOLDS_SHOWN = 10  # in the log line; thresholds.json holds every class
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(DataError, RuntimeError):
     """The loss became NaN or infinite; the run stops before applying that step."""
 
 

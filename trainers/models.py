@@ -15,8 +15,10 @@ from functools import partial
 import torch
 from torch import nn
 
+from shards.errors import UsageError
 
-class ModelError(ValueError):
+
+class ModelError(UsageError):
     """Unknown model name, or its library is not installed."""
 
 

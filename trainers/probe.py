@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
+from shards.errors import DataError
 from trainers.config import TrainConfig
-from trainers.data import SOURCE_ERRORS, DataError, build_split_loader, loader_config
+from trainers.data import SOURCE_ERRORS, build_split_loader, loader_config
 from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_logging
 from trainers.metrics import StepTimer, iter_timed
 from trainers.models import build_model
@@ -131,9 +132,8 @@ def classes_from_source(config: TrainConfig) -> int | None:
             config.train_shards, config.train_split, config.loader.format
         ).classes
     except SOURCE_ERRORS as error:
-        text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
         raise DataError(
-            f"--train-shards {config.train_shards}: {' '.join(text.split())}"
+            f"--train-shards {config.train_shards}: {' '.join(str(error).split())}"
         ) from error
     return len(classes) if classes else None
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
+from shards.errors import UsageError
 from shards.io import atomic_write_bytes
 from shards.redact import redact_url
 from trainers.checkpoint import (
@@ -132,7 +133,7 @@ def data_identity(
     }
 
 
-class RunDirError(RuntimeError):
+class RunDirError(UsageError, RuntimeError):
     """`--run-dir` cannot hold this run: a file, not writable, or already holding a run."""
 
 

@@ -18,14 +18,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.dataset import LoaderDataError
 from pipeline.prefetch import CudaPrefetcher
+from shards.errors import DataError, ShardpipeError
 from shards.redact import redact_url
 from trainers.checkpoint import CheckpointError, latest_checkpoint
 from trainers.config import TrainConfig, parse_command_line
-from trainers.data import DataError, Loaders, build_loaders, check_sources, overlap_error
+from trainers.data import Loaders, build_loaders, check_sources, overlap_error
 from trainers.distributed import (
-    DeviceError,
     DistInfo,
     all_reduce,
     broadcast_error,
@@ -35,7 +34,7 @@ from trainers.distributed import (
     setup_logging,
     shutdown_distributed,
 )
-from trainers.loop import NonFiniteLossError, fit
+from trainers.loop import fit
 from trainers.metrics import (
     PLOT_NAME,
     MetricsLog,
@@ -62,21 +61,15 @@ from trainers.schedule import BatchPlan, WarmupCosine, build_schedule
 
 log = logging.getLogger("trainers")
 
-# Mistakes in the command, the data or the environment: one line on stderr, exit 1.
-# Anything else (TypeError, ...) is a bug in our code and keeps its traceback.
-USER_ERRORS = (
-    CheckpointError,
-    DataError,
-    DeviceError,
-    LoaderDataError,
-    ModelError,
-    NonFiniteLossError,
-    RunDirError,
-)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: `train [train|find-batch-size|scan-throughput] --flags`."""
+    """Entry point: `train [train|find-batch-size|scan-throughput] --flags`.
+
+    A refused command line exits 2 (the parser). Our own errors (`ShardpipeError`: the
+    data, a request this machine or run directory cannot honour) are one line on stderr
+    and exit 1; anything else (`TypeError`, a bare `KeyError`, ...) is a bug in our code
+    and keeps its traceback.
+    """
     command, config = parse_command_line(sys.argv[1:] if argv is None else argv)
     try:
         check_config(command, config)
@@ -91,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scan_throughput(config)
             return 0
         return train(config)
-    except USER_ERRORS as error:
+    except ShardpipeError as error:
         report_error(error)
         return 1
     except KeyboardInterrupt:

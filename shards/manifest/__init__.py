@@ -48,7 +48,7 @@ JSON), `mapped` (local side tables, memory-mapped), `state` (what one read has l
 `model` (`Manifest`) and `files` (`read_manifest`, `write_manifest`).
 """
 
-from shards.manifest.errors import ManifestError
+from shards.manifest.errors import FormatNotBuiltError, ManifestError, SplitNotFoundError
 from shards.manifest.fields import LABEL_MODES, fields_entry
 from shards.manifest.files import read_manifest, write_manifest
 from shards.manifest.mapped import LocalTableReader, TableReader
@@ -86,6 +86,7 @@ __all__ = [
     "FORMAT_VERSION",
     "FileColumns",
     "FileInfo",
+    "FormatNotBuiltError",
     "INLINE_MAX_SHARDS",
     "LABEL_MODES",
     "LAYOUTS",
@@ -101,6 +102,7 @@ __all__ = [
     "ShardInfo",
     "ShardTable",
     "SplitInfo",
+    "SplitNotFoundError",
     "TableReader",
     "encode_table",
     "fields_entry",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from shards.errors import DataError
 from shards.redact import redact_url
 
 FIX = "rebuild the dataset with `preprocess build-shards`, or fix the file"
@@ -14,7 +15,7 @@ TABLE_FIX = (
 )
 
 
-class ManifestError(ValueError):
+class ManifestError(DataError, ValueError):
     """A manifest that cannot be trusted: malformed, inconsistent, or naming files elsewhere.
 
     Attributes:
@@ -35,3 +36,21 @@ class ManifestError(ValueError):
     def __reduce__(self) -> tuple[type, tuple]:
         # Keeps the attributes when the error crosses a DataLoader worker's pipe.
         return (type(self), (self.source, self.field, self.problem, self.action))
+
+
+class SplitNotFoundError(ManifestError, KeyError):
+    """A split the manifest does not have; the message names the file and the splits it has.
+
+    Also a `KeyError`, which a missing split always was.
+    """
+
+    __str__ = Exception.__str__  # the message, not KeyError's quoted repr of it
+
+
+class FormatNotBuiltError(ManifestError, KeyError):
+    """A shard format the dataset was not built in; the message names the file and its formats.
+
+    Also a `KeyError`, which a missing format always was.
+    """
+
+    __str__ = Exception.__str__

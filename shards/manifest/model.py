@@ -9,6 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from shards.manifest.errors import FormatNotBuiltError, SplitNotFoundError
 from shards.manifest.mapped import TableReader
 from shards.manifest.names import (
     FLAT_VERSION,
@@ -49,6 +50,8 @@ class Manifest:
     # What the samples carry beyond image + class (`check_fields_entry`); None: a
     # single-label build of image, `cls` and `json`, as every build before it was.
     fields: dict[str, Any] | None = None
+    # Where it was read from (`from_json`'s `source`), for errors; redacted when shown.
+    source: str = field(default="manifest", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -75,13 +78,24 @@ class Manifest:
         """The shard table of `split`, checked to hold the columns of `fmt` when given.
 
         Raises:
-            KeyError: no such split, or the format was not built.
+            SplitNotFoundError: no such split (a `KeyError` too), naming the ones it has.
+            FormatNotBuiltError: the format was not built (a `KeyError` too).
             ValueError: the manifest was read without that split or format.
         """
         if split not in self.splits:
-            raise KeyError(f"split {split!r} not in manifest; it has {sorted(self.splits)}")
+            raise SplitNotFoundError(
+                self.source,
+                "splits",
+                f"split {split!r} not in manifest; it has {sorted(self.splits)}",
+                "name one of those splits",
+            )
         if fmt is not None and fmt not in self.formats:
-            raise KeyError(f"format {fmt!r} not built; the manifest has {self.formats}")
+            raise FormatNotBuiltError(
+                self.source,
+                "formats",
+                f"format {fmt!r} not built; the manifest has {self.formats}",
+                "name one of those formats, or rebuild with `--formats` including it",
+            )
         table = self.splits[split].shards
         if fmt is not None:
             table.file_columns(fmt)
@@ -232,4 +246,4 @@ class Manifest:
         )
         with gc_paused():
             fields = ManifestReader(source, read_table, selection).read(parse_json(text, source))
-            return cls(**fields)
+            return cls(**fields, source=os.fspath(source))

@@ -11,12 +11,13 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from shards.errors import DataError
 from shards.storage.retry import ObjectNotFoundError, ShardReadError, size_mismatch
 
 LOCAL_BUFFER_SIZE = 1 << 20
 
 
-class NotRegularFileError(OSError):
+class NotRegularFileError(DataError, OSError):
     """A path names a FIFO, device or directory where a file is expected."""
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shards.errors import DataError
 from shards.redact import redact_url
 
 T = TypeVar("T")
@@ -94,7 +95,7 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()  # frozen, so one shared default is safe
 
 
-class ShardReadError(OSError):
+class ShardReadError(DataError, OSError):
     """A shard could not be opened or read to the end.
 
     Attributes:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Collection
 from urllib.parse import unquote, urlsplit
 
+from shards.errors import UsageError
 from shards.redact import redact_url, url_credentials_problem
 
 LOCAL_SCHEMES = frozenset({"", "file"})
@@ -101,7 +102,7 @@ def check_scheme(url: str, schemes: Collection[str]) -> str:
     scheme = url_scheme(url)
     if scheme not in schemes or scheme not in READ_SCHEMES:
         allowed = sorted(s + "://" if s else "local paths" for s in set(schemes) & READ_SCHEMES)
-        raise ValueError(
+        raise UsageError(
             f"scheme not allowed: {scheme!r} in {redact_url(url)!r}; allowed: {', '.join(allowed)}"
             " (a local file whose name starts with 'word:' must be written './word:...')"
         )
@@ -113,16 +114,16 @@ def check_characters(url: str) -> None:
     if not isinstance(url, str):
         raise TypeError(f"shard URLs must be str, got {type(url).__name__}")
     if not url:
-        raise ValueError("empty shard URL")
+        raise UsageError("empty shard URL")
     if _CONTROL_CHARS.search(url):
-        raise ValueError(
+        raise UsageError(
             f"control character (NUL, newline, tab, ...) in shard URL {redact_url(url)!r}; "
             "percent-encode it or rename the file"
         )
     if url != url.strip():
-        raise ValueError(f"leading or trailing whitespace in shard URL {redact_url(url)!r}")
+        raise UsageError(f"leading or trailing whitespace in shard URL {redact_url(url)!r}")
     if "::" in _IPV6_HOST.sub("", url):
-        raise ValueError(
+        raise UsageError(
             f"'::'-joined URL chains are not supported: {redact_url(url)!r}; "
             "pass the URLs as a list instead"
         )
@@ -133,7 +134,7 @@ def _absolute_path(url: str, data_root: str | os.PathLike[str] | None) -> str:
     if data_root is not None:
         root = os.path.realpath(data_root)
         if os.path.commonpath([root, os.path.realpath(path)]) != root:
-            raise ValueError(
+            raise UsageError(
                 f"shard path {path!r} is outside data root {root!r} (symlinks resolved)"
             )
     return path
@@ -147,15 +148,15 @@ def file_url_path(url: str) -> str:
     """
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
-        raise ValueError(
+        raise UsageError(
             f"file URL {redact_url(url)!r} names a remote host; only local files are allowed"
         )
     if not parts.path.startswith("/"):
-        raise ValueError(
+        raise UsageError(
             f"file URL {redact_url(url)!r} needs an absolute path, as in file:///data/x.tar"
         )
     if parts.query or parts.fragment:
-        raise ValueError(
+        raise UsageError(
             f"file URL {redact_url(url)!r} has a query or fragment; percent-encode '?' and '#'"
         )
     return unquote(parts.path)
@@ -164,22 +165,22 @@ def file_url_path(url: str) -> str:
 def _check_remote(url: str, scheme: str) -> None:
     credentials = url_credentials_problem(url)  # s3://KEY:SECRET@bucket: never handed on
     if credentials is not None:
-        raise ValueError(credentials)
+        raise UsageError(credentials)
     # http.client needs RFC 3986 anyway; object-store keys may hold spaces and more.
     if scheme in HTTP_SCHEMES and not _REMOTE_URL_CHARS.match(url):
-        raise ValueError(
+        raise UsageError(
             f"character outside RFC 3986 in {redact_url(url)!r} "
             "(space, backtick, braces, quotes, non-ASCII, ...); percent-encode it"
         )
     if "$(" in url or "`" in url:
-        raise ValueError(f"{redact_url(url)!r} contains shell substitution syntax; refused")
+        raise UsageError(f"{redact_url(url)!r} contains shell substitution syntax; refused")
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError on a malformed port
     except ValueError as exc:
-        raise ValueError(f"malformed URL {redact_url(url)!r}: {exc}") from None
+        raise UsageError(f"malformed URL {redact_url(url)!r}: {exc}") from None
     if not parts.hostname and scheme not in _HOSTLESS_SCHEMES:
         what = "host" if scheme in HTTP_SCHEMES else "bucket"
-        raise ValueError(f"URL {redact_url(url)!r} has no {what}")
+        raise UsageError(f"URL {redact_url(url)!r} has no {what}")
     if port == 0:
-        raise ValueError(f"URL {redact_url(url)!r} has port 0")
+        raise UsageError(f"URL {redact_url(url)!r} has port 0")

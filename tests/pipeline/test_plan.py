@@ -6,16 +6,36 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline import loader as loader_module
+from pipeline.config import Batching, Shuffle
 from pipeline.plan import (
+    SEGMENT_INTS,
     Partition,
+    Runs,
+    Segment,
     batches_for,
+    consumed_positions,
+    plan_epoch,
     positions_to_pieces,
     rank_slice,
+    remaining_runs,
     shard_order,
     shuffle_buffer,
+    worker_runs,
     worker_slice,
 )
-from pipeline.resume import Segment, consumed_positions, remaining_after, worker_positions
+from tests.pipeline.conftest import epoch_keys, loader_for
+
+
+def remaining_after(total, segments, seed, epoch):
+    """`remaining_runs` one position at a time."""
+    return remaining_runs(total, segments, seed, epoch).to_array()
+
+
+def worker_positions(remaining, part, rank, role):
+    """`worker_runs` of an array of positions, one position at a time."""
+    positions, batches = worker_runs(Runs.from_positions(remaining), part, rank, role)
+    return positions.to_array(), batches
 
 
 def all_positions(total, part, rank):
@@ -121,3 +141,68 @@ def test_replay_finds_exactly_what_was_consumed_then_the_rest_covers_the_epoch()
         later.update(positions.tolist())
     assert not set(later) & set(used.tolist()) and max(later.values()) == 1
     assert len(later) + len(used) == total
+
+
+def test_one_plan_gives_the_rank_its_batches_and_each_worker_its_pieces():
+    counts = [5, 0, 40, 13, 22]
+    part = Partition(3, 2, 8, drop_last=False, rule="pad", shuffle_buffer=4, shuffle_initial=2)
+    for rank in range(3):
+        plan = plan_epoch(counts, part, rank, seed=2, epoch=1)
+        slots = [plan.worker(role) for role in range(2)]
+        assert plan.batches == sum(slot.batches for slot in slots) == batches_for(27, part)
+        assert plan.samples == sum(slot.samples for slot in slots) == 27
+        assert plan.padded == 27 * 3 - sum(counts)
+        read = sum(p.stop - p.start for slot in slots for p in slot.pieces)
+        assert read == plan.samples  # the pieces hold exactly the rank's share
+
+
+def test_resampled_mode_is_a_branch_of_the_same_plan():
+    part = Partition(3, 2, 8, drop_last=False, rule="pad")
+    plans = [plan_epoch([5, 7], part, rank, 0, 0, draws=100) for rank in range(3)]
+    assert {plan.batches for plan in plans} == {batches_for(34, part)}  # ceil(100 / 3)
+    for plan in plans:
+        slots = [plan.worker(role) for role in range(2)]
+        assert all(slot.pieces is None for slot in slots)  # drawn as the worker goes
+        assert sum(slot.batches for slot in slots) == plan.batches
+    # A segment read under another partition consumed 3 batches of 4 on each of 2 ranks.
+    earlier = Segment(Partition(2, 1, 4, drop_last=False, rule="pad"), consumed=3)
+    assert plan_epoch([5, 7], part, 0, 0, 0, [earlier], draws=100).total == 100 - 3 * 4 * 2
+
+
+def test_a_partition_is_made_from_the_groups_and_refuses_what_splits_no_epoch():
+    batch = Batching(size=32, drop_last=True, epoch_rule="drop")
+    made = Partition.of(batch, Shuffle(buffer=64, initial=16), world_size=4, num_workers=2)
+    assert made == Partition(4, 2, 32, True, "drop", shuffle_buffer=64, shuffle_initial=16)
+    with pytest.raises(ValueError, match="resolve them first"):
+        Partition.of(Batching(size=32), Shuffle(), 1, 1)  # drop_last, epoch_rule: None
+    segment = Segment(made, consumed=9)
+    assert Segment.from_ints(segment.to_ints()) == segment
+    assert len(segment.to_ints()) == SEGMENT_INTS
+    assert Segment.from_dict(segment.to_dict()) == segment
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        Segment.from_dict({**segment.to_dict(), "batch_size": 0})  # an edited loader state
+
+
+def test_the_loader_plans_each_epoch_once_for_len_the_log_and_what_is_left(shard_dir, monkeypatch):
+    planned = []
+
+    def counted(*args, **kwargs):
+        planned.append(tuple(args[5]) if len(args) > 5 else ())
+        return plan_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "plan_epoch", counted)
+    options = dict(num_workers=2, persistent_workers=False)
+    first = loader_for(shard_dir, rank=0, world_size=2, **options)
+    assert planned == [()]  # the log line's plan
+    assert len(first) == len(first) == first.batches_remaining() > 3
+    assert planned == [()]  # ... which len() and batches_remaining() read
+    epoch_keys(first, limit=3)
+    state = first.state_dict()
+    assert first.batches_remaining() == len(first) - 3 and len(planned) == 1
+    # Resumed on one rank: the rest of the epoch is replayed once, whatever is asked.
+    resumed = loader_for(shard_dir, **options)
+    resumed.load_state_dict(state)
+    left = resumed.batches_remaining()
+    assert left == resumed.batches_remaining() and left < len(resumed)
+    assert len(planned) == 3 and planned[2] == tuple(resumed.segments)
+    assert len(epoch_keys(resumed)) == left

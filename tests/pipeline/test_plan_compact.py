@@ -22,12 +22,14 @@ from pipeline.plan import (
     EpochLayout,
     Partition,
     Runs,
+    Segment,
     compact_dtype,
+    plan_epoch,
+    remaining_runs,
     shard_order,
     shard_permutation,
     worker_runs,
 )
-from pipeline.resume import Segment, plan_worker, remaining_runs
 from pipeline.sources import ShardSpecs, resolve_source
 from tests.conftest import shard_path
 
@@ -98,8 +100,9 @@ def test_a_normal_manifest_plans_int32_arrays_with_the_int64_values():
     for segments in ([], [earlier]):
         remaining = remaining_runs(layout.total, segments, seed, epoch)
         for rank in range(part.world_size):
+            epoch_plan = plan_epoch(counts, part, rank, seed, epoch, segments)
             for role in range(part.num_workers):
-                plan = plan_worker(layout, segments, part, rank, role)
+                plan = epoch_plan.worker(role)
                 positions, _ = worker_runs(remaining, part, rank, role)
                 wraps = wraps or bool(len(positions.starts) and positions.starts[-1] == 0)
                 assert (plan.pieces.shards.dtype, plan.pieces.starts.dtype) == (np.int32,) * 2

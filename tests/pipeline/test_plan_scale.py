@@ -26,16 +26,17 @@ import pytest
 
 from pipeline.dataset import batch_sizes
 from pipeline.plan import (
-    EpochLayout,
     Partition,
     Runs,
+    Segment,
     batches_for,
+    plan_epoch,
     rank_slice,
+    remaining_runs,
     shard_order,
     shuffle_buffer,
     worker_rng,
 )
-from pipeline.resume import Segment, plan_worker, remaining_runs
 from pipeline.shuffle_quality import plan_delivery
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,7 +200,6 @@ def random_case(seed: int):
 def test_interval_plan_matches_the_per_sample_plan(chunk):
     for case in range(chunk * 16, chunk * 16 + 16):
         counts, seed, epoch, segments, part = random_case(case)
-        layout = EpochLayout.build(counts, seed, epoch)
         rest = remaining_runs(sum(counts), segments, seed, epoch)
         old_rest = old_remaining_after(sum(counts), segments, seed, epoch)
         assert rest.to_array().tolist() == old_rest.tolist(), f"case {case}"
@@ -207,8 +207,9 @@ def test_interval_plan_matches_the_per_sample_plan(chunk):
             assert len(rank_slice(len(rest), part, rank)[0]) == len(
                 old_rank_slice(len(old_rest), part, rank)[0]
             ), f"case {case}"
+            epoch_plan = plan_epoch(counts, part, rank, seed, epoch, segments)
             for role in range(part.num_workers):
-                plan = plan_worker(layout, segments, part, rank, role)
+                plan = epoch_plan.worker(role)
                 pieces, samples, batches = old_plan_exact(
                     counts, seed, epoch, segments, part, rank, role
                 )
@@ -264,21 +265,20 @@ def address_space() -> int:
 def plan_at_scale(rank: int = 3, worker: int = 5) -> dict:
     """Rank `rank` of 8, worker `worker` of 8 of a 10^9-sample epoch: fresh and resumed."""
     counts = np.full(SCALE_SHARDS, SCALE_SHARD_SAMPLES, dtype=np.int64)
-    total, part = int(counts.sum()), SCALE_PART
-    layout = EpochLayout.build(counts, 7, 2)
-    fresh = plan_worker(layout, [], part, rank, worker)
+    part = SCALE_PART
+    plan = plan_epoch(counts, part, rank, 7, 2)
+    fresh = plan.worker(worker)
     # A resume under the same partition after 1,000 batches: the stream drops that segment
     # and plays slot (worker + consumed) % num_workers; the loader counts what is left.
     consumed = 1003
-    same = plan_worker(layout, [], part, rank, (worker + consumed) % part.num_workers)
-    left = len(rank_slice(len(remaining_runs(total, [], 7, 2)), part, rank)[0])
+    same = plan.worker((worker + consumed) % part.num_workers)
     # A resume from another partition (16 ranks): only its consumed samples are replayed.
     earlier = Segment(Partition(16, 8, 256, True, "pad", 2000, 500), consumed=5)
-    moved = plan_worker(layout, [earlier], part, rank, worker)
+    moved = plan_epoch(counts, part, rank, 7, 2, [earlier]).worker(worker)
     return {
         "fresh": (fresh.samples, fresh.batches, len(fresh.pieces)),
         "same": (same.samples, same.batches, len(same.pieces)),
-        "left_batches": batches_for(left, part) - consumed,
+        "left_batches": plan.batches - consumed,
         "moved": (moved.samples, moved.batches, len(moved.pieces)),
         "moved_pieces": sum(p.stop - p.start for p in moved.pieces),
     }
@@ -337,7 +337,7 @@ def measure_worker(total: int, old: bool) -> tuple[float, float]:
     if old:
         old_plan_exact(counts, 0, 0, [], part, 0, 0)
     else:
-        plan_worker(EpochLayout.build(counts, 0, 0), [], part, 0, 0)
+        plan_epoch(counts, part, 0, 0, 0).worker(0)
     seconds = time.perf_counter() - started
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()

@@ -7,6 +7,7 @@ Small trees of real JPEGs from the session's sample dataset, built in-process
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from preprocess.build import build_shard
+from preprocess.build import ShardJob, build_shard
 from preprocess.cli import format_summary, main
 from preprocess.config import BuildConfig
 from preprocess.job import run_build
@@ -138,18 +139,21 @@ def test_file_links_outside_are_refused_when_opened_also_after_listing(tmp_path,
     swapped.symlink_to(secret)
     config = small_build_config(tree, tmp_path / "task", confine_to_input=True)
     (task,) = plan.tasks
-    options = dict(
+    job = ShardJob(
+        output=str(tmp_path / "task"),
         shaping=config.output_shaping(),
         image=config.image,
         formats=("tar",),
-        num_classes=len(plan.classes),
+        class_names=tuple(plan.classes),
         row_group_size=16,
+        confine_root=listing.root,
     )
-    result = build_shard(task, str(tmp_path / "task"), confine_root=listing.root, **options)
+    result = build_shard(task, job)
     reasons = {skip.path: skip.reason for skip in result.skipped}
     assert reasons == {"a/img_0.jpg": "outside_input", "a/linked.jpg": "outside_input"}
     assert result.info.samples == 3
-    unconfined = build_shard(task, str(tmp_path / "task-free"), **options)
+    free = dataclasses.replace(job, output=str(tmp_path / "task-free"), confine_root=None)
+    unconfined = build_shard(task, free)
     assert unconfined.skipped == [] and unconfined.info.samples == 5
 
 

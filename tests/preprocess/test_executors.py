@@ -92,11 +92,11 @@ def test_auto_resolves_to_ray_only_when_a_cluster_is_named(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")  # as under `ray job submit`
     assert resolve_executor("auto", None) == "ray"
     assert resolve_executor("local", None) == "local"
-    with pytest.raises(ValueError, match="--executor local does not use Ray"):
+    with pytest.raises(ValueError, match=r"BuildConfig\.executor local does not use Ray"):
         BuildConfig(input="i", output="o", executor="local", ray_address="auto")
-    with pytest.raises(ValueError, match="--executor must be one of auto, ray, local, inline"):
+    with pytest.raises(ValueError, match="'dask' is not one of auto, ray, local, inline"):
         BuildConfig(input="i", output="o", executor="dask")
-    with pytest.raises(ValueError, match="--workers"):
+    with pytest.raises(ValueError, match=r"BuildConfig\.workers"):
         BuildConfig(input="i", output="o", workers=0)
 
 
@@ -126,8 +126,8 @@ class CountingPool(LocalPool):
         self.in_flight = 0
         self.most_in_flight = 0
 
-    def submit(self, task, build_kwargs):
-        future = super().submit(task, build_kwargs)
+    def submit(self, task, job):
+        future = super().submit(task, job)
         self.sent.append((task.split, task.index))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -143,11 +143,11 @@ def test_the_pool_keeps_exactly_workers_tasks_in_flight_largest_first(
 ):
     pools: list[CountingPool] = []
 
-    def counting_iter_local(tasks, build_kwargs, pool):
+    def counting_iter_local(tasks, job, pool):
         counting = CountingPool(pool.workers)
         pools.append(counting)
         try:
-            for result in iter_local(tasks, build_kwargs, counting):
+            for result in iter_local(tasks, job, counting):
                 counting.finished()
                 yield result
         finally:
@@ -177,13 +177,13 @@ class DieOnce:
         self.shard = shard
         self.times = times
 
-    def __call__(self, task, options):
+    def __call__(self, task, job):
         if (task.split, task.index) == self.shard:
             deaths = int(self.flag.read_text()) if self.flag.exists() else 0
             if deaths < self.times:
                 self.flag.write_text(str(deaths + 1))
                 os._exit(9)  # as the kernel's OOM killer would end it: no cleanup
-        return build_with_options(task, options)
+        return build_with_options(task, job)
 
 
 @pytest.mark.timeout(180)

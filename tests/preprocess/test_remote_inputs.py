@@ -169,3 +169,50 @@ def test_s3_listing_takes_storage_options(s3_inputs, sample_dir):
         "s3://inputs/images", storage_options=s3.storage_options(proxy.endpoint)
     )
     assert len(list(items)) == len(list(sample_dir.rglob("*.*")))
+
+
+@pytest.fixture
+def s3_without_environment(sample_dir, monkeypatch, tmp_path):
+    """The sample tree in `s3://inputs/images` and a bucket `outputs`, and no `AWS_*`
+    endpoint or credentials at all: only `storage_options` can reach them."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from shards.storage import objectstore
+    from tests.objectstore import FaultProxy, MotoS3
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(objectstore, "_FILESYSTEMS", {})
+    with MotoS3() as s3, FaultProxy(s3.endpoint) as proxy:
+        s3.create_bucket("inputs")
+        s3.create_bucket("outputs")
+        s3.upload_dir(sample_dir, "inputs", "images")
+        yield s3, proxy
+
+
+def test_a_build_reads_and_writes_s3_with_its_storage_options_alone(
+    s3_without_environment, built_shards, tmp_path
+):
+    s3, proxy = s3_without_environment
+    # Through the proxy: its 503s show the images themselves were read with these options.
+    images = proxy.fail(r"/inputs/images/class_000/.*\.jpg$", times=2, status=503)
+    options = s3.storage_options(proxy.endpoint)
+    config = small_build_config(
+        "s3://inputs/images", "s3://outputs/shards", storage_options=options
+    )
+    summary = run_build(config)
+    assert images.injected == 2
+    assert not summary.manifest.skipped
+    assert summary.manifest.inputs == built_shards.manifest.inputs
+    for shard in sorted(built_shards.output.rglob("*.tar")):
+        key = "shards/" + shard.relative_to(built_shards.output).as_posix()
+        assert s3.get("outputs", key) == shard.read_bytes()
+    # The options hold the credentials: nothing the build wrote names them.
+    for key in s3.keys("outputs", "shards/"):
+        if key.endswith((".json", ".jsonl")):
+            text = s3.get("outputs", key).decode()
+            assert s3.secret_key not in text and "storage_options" not in text, key

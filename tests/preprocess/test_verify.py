@@ -93,6 +93,42 @@ def test_verify_fails_on_what_the_loader_skips_and_counts_it_the_same(tar_only, 
     assert "would be skipped by the loader" in capsys.readouterr().err
 
 
+def replace_labels(directory: Path, name: str, labels: dict[int, bytes]) -> None:
+    """Put other bytes in some `.cls` members (the manifest resealed to match)."""
+    path = directory / name
+    with open(path, "rb") as stream:
+        samples = list(iter_tar_samples(stream, str(path)))
+    originals = {index: sample["jpg"] for index, sample in enumerate(samples)}
+    for index, label in labels.items():
+        samples[index]["cls"] = label
+    buffer = io.BytesIO()
+    writer = TarShardWriter(buffer)
+    for sample in samples:
+        writer.write({k: v for k, v in sample.items() if k != "__url__"})
+    writer.close()
+    path.write_bytes(buffer.getvalue())
+    replace_images(directory, name, {index: originals[index] for index in labels})
+
+
+def test_a_label_past_the_manifests_classes_fails_verify_as_the_loader_skips_it(tar_only):
+    classes = len(json.loads((tar_only / "manifest.json").read_text())["classes"])
+    replace_labels(tar_only, shard_key("train", 0), {1: str(classes).encode()})
+    with pytest.raises(VerifyError, match=r"1 of \d+ samples .*\(bad_label: 1\)"):
+        verify_directory(tar_only)
+    loader = build_loader(
+        LoaderConfig(
+            source=str(tar_only),
+            batch_size=8,
+            image_size=32,
+            num_workers=0,
+            max_skip_fraction=1.0,
+            train=False,
+        )
+    )
+    list(loader)
+    assert loader.stats.skipped == {"bad_label": 1}
+
+
 def test_verify_passes_a_good_dataset_the_loader_reads_without_skips(tar_only):
     report = verify_directory(tar_only)
     assert report.samples > 0 and not report.skipped

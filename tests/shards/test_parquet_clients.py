@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from preprocess.build import build_shard
+from preprocess.build import ShardJob, build_shard
 from preprocess.config import BuildConfig
 from preprocess.images import ImageConfig
 from preprocess.output import DEFAULT_LAYOUT
@@ -49,19 +49,18 @@ def built(tmp_path_factory):
         image=ImageConfig(image_size=48),
         row_group_size=8,
     )
+    job = ShardJob(
+        output=str(root / "out"),
+        shaping=config.output_shaping(),
+        image=config.image,
+        formats=("tar", "parquet"),
+        class_names=tuple(plan.classes),
+        row_group_size=8,
+        description=DESCRIPTION,
+        layout=DEFAULT_LAYOUT,
+    )
     for task in plan.tasks:
-        build_shard(
-            task,
-            str(root / "out"),
-            config.output_shaping(),
-            config.image,
-            ("tar", "parquet"),
-            len(plan.classes),
-            8,
-            class_names=tuple(plan.classes),
-            description=DESCRIPTION,
-            layout=DEFAULT_LAYOUT,
-        )
+        build_shard(task, job)
     files = [str(p) for p in shard_files(root / "out", "parquet")]
     assert len(files) >= 3
     return root / "out", list(plan.classes), files
