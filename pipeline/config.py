@@ -16,7 +16,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shards.errors import ReadLimits
-from shards.flags import SettingError, option, settings_group
+from shards.flags import (
+    SettingError,
+    check_at_least,
+    check_choice,
+    check_flag,
+    check_fraction,
+    check_int_at_least,
+    option,
+    refuse,
+    settings_group,
+)
 from shards.formats import FORMAT_NAMES
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
@@ -29,50 +39,6 @@ EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.p
 def default_workers() -> int:
     """DataLoader workers by default: one per CPU, up to 8."""
     return min(8, os.cpu_count() or 1)
-
-
-def refuse(group: object, name: str, detail: str) -> SettingError:
-    """The error for `group.name`: `detail` says what it allows and what it got."""
-    return SettingError(type(group).__name__, name, detail)
-
-
-def check_at_least(group: object, name: str, minimum: float, integer: bool = False) -> None:
-    """A number (an integer with `integer`) of at least `minimum`."""
-    value = getattr(group, name)
-    kinds = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        kind = "an integer" if integer else "a number"
-        raise refuse(group, name, f" must be {kind} of at least {minimum}, got {value!r}")
-    if value < minimum:
-        raise refuse(group, name, f" must be at least {minimum}, got {value!r}")
-
-
-def check_int_at_least(group: object, name: str, minimum: int) -> None:
-    check_at_least(group, name, minimum, integer=True)
-
-
-def check_fraction(group: object, name: str, low_open: bool = False) -> None:
-    """`value` in [0, 1] (in (0, 1] with `low_open`)."""
-    value = getattr(group, name)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not (0 < value <= 1 if low_open else 0 <= value <= 1):
-        allowed = "in (0, 1]" if low_open else "in [0, 1]"
-        raise refuse(group, name, f" must be a number {allowed}, got {value!r}")
-
-
-def check_flag(group: object, name: str, optional: bool = False) -> None:
-    """True or False (or None, meaning the default rule, with `optional`)."""
-    value = getattr(group, name)
-    if not (isinstance(value, bool) or (optional and value is None)):
-        allowed = "True, False or None (the default rule)" if optional else "True or False"
-        raise refuse(group, name, f" must be {allowed}, got {value!r}")
-
-
-def check_choice(group: object, name: str, choices: Sequence[str], optional: bool = False) -> None:
-    value = getattr(group, name)
-    if not (value in choices or (optional and value is None)):
-        extra = " (or None, the default)" if optional else ""
-        raise refuse(group, name, f" {value!r} is not one of {', '.join(choices)}{extra}")
 
 
 @dataclass(frozen=True)
