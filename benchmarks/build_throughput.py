@@ -54,7 +54,8 @@ from common import (
 )
 from PIL import Image
 
-from preprocess.images import ImageConfig, fast_backend_available, plan_resize, process_image
+from preprocess.images import ImageConfig, plan_resize, process_image
+from shards.imagedata import fast_backend_available
 from shards.sample import SampleError
 
 SIZE = 256
@@ -279,8 +280,8 @@ def build_child(job: BuildJob, results: multiprocessing.Queue) -> None:
     import ray
 
     from preprocess.config import BuildConfig
-    from preprocess.images import fast_backend_available as warm_function
     from preprocess.job import run_build
+    from preprocess.pool import warm_worker as warm_function
     from preprocess.ray_job import BuildError
 
     watch = Stopwatch()

@@ -28,11 +28,11 @@ from shards.flags import (
     settings_group,
 )
 from shards.formats import FORMAT_NAMES
+from shards.imagedata import BACKENDS
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 from shards.storage import RetryPolicy
 
-BACKENDS = ("auto", "fast", "pillow")
 EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
 
 

@@ -17,7 +17,8 @@ Error reasons raised here:
 Image errors name the cause, not the sample (transforms see only bytes): the caller adds the
 sample's `__key__` and `__url__`. The rules themselves (allowlist, pixel cap, truncation, modes
 and alpha: composited onto white, as build-shards does) are `shards.imagedata`'s; this module
-keeps only the crop geometry.
+keeps only the crop geometry; the filters and the DCT scale rule are `shards.geometry`'s,
+shared with build-shards.
 
 `open_image` turns Pillow's DecompressionBombWarning into an error with
 `warnings.catch_warnings`, which swaps process-wide filter state: decode in one thread per
@@ -29,21 +30,10 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageFile
 
+from shards.geometry import REDUCING_GAP, dct_scale
 from shards.imagedata import load_image, to_rgb
 
-RESAMPLING = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
-# A box at least this many times the output is first box-reduced by an integer factor:
-# cheap for large PNG/WEBP sources, which have no DCT scaling. Same value as preprocess.
-REDUCING_GAP = 2.0
-
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's convention
-
-_DCT_SCALES = (8, 4, 2)  # what libjpeg can decode to directly: 1/8, 1/4, 1/2
 
 
 def decode_crop(
@@ -93,11 +83,7 @@ def decode_crop(
 
 def draft_scale(box_width: float, box_height: float, size: tuple[int, int]) -> int:
     """Largest DCT scale divisor (1, 2, 4 or 8) that keeps the box at least `size` on each side."""
-    room = min(box_width / size[0], box_height / size[1])
-    for scale in _DCT_SCALES:
-        if room >= scale:
-            return scale
-    return 1
+    return dct_scale(min(box_width / size[0], box_height / size[1]))
 
 
 def _draft(image: ImageFile.ImageFile, box: Box, size: tuple[int, int]) -> Box:

@@ -19,8 +19,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from pipeline.decode import RESAMPLING, Box, decode_crop, draft_scale
+from pipeline.decode import Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
+from shards.geometry import RESAMPLING
 from shards.imagedata import (
     FAST_JPEG_COLORSPACES,
     check_pixels,
@@ -35,11 +36,12 @@ from shards.jpegband import crop_band
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
 # filters are. DCT scaling keeps almost every crop below 2x. Up to 1.5x the bilinear alone
 # differs little from Pillow, and the box average costs 3-4x the bilinear: measured on the
-# loader's crops (benchmarks/roi_decode.py), a threshold of 1.25 instead costs 256-px shards
-# ~11% of a crop's time for the same PSNR against Pillow (53.5 dB pooled) and 512-px shards
-# ~4% (51.6 dB pooled against 50.7). Higher thresholds alias visibly: at 1.75, bicubic
-# crops to 96 px differ from Pillow by up to 2.1 grey levels on average. build-shards'
-# resize keeps its own rule (bilinear up to 2x, `preprocess.images`).
+# loader's crops (docs/BENCHMARKS.md, "Decisions"; the study script is in git history), a
+# threshold of 1.25 instead costs 256-px shards ~11% of a crop's time for the same PSNR
+# against Pillow (53.5 dB pooled) and 512-px shards ~4% (51.6 dB pooled against 50.7).
+# Higher thresholds alias visibly: at 1.75, bicubic crops to 96 px differ from Pillow by up
+# to 2.1 grey levels on average. build-shards' resize keeps its own rule (bilinear up to 2x,
+# `preprocess.images`).
 AREA_SHRINK = 1.5
 # OpenCV's InterpolationFlags values (cv2.INTER_NEAREST, _LINEAR, _CUBIC, _LANCZOS4), spelled
 # out so this module imports without OpenCV.

@@ -18,14 +18,14 @@ import torch
 from torch.utils.data import DataLoader, default_convert
 
 from pipeline.batchring import BatchRing, InlineTensor, materialize
-from pipeline.config import BACKENDS, Batching, LoaderConfig, Resampled, Shuffle
+from pipeline.config import Batching, LoaderConfig, Resampled, Shuffle
 from pipeline.dataset import ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.plan import EpochPlan, Partition, Segment, plan_epoch
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
-from shards.imagedata import FAST_HINT, fast_backend_available
+from shards.imagedata import resolve_backend
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 
@@ -259,25 +259,6 @@ def inline_small_tensors(batch: tuple) -> tuple:
     """
     values, size, keys, worker_stats = default_convert(batch)
     return tuple(InlineTensor.wrap(value) for value in values), size, keys, worker_stats
-
-
-def resolve_backend(backend: str) -> str:
-    """`fast` or `pillow` for a `Crop.backend` choice.
-
-    Raises:
-        ValueError: not one of `BACKENDS`.
-        ImportError: `fast` was asked for and simplejpeg or OpenCV is missing.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "pillow":
-        return backend
-    if fast_backend_available():
-        return "fast"
-    if backend == "fast":
-        raise ImportError(f"LoaderConfig(backend='fast'): {FAST_HINT}, or use backend='pillow'")
-    log.warning("decoding with Pillow, about half as fast: %s", FAST_HINT)
-    return "pillow"
 
 
 def log_fallbacks(stats: LoaderStats) -> None:

@@ -18,7 +18,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from pipeline.decode import RESAMPLING, Box, decode_crop
+from pipeline.decode import Box, decode_crop
+from shards.geometry import RESAMPLING
 from shards.imagedata import check_max_pixels, open_image
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back

@@ -14,10 +14,10 @@ from collections import Counter
 
 from preprocess.build import ShardResult, image_field
 from preprocess.config import BuildConfig
+from preprocess.listing import Listing
 from preprocess.output import ERRORS_NAME
 from preprocess.plan import Plan, manifest_fields
 from preprocess.ray_job import BuildError
-from preprocess.sources import Listing
 from shards.clients import write_client_files
 from shards.io import OutputStore, open_output_store
 from shards.manifest import (

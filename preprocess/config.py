@@ -11,19 +11,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from preprocess.columns import LABEL_MODES, InputColumns
 from preprocess.images import (
     BACKENDS,
     EXTENSIONS,
-    RESAMPLING,
+    RESAMPLE_CHOICES,
     RESIZE_POLICIES,
     RESTART_LAYOUTS,
     ImageConfig,
 )
 from preprocess.sizing import parse_bytes
-from preprocess.sources import LABEL_MODES, InputColumns
 from shards.flags import (
     about,
-    check_at_least,
     check_choice,
     check_flag,
     check_fraction,
@@ -140,7 +139,7 @@ class BuildConfig:
                 "the size",
                 RESIZE_POLICIES,
             ),
-            "resample": about("resampling filter of the resize", tuple(RESAMPLING)),
+            "resample": about("resampling filter of the resize", RESAMPLE_CHOICES),
             "encode": about("encoding of the stored images", tuple(EXTENSIONS)),
             "quality": about("JPEG/WebP quality 1-100 (ignored for PNG)"),
             "max_pixels": about("skip images whose header declares more pixels, before decoding"),
@@ -303,7 +302,9 @@ class BuildConfig:
         """The options of where and how the tasks run (`RUNTIME_ONLY`)."""
         address = self.ray_address
         if address is not None and (not isinstance(address, str) or not address):
-            raise refuse(self, "ray_address", f" must be `auto`, ray://host:port or None, got {address!r}")
+            raise refuse(
+                self, "ray_address", f" must be `auto`, ray://host:port or None, got {address!r}"
+            )
         check_choice(self, "executor", EXECUTORS)
         if self.ray_address and self.executor in ("local", "inline"):
             raise refuse(

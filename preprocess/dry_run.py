@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from preprocess.build import BUILD_DIR
 from preprocess.config import BuildConfig
 from preprocess.job import plan_build
+from preprocess.listing import Listing
 from preprocess.output import (
     PLAN_NAME,
     build_record,
@@ -21,7 +22,6 @@ from preprocess.output import (
 )
 from preprocess.plan import Plan
 from preprocess.sizing import Probe, probe_inputs
-from preprocess.sources import Listing
 from shards.formats import get_format
 from shards.io import OutputStore, open_output_store
 from shards.storage import is_remote

@@ -1,114 +1,26 @@
 """Per-image step of `preprocess build-shards`: one input's bytes in, one upright RGB image out.
 
-Called once per input inside a shard task. Opens only allowlisted formats, checks the header
-before decoding, applies EXIF orientation, converts every mode to RGB, resizes and re-encodes.
+Runs once per input inside a shard task (`preprocess.build`): read the bytes (`read_source`,
+local or through `shards.storage`), check the header before decoding, apply EXIF
+orientation, convert to RGB, resize (`plan_resize`) and encode (`ImageConfig`). The pixel
+policy (allowed formats, pixel cap, truncation, alpha onto `background`) is
+`shards.imagedata`'s, the same the loader applies; the filters and the DCT scale rule are
+`shards.geometry`'s. Bad data raises `SampleError(reason, detail)`, a counted skip (reasons:
+docs/SHARDS.md, "Bad input"). Only the open and decode calls are classified so, MemoryError
+included (the pixel cap bounds what a legitimate image allocates); the same exceptions from
+our own resize or encode code propagate, as bugs.
 
-Error classification. Bad data is expected and raises `SampleError(reason, detail)`:
-    missing, empty, too_large_file  the input could not be read as bytes (`read_source`).
-    unidentified        not an image of an allowed format (text, HTML, random bytes, a header
-                        so broken that Pillow cannot identify it).
-    format_not_allowed  magic bytes of a format we never decode (EPS/PS, PDF, PSD, FITS,
-                        JPEG 2000, HEIF, CUR, ...; AVIF where Pillow lacks libavif). Found by
-                        `shards.imagedata.sniff_format`'s signature table: a disallowed format is
-                        never handed to any Pillow plugin, so no Ghostscript, no PSD or FITS
-                        parser ever runs. Accepted: `shards.imagedata.INPUT_FORMATS`.
-    truncated           the data ends early (`LOAD_TRUNCATED_IMAGES` stays False, so no grey
-                        partial image is ever produced).
-    too_many_pixels     the header declares more than `max_pixels` (checked before decoding),
-                        Pillow's `DecompressionBombWarning`/`Error`, or an output too large for
-                        the chosen encoder (WebP is limited to 16383 px a side).
-    too_small           a side of the source is below `min_side`.
-    decode_error        any other exception of Pillow's fuzzing set raised while opening or
-                        decoding: OSError, SyntaxError, ValueError, NotImplementedError,
-                        OverflowError, EOFError, and MemoryError. The detail names the class.
-MemoryError counts as data because the pixel cap bounds what a legitimate image may allocate,
-so a decoder running out of memory points at the file (reliability.md A10); a worker that is
-really short of memory fails every sample and trips the build's skip budget instead. Only the
-open and decode calls are classified this way: the same exceptions raised by our own
-conversion, resize or encode code, and TypeError, KeyboardInterrupt or an environment OSError
-(ENOSPC, EACCES) from reading the input, always propagate.
+Backends write the same geometry: `pillow`, and `fast` (libjpeg-turbo + OpenCV) for plain
+JPEGs, which hands anything else, and any JPEG libjpeg-turbo decodes only with a warning, to
+the Pillow path (`ProcessedImage.pillow_fallback`), so skip reasons match and no cut file
+becomes a grey partial image. `auto` is resolved when the config is made
+(`shards.imagedata.resolve_backend`), so the manifest records the backend that ran. JPEG
+output carries restart markers (`jpeg_restarts`; docs/SHARDS.md, "Restart markers"), which
+let the loader decode only the bands a crop needs. Speed and quality: docs/BENCHMARKS.md,
+"Build: per-image step and quality".
 
-Pixel policy: `shards.imagedata`'s, the same the loader applies (formats sniffed by magic
-bytes, the header pixel cap, truncation, EXIF orientation, `to_rgb`). Alpha of every kind is
-composited onto `background`, white by default, as img2dataset does and the loader does.
-Only the first frame is read (GIF, TIFF pages, MPO's first picture); an ICO gives its largest
-frame. ICC profiles are dropped, not applied: colour management costs time on the hot path
-and widens the attack surface; most inputs are sRGB already. Output carries no metadata at
-all (no EXIF, ICC, XMP, comments).
-
-Geometry policy (sizes are after EXIF orientation):
-    shorter      shorter side to `image_size`, aspect kept; never upscaled.
-    longer       longer side to `image_size`, aspect kept; never upscaled.
-    center-crop  centre square, scaled to exactly `image_size` square (upscaled if needed,
-                 since the output size is a promise here).
-    none         size kept, still re-encoded.
-For `shorter` and `longer` an extreme aspect ratio is bounded first: the long side is
-centre-cropped to at most `max_aspect` times the short side, so a 300x60000 strip does not
-become a 256x51200 output. JPEGs much larger than the target are decoded with DCT scaling
-(`draft`) to no less than the size the final resize needs, so that resize still downsamples.
-
-Resampling defaults to bilinear with `reducing_gap=2`: Pillow's bilinear filter is
-antialiased for downscaling; the whole call runs ~300 img/s on one core against ~220 with
-LANCZOS (500x375 JPEGs to 341x256, quality 90; the team saw 600 vs 390 on two cores);
-`lanczos` stays available when quality matters more than throughput. `reducing_gap=2`
-first box-reduces by an integer factor when the source is over twice the target, which is
-what keeps large non-JPEG sources cheap.
-
-Backends. `auto` (default) means `fast` when the resample filter is bilinear and simplejpeg
-and OpenCV import, else `pillow`; it is resolved when the `ImageConfig` is made, so the
-manifest and resume checks record the backend that ran. `pillow` does everything with Pillow.
-`fast` (simplejpeg and opencv-python-headless) takes over the common case, a baseline or
-progressive JPEG in RGB/YCbCr or grey, and hands everything else to the Pillow path unchanged
-(`ProcessedImage.pillow_fallback` marks those inputs):
-    - the same header checks run first, on Pillow's lazy open (allowlist, pixel cap, min side),
-      and libjpeg-turbo must read the same size from the header, so the cap covers what it
-      allocates;
-    - libjpeg-turbo decodes with the same DCT scale (1/2, 1/4, 1/8) that `draft` picks, in
-      strict mode: a truncated file or any libjpeg warning raises, and the input goes to the
-      Pillow path, which classifies it (`truncated`, `decode_error`) or accepts it exactly as
-      the `pillow` backend would. Nothing ever turns a cut file into a grey partial image;
-    - EXIF orientation is applied to the array, then OpenCV resizes with bilinear
-      (`INTER_LINEAR_EXACT`, bit-exact on every CPU) while the source is at most twice the
-      output, and with `INTER_AREA` beyond (huge sources that DCT scaling cannot bring close);
-      crop boxes are rounded to whole decoded pixels (off by less than half of one);
-    - JPEG output is encoded by OpenCV's libjpeg-turbo with Pillow's settings (4:2:0,
-      accurate DCT, baseline, standard Huffman tables, restart markers): the same bytes as
-      Pillow's encoder for the same pixels. WebP and PNG output go through Pillow's encoders.
-OpenCV's bilinear is not antialiased, which DCT scaling makes acceptable: after it the resize
-factor is below 2. Output geometry is identical to the Pillow backend's; pixels differ
-slightly (see docs/BENCHMARKS.md for speed and PSNR/SSIM against LANCZOS). The backend is part
-of the output-shaping config, so a build cannot be resumed with the other one. Importing
-OpenCV sets its thread pool to one thread: each worker process runs one image at a time.
-
-Restart markers (`jpeg_restarts`, on by default). Every JPEG output is cut into restart
-intervals: a DRI segment gives the MCUs per interval, and an RSTn marker (n = 0..7 in turn)
-starts each interval after the first. With `jpeg_restart_columns` (on by default) an
-interval is `shards.jpegband.restart_interval(width)` MCUs: about 64 px of a row, 4 MCUs of
-16 px where the row's MCU count, ceil(width / 16) for our 4:2:0 output, allows it, else its
-divisor in 5..8, else the whole row (a count with no such divisor: the 22 MCUs of a 341-px
-row, 43 MCUs). Rows of fewer than 24 MCUs (384 px: all but the widest images of a 256-px build) keep one
-interval per row too (`jpeg_restart_narrow_rows`, on by default; builds started before it
-resume with it off). Every row starts a new interval either way. Without it (builds started
-before it) an interval is one MCU row (libjpeg's `restart_in_rows = 1`).
-The loader decodes only the rows a crop needs by splicing the intervals between markers into
-a smaller JPEG, and with column intervals only the interval columns it covers too. Markers
-change no coefficient, so the decoded pixels are those of the same encoder without them;
-each costs about 4 bytes (the marker, its byte alignment, a DC value coded afresh). Measured
-on 200 images of `preprocess sample`, quality 90, same pixels: one marker a row costs +0.36%
-at 256 px (+0.21% at 512); 4-MCU intervals cost +1.5% more than row intervals at 256 px
-and +1.6% at 512 px (2-MCU intervals, no longer written, cost +3.7%). Every output is RGB,
-so there are no grey (8x8-MCU) JPEGs. Builds started before `jpeg_restarts` resume with
-`jpeg_restarts=False` (no markers), which keeps the old encoders: for the `fast` backend
-simplejpeg, whose `encode_jpeg` ignores `fastdct=False` (simplejpeg 1.9: its files use
-libjpeg's fast integer DCT, 0.1 dB below the accurate DCT in PSNR at 256 px, pixels up to 15
-levels apart); builds started before `jpeg_restart_columns` resume with
-`jpeg_restart_columns=False`, which writes their bytes.
-
-Inside the call the decompression-bomb warning is an error (`shards.imagedata.open_image`) and
-Pillow's UserWarnings about tolerated data (corrupt EXIF, ...) are silenced, with
-`warnings.catch_warnings`, which
-changes process-wide filter state: call `process_image` from one thread per process, as Ray
-tasks do.
+`process_image` swaps process-wide warning filters (`warnings.catch_warnings`): call it from
+one thread per process, as Ray tasks and pool workers do.
 """
 
 from __future__ import annotations
@@ -130,14 +42,15 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from shards.flags import check_at_least, check_choice, check_int_at_least, refuse
+from shards.geometry import DCT_SCALES, REDUCING_GAP, RESAMPLING, dct_scale
 from shards.imagedata import (
+    BACKENDS,
     FAST_HINT,
     FAST_JPEG_COLORSPACES,
     INPUT_FORMATS,
     TRANSPOSE,
     check_max_pixels,
     decode_jpeg_scaled,
-    fast_backend_available,
     load_fast_backends,
     load_image,
     open_image,
@@ -145,6 +58,7 @@ from shards.imagedata import (
     read_jpeg_header,
     read_orientation,
     refuse_foreign_format,
+    resolve_backend,
     to_rgb,
 )
 from shards.jpegband import MIN_COLUMN_MCUS, restart_interval
@@ -168,12 +82,9 @@ RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
 # columns in every row; one interval per MCU row; no markers at all. Each older one is
 # what builds started before the next existed wrote, so they resume byte for byte.
 RESTART_LAYOUTS = ("columns", "columns-all", "rows", "none")
-BACKENDS = ("auto", "fast", "pillow")
-RESAMPLING = {
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+# The filters build-shards offers (`shards.geometry.RESAMPLING`): all but `nearest`, which
+# aliases every downscale, a poor way to store a dataset.
+RESAMPLE_CHOICES = ("bilinear", "bicubic", "lanczos")
 # encoding -> shard field name / file extension
 EXTENSIONS = {"jpeg": "jpg", "webp": "webp", "png": "png"}
 _PIL_FORMAT = {"jpeg": "JPEG", "webp": "WEBP", "png": "PNG"}
@@ -186,7 +97,6 @@ _MAX_OUTPUT_SIDE = {"jpeg": 65_535, "webp": 16_383, "png": 2**31 - 1}
 # PNG output is chosen for losslessness, not size.
 _WEBP_METHOD = 4
 _PNG_COMPRESS_LEVEL = 3
-_REDUCING_GAP = 2.0
 # Width of a 4:2:0 JPEG's MCU: one MCU row holds ceil(width / 16) MCUs.
 _MCU_WIDTH = 16
 
@@ -197,7 +107,7 @@ class ImageConfig:
 
     Attributes:
         image_size: target side in pixels; its meaning depends on `resize`.
-        resize: `shorter`, `longer`, `center-crop` or `none` (see the module docstring).
+        resize: `shorter`, `longer`, `center-crop` or `none` (docs/SHARDS.md, "Per image").
         encode: output encoding, `jpeg`, `webp` or `png`.
         quality: JPEG/WebP quality 1-100 (ignored for PNG).
         max_pixels: header pixel cap, checked before decoding; at most Pillow's
@@ -214,7 +124,7 @@ class ImageConfig:
             resolved when the config is made, so manifests and resume checks record the
             backend that ran.
         jpeg_restarts: where the restart intervals of JPEG output start
-            (`RESTART_LAYOUTS`; see "Restart markers" in the module docstring), so the
+            (`RESTART_LAYOUTS`; docs/SHARDS.md, "Restart markers"), so the
             loader can decode only the rows, and columns, a crop needs. `columns`
             (default): `shards.jpegband.restart_interval(width)` MCUs (about 64 px; the
             whole row when the row's MCU count has no divisor in 4..8), and one interval
@@ -252,7 +162,7 @@ class ImageConfig:
         check_int_at_least(self, "max_file_bytes", 1)
         check_at_least(self, "max_aspect", 1)
         check_int_at_least(self, "min_side", 1)
-        check_choice(self, "resample", tuple(RESAMPLING))
+        check_choice(self, "resample", RESAMPLE_CHOICES)
         background = self.background
         if not (
             isinstance(background, tuple)
@@ -264,11 +174,21 @@ class ImageConfig:
             )
         check_choice(self, "jpeg_restarts", RESTART_LAYOUTS)
         check_choice(self, "backend", BACKENDS)
-        if self.backend == "auto":  # frozen: resolved once, here
-            fast = self.resample == "bilinear" and fast_backend_available()
-            object.__setattr__(self, "backend", "fast" if fast else "pillow")
-        if self.backend == "fast":
-            _check_fast_backend(self, self.resample)
+        bilinear = self.resample == "bilinear"
+        if self.backend == "fast" and not bilinear:
+            raise refuse(
+                self,
+                "backend",
+                f" 'fast' resizes with OpenCV's bilinear filter, not {self.resample!r}; "
+                "use resample='bilinear' (--resample bilinear) or backend='pillow'",
+            )
+        try:  # frozen: `auto` is resolved once, here, so manifests record what ran
+            backend = resolve_backend(self.backend, fast_can_run=bilinear)
+        except ImportError as error:
+            raise refuse(
+                self, "backend", f" 'fast': {FAST_HINT}, or use backend='pillow'"
+            ) from error
+        object.__setattr__(self, "backend", backend)
 
 
 @dataclass(frozen=True)
@@ -426,7 +346,7 @@ def process_image(data: bytes, config: ImageConfig) -> ProcessedImage:
     Deterministic: the same bytes and config always give byte-identical output.
 
     Raises:
-        SampleError: a data error; `.reason` is one of the slugs in the module docstring.
+        SampleError: a data error; `.reason` is a slug of docs/SHARDS.md, "Bad input".
     """
     if not data:
         raise SampleError("empty", "0 bytes")
@@ -506,7 +426,7 @@ def draft_request(width: int, height: int, config: ImageConfig) -> tuple[int, in
     plan = plan_resize(width, height, config)
     left, top, right, bottom = plan.box
     factor = max(plan.size[0] / (right - left), plan.size[1] / (bottom - top))
-    if factor > 0.5:  # DCT scaling divides by 2, 4 or 8: nothing to gain
+    if factor > 1 / DCT_SCALES[-1]:  # DCT scaling divides by 2, 4 or 8: nothing to gain
         return None
     return math.ceil(width * factor), math.ceil(height * factor)
 
@@ -523,7 +443,7 @@ def _resize(image: Image.Image, orig_size: tuple[int, int], config: ImageConfig)
     ):  # no scaling, at most a crop on whole pixels
         whole = (int(box[0]), int(box[1]), int(box[2]), int(box[3]))
         return image if whole == (0, 0, *image.size) else image.crop(whole)
-    return image.resize(plan.size, RESAMPLING[config.resample], box=box, reducing_gap=_REDUCING_GAP)
+    return image.resize(plan.size, RESAMPLING[config.resample], box=box, reducing_gap=REDUCING_GAP)
 
 
 def _encode(image: Image.Image, config: ImageConfig) -> bytes:
@@ -601,19 +521,7 @@ def _draft(source: ImageFile.ImageFile, config: ImageConfig) -> None:
         source.draft("RGB", request)  # "RGB" never changes an L or CMYK JPEG's mode
 
 
-# --- The `fast` backend (see "Backends" in the module docstring) -----------------------------
-
-
-def _check_fast_backend(config: ImageConfig, resample: str) -> None:
-    if resample != "bilinear":
-        raise refuse(
-            config,
-            "backend",
-            f" 'fast' resizes with OpenCV's bilinear filter, not {resample!r}; "
-            "use resample='bilinear' (--resample bilinear) or backend='pillow'",
-        )
-    if not fast_backend_available():
-        raise refuse(config, "backend", f" 'fast': {FAST_HINT}, or use backend='pillow'")
+# --- The `fast` backend (see the module docstring) --------------------------------------------
 
 
 def _process_fast(
@@ -690,8 +598,7 @@ def _dct_scale(width: int, height: int, config: ImageConfig) -> int:
     request = draft_request(width, height, config)
     if request is None:
         return 1
-    ratio = min(width // request[0], height // request[1])
-    return next(scale for scale in (8, 4, 2, 1) if ratio >= scale)
+    return dct_scale(min(width // request[0], height // request[1]))
 
 
 def _resize_array(

@@ -32,13 +32,14 @@ from preprocess.build import (
 )
 from preprocess.commit import assemble_manifest, enforce_skip_budget, write_errors
 from preprocess.config import BuildConfig
+from preprocess.listing import Listing
 from preprocess.output import PLAN_NAME, check_output, prepare_output
 from preprocess.plan import Plan, ShardPiece, Spill, load_task, order_spill
 from preprocess.pool import ShardExecutor, TailClock, resolve_executor
 from preprocess.progress import progress_bar
 from preprocess.ray_job import iter_ray, start_ray
 from preprocess.sizing import shard_size_for_bytes
-from preprocess.sources import Listing, stream_sources
+from preprocess.sources import stream_sources
 from shards.clients import write_client_files
 from shards.io import OutputStore, open_output_store
 from shards.manifest import LAYOUT_FLAT, MANIFEST_NAME, Manifest, write_manifest

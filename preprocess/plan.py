@@ -31,7 +31,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from preprocess.sources import MAX_MULTI_LABEL_CLASSES, InputColumns, InputError, SourceItem
+from preprocess.columns import MAX_MULTI_LABEL_CLASSES, InputColumns
+from preprocess.listing import InputError, SourceItem
 from shards.errors import DataError
 from shards.io import atomic_write_bytes
 from shards.manifest import fields_entry

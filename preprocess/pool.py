@@ -137,9 +137,8 @@ def exit_when_orphaned(parent: int) -> None:
 
 def warm_worker() -> int:
     """Import the image stack in a worker before its first shard; returns its pid."""
-    from preprocess.images import fast_backend_available
+    import preprocess.images  # noqa: F401 - Pillow, NumPy and the decode policy
 
-    fast_backend_available()
     return os.getpid()
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from preprocess.build import build_shard_sample, image_field
 from preprocess.images import ImageConfig
+from preprocess.listing import InputError, SourceItem
 from preprocess.plan import PROBE_SIZE, PlannedSample, sample_key
-from preprocess.sources import InputError, SourceItem
 from shards.formats import get_format
 from shards.sample import SampleError
 

@@ -24,13 +24,15 @@ Policy, in one place:
     orientation `read_orientation` reads EXIF (and AVIF's irot/imir, which Pillow maps to
                 EXIF); malformed EXIF means upright. build-shards applies it; the loader
                 does not (shards are written upright and without EXIF).
-    backends    `fast_backend_available` / `load_fast_backends`: the one place that decides
+    backends    `resolve_backend`: what `auto` means, for build-shards and the loader alike;
+                `fast_backend_available` / `load_fast_backends`: the one place that decides
                 whether simplejpeg + OpenCV can be used, and imports them once per process.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import struct
 import warnings
@@ -41,6 +43,8 @@ import numpy as np
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError, features
 
 from shards.sample import SampleError
+
+log = logging.getLogger("shards")
 
 # Formats the loader lets Pillow parse, and `preprocess verify` checks shards against:
 # exactly what `preprocess build-shards` writes.
@@ -143,6 +147,8 @@ _ORIENT_ARRAY = {
 }
 _ALPHA_MODES = frozenset(("RGBA", "LA", "PA", "RGBa", "La"))
 
+# What a `backend` setting of build-shards or the loader may say (`resolve_backend`).
+BACKENDS = ("auto", "fast", "pillow")
 # The optional fast backends (the `fast` extra), by import name.
 FAST_PACKAGES = ("simplejpeg", "cv2")
 FAST_HINT = (
@@ -443,6 +449,27 @@ def fast_backend_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in FAST_PACKAGES)
 
 
+def resolve_backend(backend: str, fast_can_run: bool = True) -> str:
+    """`fast` or `pillow`: what a `BACKENDS` choice runs, by the one rule for `auto`.
+
+    `auto` is `fast` where simplejpeg and OpenCV import and the caller's fast path does
+    what is asked (`fast_can_run`: build-shards' fast resize is bilinear only), else
+    `pillow`, with a warning when the packages are what is missing, since Pillow decodes
+    about half as fast. Build-shards and the loader both resolve their setting here.
+
+    Raises:
+        ImportError: `fast` was asked for and simplejpeg or OpenCV is missing.
+    """
+    if backend == "pillow" or (backend == "auto" and not fast_can_run):
+        return "pillow"
+    if fast_backend_available():
+        return "fast"
+    if backend == "fast":
+        raise ImportError(f"backend='fast': {FAST_HINT}, or use backend='pillow'")
+    log.warning("decoding with Pillow, about half as fast: %s", FAST_HINT)
+    return "pillow"
+
+
 class _FastModules:
     """simplejpeg and cv2 as imported in this process (a fork re-imports: see below)."""
 
@@ -512,7 +539,8 @@ def decode_jpeg_scaled(
         fast_upsample: libjpeg-turbo's plain chroma upsampling (each chroma sample
             repeated, integer arithmetic, deterministic) instead of its "fancy" triangle
             filter: 10-15% less decode time for 4:2:0 JPEGs at ~49 dB PSNR against the
-            exact decode (benchmarks/roi_decode.py; docs/LOADER.md, "Image decoding").
+            exact decode (docs/LOADER.md, "Image decoding"; the study that measured it,
+            benchmarks/roi_decode.py, is in git history).
         out: a C-contiguous uint8 array of exactly the decoded shape to decode into.
     """
     simplejpeg, _ = load_fast_backends()

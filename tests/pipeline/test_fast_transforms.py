@@ -295,7 +295,7 @@ def test_loader_defaults_to_the_fast_crops(shard_dir):
 
 
 def test_auto_backend_without_the_packages_uses_pillow(shard_dir, monkeypatch):
-    monkeypatch.setattr("pipeline.loader.fast_backend_available", lambda: False)
+    monkeypatch.setattr("shards.imagedata.fast_backend_available", lambda: False)
     assert type(loader_for(shard_dir).dataset.transform) is RandomResizedCrop
     with pytest.raises(ImportError, match="backend='pillow'"):
         loader_for(shard_dir, backend="fast")

@@ -21,8 +21,9 @@ from preprocess.build import ShardJob, build_shard
 from preprocess.cli import format_summary, main
 from preprocess.config import BuildConfig
 from preprocess.job import run_build
+from preprocess.listing import InputError
 from preprocess.plan import build_plan
-from preprocess.sources import InputError, scan_sources
+from preprocess.sources import scan_sources
 from tests.conftest import shard_files, small_build_config
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,9 +13,9 @@ import pytest
 
 from preprocess.cli import main
 from preprocess.job import run_build
+from preprocess.listing import InputError
 from preprocess.plan import sample_key
 from preprocess.ray_job import BuildError
-from preprocess.sources import InputError
 from tests.conftest import shard_files, small_build_config
 from tests.oddimages import make_odd_images
 
@@ -310,7 +310,8 @@ def write_hostile_list(path, kind: str, bad: object) -> None:
 def test_hostile_list_rows_are_read_skipped_or_refused_naming_the_file_and_row(
     tmp_path, kind, name, bad, outcome
 ):
-    from preprocess.sources import InputColumns, stream_sources
+    from preprocess.columns import InputColumns
+    from preprocess.sources import stream_sources
 
     listing = tmp_path / f"list.{kind}"
     write_hostile_list(listing, kind, bad)
@@ -340,7 +341,8 @@ def test_hostile_list_rows_are_read_skipped_or_refused_naming_the_file_and_row(
 def test_a_100_mb_line_is_refused_naming_it_without_being_held(tmp_path, kind):
     import tracemalloc
 
-    from preprocess.sources import MAX_ROW_CHARS, stream_sources
+    from preprocess.list_file import MAX_ROW_CHARS
+    from preprocess.sources import stream_sources
 
     listing = tmp_path / f"list.{kind}"
     with open(listing, "w") as f:
@@ -397,14 +399,15 @@ def test_a_parquet_list_reads_only_the_columns_the_build_uses(tmp_path, monkeypa
 def test_a_parquet_row_group_decoding_past_the_cap_is_refused_naming_its_rows(
     tmp_path, monkeypatch
 ):
-    from preprocess import sources
+    from preprocess import list_file
+    from preprocess.sources import stream_sources
 
     listing = tmp_path / "list.parquet"
     rows = [{"path": f"a/{i}.jpg", "label": "c"} for i in range(100)]
     pq.write_table(pa.Table.from_pylist(rows), listing, row_group_size=40)
-    monkeypatch.setattr(sources, "MAX_LIST_ROW_GROUP_BYTES", 300)
+    monkeypatch.setattr(list_file, "MAX_LIST_ROW_GROUP_BYTES", 300)
     with pytest.raises(InputError, match=r"list\.parquet rows 1-40 \(row group 0\).*smaller row"):
-        list(sources.stream_sources(str(listing))[1])
+        list(stream_sources(str(listing))[1])
 
 
 def test_an_unreadable_parquet_schema_is_one_error_naming_the_file(tmp_path):
@@ -423,7 +426,8 @@ def test_an_unreadable_parquet_schema_is_one_error_naming_the_file(tmp_path):
 
 
 def test_a_multi_label_row_with_too_many_ids_is_a_skip_naming_the_row_and_limit(tmp_path):
-    from preprocess.sources import MAX_LABELS_PER_ROW, InputColumns, stream_sources
+    from preprocess.columns import MAX_LABELS_PER_ROW, InputColumns
+    from preprocess.sources import stream_sources
 
     listing = tmp_path / "list.jsonl"
     rows = [
@@ -440,7 +444,7 @@ def test_a_multi_label_row_with_too_many_ids_is_a_skip_naming_the_row_and_limit(
 
 
 def test_a_multi_label_list_naming_too_many_classes_is_refused_naming_the_row(tmp_path):
-    from preprocess.sources import MAX_LABELS_PER_ROW, MAX_MULTI_LABEL_CLASSES
+    from preprocess.columns import MAX_LABELS_PER_ROW, MAX_MULTI_LABEL_CLASSES
 
     listing = tmp_path / "list.jsonl"
     rows = MAX_MULTI_LABEL_CLASSES // MAX_LABELS_PER_ROW + 1

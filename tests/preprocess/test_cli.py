@@ -65,7 +65,10 @@ def one_line(capsys) -> str:
     [
         ([], "required: COMMAND"),
         (["build-shards", "--output", "o"], "--input"),
-        (["build-shards", "--input", "i", "--output", "o", "--quality", "300"], "--quality must be in 1..100, got 300"),
+        (
+            ["build-shards", "--input", "i", "--output", "o", "--quality", "300"],
+            "--quality must be in 1..100, got 300",
+        ),
         (["build-shards", "--input", "i", "--output", "o", "--formats", "tar,zip"], "--formats"),
         (["build-shards", "--input", "i", "--output", "o", "--shard-bytes", "lots"], "lots"),
         (

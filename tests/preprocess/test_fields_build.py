@@ -20,8 +20,8 @@ import pytest
 
 from preprocess.cli import main
 from preprocess.job import run_build
+from preprocess.listing import InputError
 from preprocess.plan import sample_key
-from preprocess.sources import InputError
 from shards.errors import DEFAULT_LIMITS
 from shards.formats import get_format
 from shards.manifest import ManifestError, read_manifest

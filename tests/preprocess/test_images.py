@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import subprocess
 import warnings
 from io import BytesIO
@@ -19,6 +20,7 @@ from preprocess.images import (
     process_image,
     read_source,
 )
+from shards import imagedata
 from shards.imagedata import INPUT_FORMATS, read_orientation, sniff_format, to_rgb
 from shards.sample import SampleError
 from tests import oddimages
@@ -739,3 +741,15 @@ def test_read_source_environment_errors_propagate(tmp_path, monkeypatch):
 def test_process_image_refuses_oversized_and_empty_bytes():
     assert reason_of(b"") == "empty"
     assert reason_of(oddimages.photo_jpeg(), ImageConfig(max_file_bytes=100)) == "too_large_file"
+
+
+def test_auto_backend_says_when_missing_packages_make_it_pillow(monkeypatch, caplog):
+    # build-shards' `auto` is the loader's rule (`shards.imagedata.resolve_backend`): without
+    # simplejpeg and OpenCV it builds with Pillow and says so; it used to say nothing.
+    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        assert ImageConfig().backend == "pillow"
+        assert "decoding with Pillow, about half as fast" in caplog.text
+        caplog.clear()
+        assert ImageConfig(resample="lanczos").backend == "pillow"  # chosen: nothing to say
+        assert not caplog.records

@@ -298,7 +298,9 @@ def test_build_without_markers_resumes_only_with_jpeg_restarts_none(
     change = "image.jpeg_restarts: 'none' -> 'columns'"
     assert_refused_then_resumed(sample, old, capsys, change, "--jpeg-restarts none")
     # The older switch still resumes it too.
-    assert_refused_then_resumed(sample, old, capsys, change, "--jpeg-restarts none", ["--no-jpeg-restarts"])
+    assert_refused_then_resumed(
+        sample, old, capsys, change, "--jpeg-restarts none", ["--no-jpeg-restarts"]
+    )
 
 
 def assert_refused_then_resumed(

@@ -7,13 +7,8 @@ import pytest
 from PIL import Image
 
 from preprocess.images import ImageConfig, process_image, read_source
-from preprocess.sources import (
-    IMAGE_SUFFIXES,
-    NOT_DECODED,
-    Listing,
-    scan_sources,
-    stream_sources,
-)
+from preprocess.listing import IMAGE_SUFFIXES, NOT_DECODED, Listing
+from preprocess.sources import scan_sources, stream_sources
 from shards.imagedata import INPUT_FORMATS
 from shards.sample import SampleError
 from tests import oddimages

@@ -17,7 +17,8 @@ import pytest
 import preprocess.images
 from preprocess.images import read_source
 from preprocess.job import run_build
-from preprocess.sources import InputError, stream_sources
+from preprocess.listing import InputError
+from preprocess.sources import stream_sources
 from shards.sample import SampleError
 from shards.storage import RetryPolicy
 from tests.conftest import small_build_config

@@ -7,9 +7,10 @@ import pytest
 from preprocess.cli import main
 from preprocess.config import BuildConfig
 from preprocess.job import run_build
+from preprocess.listing import InputError, SourceItem
 from preprocess.ray_job import BuildError
 from preprocess.sizing import parse_bytes, shard_size_for_bytes
-from preprocess.sources import InputError, SourceItem, list_sources
+from preprocess.sources import list_sources
 from shards.manifest import read_manifest
 from tests.conftest import small_build_config
 

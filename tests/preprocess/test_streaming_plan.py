@@ -17,9 +17,9 @@ import preprocess.plan
 from preprocess.cli import main
 from preprocess.images import ImageConfig
 from preprocess.job import run_build
+from preprocess.listing import SourceItem
 from preprocess.plan import build_plan, iter_sorted_bucket, order_hash, order_key, sample_key
 from preprocess.ray_job import BuildError
-from preprocess.sources import SourceItem
 from shards.manifest import read_manifest
 from tests.conftest import small_build_config
 

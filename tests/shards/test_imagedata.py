@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 import subprocess
@@ -181,3 +182,21 @@ def test_fast_backends_load_once_per_process():
     first = imagedata.load_fast_backends()
     assert imagedata.load_fast_backends() == first  # the same modules, imported once
     assert first[1] is cv2 and cv2.getNumThreads() == 1
+
+
+def test_auto_backend_is_one_rule_for_build_and_loader(monkeypatch, caplog):
+    # `auto` is fast where the packages import and the caller's fast path can do the job;
+    # missing packages are said (Pillow is about half as fast), a filter choice is not.
+    assert imagedata.resolve_backend("pillow") == "pillow"
+    assert imagedata.resolve_backend("auto", fast_can_run=False) == "pillow"
+    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: True)
+    assert imagedata.resolve_backend("auto") == "fast" == imagedata.resolve_backend("fast")
+    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="shards"):
+        assert imagedata.resolve_backend("auto") == "pillow"
+        assert "about half as fast" in caplog.text and "pip install simplejpeg" in caplog.text
+        caplog.clear()
+        assert imagedata.resolve_backend("auto", fast_can_run=False) == "pillow"
+        assert not caplog.records
+    with pytest.raises(ImportError, match=r"backend='fast'.*or use backend='pillow'"):
+        imagedata.resolve_backend("fast")

@@ -213,7 +213,9 @@ def test_the_layout_is_not_an_output_shaping_option():
     config = small_build_config("in", "out", layout=LAYOUT_FLAT)
     assert config.output_shaping() == small_build_config("in", "out").output_shaping()
     assert "layout" not in config.output_shaping()  # old build records still match
-    with pytest.raises(ValueError, match=r"BuildConfig\.layout 'tar' is not one of flat, by_format"):
+    with pytest.raises(
+        ValueError, match=r"BuildConfig\.layout 'tar' is not one of flat, by_format"
+    ):
         small_build_config("in", "out", layout="tar")
 
 
