@@ -2,7 +2,7 @@
 
 Times the loader's random-resized crop (`FastRandomResizedCrop`, 224) on the JPEGs of one or
 more builds of the same images (build-shards' default, whose restart intervals are about
-64 px of a row; `--no-jpeg-restart-columns`, one interval per row; `--no-jpeg-restarts`),
+64 px of a row; `--jpeg-restarts rows`, one interval per row; `--jpeg-restarts none`),
 three ways each: the plain limit loop (whole decode, OpenCV bilinear), the loader's crop
 with every JPEG decoded whole (`band_decode` off), and the loader's crop as shipped (only
 the restart intervals the box needs). All builds in every round, interleaved by chunks of 50 images; medians of the rounds.

@@ -659,7 +659,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         action="append",
         default=[],
-        help="another build of the same images (e.g. --no-jpeg-restarts): our loader and the "
+        help="another build of the same images (e.g. --jpeg-restarts none): our loader and the "
         "fast limit loop on it too (repeatable)",
     )
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")

@@ -42,6 +42,22 @@ HOP_HEADERS = frozenset(
 ERROR_CODES = {500: "InternalError", 502: "BadGateway", 503: "ServiceUnavailable"}
 
 
+def isolate_aws_environment(monkeypatch, scratch) -> None:
+    """No real AWS profile, credentials or metadata service is consulted, and no client
+    keeps a filesystem made for another test's endpoint: call from a fixture."""
+    from shards.storage import objectstore
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(scratch / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(scratch / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # Filesystems are kept per process and options; an endpoint from the environment is
+    # read only when one is made.
+    monkeypatch.setattr(objectstore, "_FILESYSTEMS", {})
+
+
 class MotoS3:
     """A moto S3 server in a thread on 127.0.0.1; a context manager returning itself."""
 

@@ -28,7 +28,7 @@ from shards.parquet import ParquetShardWriter, iter_parquet_samples  # noqa: E40
 from shards.storage import RetryPolicy, ShardReadError, open_stream  # noqa: E402
 from shards.tar import iter_tar_samples  # noqa: E402
 from tests.conftest import shard_key, shard_path, shard_url, small_build_config  # noqa: E402
-from tests.objectstore import FaultProxy, MotoS3  # noqa: E402
+from tests.objectstore import FaultProxy, MotoS3, isolate_aws_environment  # noqa: E402
 from tests.pipeline.conftest import loader_for  # noqa: E402
 
 pytestmark = pytest.mark.distributed
@@ -42,12 +42,7 @@ ACCESS_KEY = "AKIASHARDPIPETESTKEY"
 @pytest.fixture(autouse=True)
 def isolated_aws_env(monkeypatch, tmp_path):
     """No real AWS profile, credentials or metadata service is ever consulted."""
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    isolate_aws_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="session")

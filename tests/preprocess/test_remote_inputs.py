@@ -8,7 +8,6 @@ stalls is ended by the deadline as a counted skip naming the URL, never a hang.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 
@@ -119,17 +118,9 @@ def s3_inputs(sample_dir, monkeypatch, tmp_path):
     """The sample tree in `s3://inputs/images`, read through a fault proxy via the environment."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    from shards.storage import objectstore
-    from tests.objectstore import FaultProxy, MotoS3
+    from tests.objectstore import FaultProxy, MotoS3, isolate_aws_environment
 
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    # Filesystems are kept per process and options; this test's endpoint is new.
-    monkeypatch.setattr(objectstore, "_FILESYSTEMS", {})
+    isolate_aws_environment(monkeypatch, tmp_path)
     with MotoS3() as s3, FaultProxy(s3.endpoint) as proxy:
         s3.create_bucket("inputs")
         s3.upload_dir(sample_dir, "inputs", "images")
@@ -178,16 +169,9 @@ def s3_without_environment(sample_dir, monkeypatch, tmp_path):
     endpoint or credentials at all: only `storage_options` can reach them."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    from shards.storage import objectstore
-    from tests.objectstore import FaultProxy, MotoS3
+    from tests.objectstore import FaultProxy, MotoS3, isolate_aws_environment
 
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setattr(objectstore, "_FILESYSTEMS", {})
+    isolate_aws_environment(monkeypatch, tmp_path)
     with MotoS3() as s3, FaultProxy(s3.endpoint) as proxy:
         s3.create_bucket("inputs")
         s3.create_bucket("outputs")
