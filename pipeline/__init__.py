@@ -16,6 +16,8 @@ CONFIG_NAMES = (
     "Batching",
     "Exact",
     "Resampled",
+    "Mixing",
+    "Source",
     "Shuffle",
     "Crop",
     "Workers",

@@ -17,6 +17,8 @@ from pipeline.config import Batching, Shuffle, Workers
 from shards.flags import (
     Command,
     build_command_parser,
+    check_at_least,
+    check_int_at_least,
     option,
     run_command,
     settings_group,
@@ -66,11 +68,10 @@ class InspectShuffleOptions:
     json: bool = option(False, "print a JSON summary instead of the table", "report")
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "epochs", "trials"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.tolerance < 0:
-            raise ValueError("--tolerance must be 0 or more")
+        check_int_at_least(self, "world_size", 1)
+        check_int_at_least(self, "epochs", 1)
+        check_int_at_least(self, "trials", 2)  # an ideal shuffle's spread needs two
+        check_at_least(self, "tolerance", 0)
         LabelField.parse(self.label_field)
 
 
@@ -86,31 +87,26 @@ def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace
     from pipeline.loader import LoaderConfig
     from pipeline.shuffle_quality import format_report, inspect_shuffle
 
-    try:
-        loader = LoaderConfig(
-            source=options.source,
-            split=options.split,
-            format=options.format,
-            batch=options.batch,
-            shuffle=options.shuffle,
-            workers=options.workers,
-            world_size=options.world_size,
-            rank=0,
-            seed=options.seed,
-        )
-        report = inspect_shuffle(
-            loader,
-            epochs=options.epochs,
-            trials=options.trials,
-            tolerance=options.tolerance,
-            search_buffer=options.search,
-            label_field=options.label_field,
-        )
-    # Our own errors are printed by `run_command`. The loader's refusals of a source
-    # it cannot serve as asked (no labels, no counts) are still plain `ValueError`s.
-    except (ValueError, OSError) as error:
-        print(f"pipeline inspect-shuffle: error: {error}", file=sys.stderr)
-        return 1
+    # Our own errors (a source it cannot serve as asked) are printed by `run_command`.
+    loader = LoaderConfig(
+        source=options.source,
+        split=options.split,
+        format=options.format,
+        batch=options.batch,
+        shuffle=options.shuffle,
+        workers=options.workers,
+        world_size=options.world_size,
+        rank=0,
+        seed=options.seed,
+    )
+    report = inspect_shuffle(
+        loader,
+        epochs=options.epochs,
+        trials=options.trials,
+        tolerance=options.tolerance,
+        search_buffer=options.search,
+        label_field=options.label_field,
+    )
     print(json.dumps(report.to_dict(), indent=2) if options.json else format_report(report))
     return 0
 

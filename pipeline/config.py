@@ -9,13 +9,18 @@ holds them as one group. Imports no torch: `train --help` and the CLIs stay ligh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import os
+import posixpath
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
-from shards.errors import ReadLimits
+from shards.errors import ReadLimits, UsageError
 from shards.flags import (
     SettingError,
     check_at_least,
@@ -27,11 +32,13 @@ from shards.flags import (
     refuse,
     settings_group,
 )
-from shards.formats import FORMAT_NAMES
+from shards.formats import FORMAT_NAMES, FORMATS
 from shards.imagedata import BACKENDS
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
-from shards.storage import RetryPolicy
+from shards.storage import RetryPolicy, is_remote
+from shards.storage.cache import parse_bytes
+from shards.storage.ranged import DEFAULT_CONNECTIONS, DEFAULT_PREFETCH_BYTES
 
 EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
 
@@ -107,6 +114,139 @@ class Resampled:
         if self.epoch_samples is not None:
             check_int_at_least(self, "epoch_samples", 1)
         check_flag(self, "balance")
+
+
+@dataclass(frozen=True)
+class Mixing:
+    """How a mix of sources (`source=[Source(...), ...]`) shares out each epoch.
+
+    Attributes:
+        epoch_samples: samples an epoch over all ranks that the sources' weights share
+            out; default: the sum of the sources' sizes. Only with weights (with
+            `samples=` or `repeat=` the epoch is their sum).
+        batches: `mixed` (default): every batch holds each source's share, rounded,
+            the remainder rotated; `single`: sources take turns in runs of a batch, so a
+            batch holds one source when its rank's share starts on a run (see
+            docs/LOADER.md, "Mixing datasets").
+    """
+
+    epoch_samples: int | None = None
+    batches: str = "mixed"
+
+    def __post_init__(self) -> None:
+        if self.epoch_samples is not None:
+            check_int_at_least(self, "epoch_samples", 1)
+        check_choice(self, "batches", ("mixed", "single"))
+
+
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # keys become "{name}/{key}": no slash
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of a mix and its share of each epoch.
+
+    `Source("s3://big/manifest.json", weight=0.7)`. Give exactly one of:
+
+    Attributes:
+        source: anything `LoaderConfig.source` takes for one dataset: a manifest
+            (file, directory or URL), shard URLs or a brace pattern, tar or Parquet.
+        weight: its share of `Mixing.epoch_samples` (default: the sum of the sources'
+            sizes); weights are relative, and every source of a mix then has one.
+        samples: exactly this many samples an epoch.
+        repeat: this many times its size an epoch (0.5: half of it, 2: twice).
+        split: the manifest split to read.
+        format: `tar` or `parquet`; default: the loader's `format`.
+        name: what its keys (`"{name}/{key}"`), stats and logs call it; default: a
+            short name from the source (`s3://big/manifest.json` -> `big`,
+            `data/curated` -> `curated`), unique within the mix.
+    """
+
+    source: str | os.PathLike | Sequence[str]
+    weight: float | None = field(default=None, kw_only=True)
+    samples: int | None = field(default=None, kw_only=True)
+    repeat: float | None = field(default=None, kw_only=True)
+    split: str = field(default="train", kw_only=True)
+    format: str | None = field(default=None, kw_only=True)
+    name: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        single = isinstance(self.source, (str, os.PathLike))
+        many = isinstance(self.source, Sequence) and not single and len(self.source) > 0
+        if not (single and os.fspath(self.source)) and not many:
+            raise refuse(self, "source", f" must name a manifest or shards, got {self.source!r}")
+        given = [
+            name for name in ("weight", "samples", "repeat") if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise refuse(
+                self,
+                "weight",
+                f": give exactly one of weight, samples or repeat, got {given or 'none'}",
+            )
+        value = getattr(self, given[0])
+        if given[0] == "samples":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise refuse(self, "samples", f" must be an integer of at least 1, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise refuse(self, given[0], f" must be a number above 0, got {value!r}")
+        elif not math.isfinite(value):
+            raise refuse(self, given[0], f" must be finite, got {value!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise refuse(self, "split", f" must be a split name, got {self.split!r}")
+        if self.format is not None and self.format not in FORMAT_NAMES:
+            raise refuse(
+                self, "format", f" {self.format!r} is not one of {', '.join(FORMAT_NAMES)}"
+            )
+        if self.name is not None and not (
+            isinstance(self.name, str) and SOURCE_NAME.match(self.name)
+        ):
+            raise refuse(
+                self, "name", f" must be letters, digits, '_', '.' or '-', got {self.name!r}"
+            )
+
+    def __repr__(self) -> str:
+        # URLs may carry credentials (`user:password@`, presigned signatures).
+        shown = {"source": redact_source(self.source)}
+        for name in ("weight", "samples", "repeat", "split", "format", "name"):
+            value = getattr(self, name)
+            if value is not None and not (name == "split" and value == "train"):
+                shown[name] = value
+        return f"Source({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    @property
+    def label(self) -> str:
+        """Its name as given, else the one derived from the source."""
+        return self.name or default_source_name(self.source)
+
+
+def default_source_name(source: Any) -> str:
+    """A short name for a source: its dataset directory, bucket or shard folder."""
+    text = os.fspath(source if isinstance(source, (str, os.PathLike)) else source[0])
+    parts = urlsplit(text) if is_remote(text) else None
+    path = (parts.path if parts else text).rstrip("/")
+    base = posixpath.basename(path)
+    files = (".json", *(fmt.suffix for fmt in FORMATS.values()))
+    if base.lower().endswith(files) or "{" in base:  # a manifest or shard files
+        base = posixpath.basename(posixpath.dirname(path))
+        if base in ("tar", "parquet"):  # the build's format folders: name the dataset
+            base = posixpath.basename(posixpath.dirname(posixpath.dirname(path)))
+    if not base and parts:
+        base = parts.netloc.rsplit("@", 1)[-1]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")
+    return name or "source"
+
+
+def source_names(sources: Sequence[Source]) -> tuple[str, ...]:
+    """Each source's name; two alike are refused (their keys would clash)."""
+    names = tuple(source.label for source in sources)
+    clashes = sorted({name for name in names if names.count(name) > 1})
+    if clashes:
+        raise UsageError(
+            f"sources of a mix are named alike ({', '.join(clashes)}): give each a name, "
+            "e.g. Source(..., name='web')"
+        )
+    return names
 
 
 @dataclass(frozen=True)
@@ -208,7 +348,7 @@ class Workers:
 
     count: int = option(
         default_factory=default_workers,
-        text="loader worker processes per rank",
+        text="loader worker processes per rank; default: one per CPU, up to 8",
         group="workers",
         flag="workers",
     )
@@ -249,6 +389,18 @@ class ReadOptions:
             retry policy's per-shard deadline plus two stall limits, so a shard that
             stalls ends as a counted bad shard naming its URL before this watchdog
             (which cannot name one) fires.
+        prefetch_bytes: bytes of remote shards fetched ahead per worker (in flight and
+            fetched, not yet read), into the cache or a temporary file, never memory;
+            the next shard is always fetched, even one larger. 0: stream each remote
+            shard as it is read, one connection, no read-ahead.
+        fetch_connections: parallel ranged requests per shard fetched, so a store that
+            caps one connection's bandwidth does not cap the worker's.
+        cache_dir: a node-local directory where fetched shards are kept (checked against
+            the manifest's sha256, else its size) for later epochs and for every
+            worker and rank on the node. None: no cache.
+        cache_limit: bytes the cache may hold; least-recently-used shards not in use are
+            evicted to stay under it. None: no limit but the disk (a full disk turns the
+            cache off with one warning).
     """
 
     retry: RetryPolicy = option(
@@ -274,6 +426,37 @@ class ReadOptions:
         "reading",
         flag="batch_timeout",
     )
+    prefetch_bytes: int = option(
+        DEFAULT_PREFETCH_BYTES,
+        "bytes of remote shards fetched ahead per worker; 0: stream without read-ahead",
+        "reading",
+        parse=parse_bytes,
+    )
+    fetch_connections: int = option(
+        DEFAULT_CONNECTIONS, "parallel ranged requests per remote shard fetched", "reading"
+    )
+    cache_dir: str | None = option(
+        None,
+        "node-local directory that keeps fetched remote shards for later epochs; default: no cache",
+        "reading",
+    )
+    cache_limit: int | None = option(
+        None,
+        "bytes the shard cache may hold (e.g. 200G); default: no limit but the disk",
+        "reading",
+        parse=parse_bytes,
+    )
+    allow_missing_shards: bool = option(
+        False,
+        "read the shards that exist when some named ones do not (a half-synced brace "
+        "range); default: refuse, naming how many are missing",
+        "reading",
+    )
+
+    @property
+    def wants_digests(self) -> bool:
+        """Whether the shards' sha256 should be read: checked reads or the cache's check."""
+        return self.checksums or self.cache_dir is not None
 
     def __post_init__(self) -> None:
         if not isinstance(self.retry, RetryPolicy):
@@ -285,6 +468,15 @@ class ReadOptions:
         check_flag(self, "checksums")
         if self.timeout is not None:
             check_at_least(self, "timeout", 0)
+        check_int_at_least(self, "prefetch_bytes", 0)
+        check_int_at_least(self, "fetch_connections", 1)
+        if isinstance(self.cache_dir, os.PathLike):
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_dir is not None and not (isinstance(self.cache_dir, str) and self.cache_dir):
+            raise refuse(self, "cache_dir", f" must be a directory or None, got {self.cache_dir!r}")
+        if self.cache_limit is not None:
+            check_int_at_least(self, "cache_limit", 1)
+        check_flag(self, "allow_missing_shards")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,6 +543,9 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "read_limits": ("io", "limits"),
     "verify_checksums": ("io", "checksums"),
     "timeout": ("io", "timeout"),
+    "cache_dir": ("io", "cache_dir"),
+    "cache_limit": ("io", "cache_limit"),
+    "allow_missing_shards": ("io", "allow_missing_shards"),
 }
 SAMPLING_NAMES = ("resampled", "epoch_samples", "class_balance")
 GROUP_TYPES: dict[str, type] = {
@@ -444,7 +639,9 @@ class LoaderConfig(LoaderOptions):
 
     Attributes:
         source: a `manifest.json` (path, directory or URL), or shard URLs: a path,
-            `file://`, `http(s)://`, `s3://`, a brace pattern, or a list of these.
+            `file://`, `http(s)://`, `s3://`, a brace pattern, or a list of these; or a
+            mix of datasets, a list of `pipeline.Source` (each with its weight, sample
+            count or repeat factor, its split and format), shared out by `mixing`.
         split: split to read from a manifest.
         train: random-resized-crop + flip and shuffling when True; resize + center
             crop, no shuffle, every sample once when False. Default: `split == "train"`.
@@ -457,27 +654,28 @@ class LoaderConfig(LoaderOptions):
             weights, other members, a per-field transform such as a tokenizer).
             Leave `label` out for shards without classes (img2dataset, webdataset's
             `ShardWriter`). `with_keys` appends the keys after the last field.
-        with_keys: also yield the batch's sample keys.
+        with_keys: also yield the batch's sample keys (`"{name}/{key}"` in a mix).
+        mixing: `Mixing`: a mix's epoch length and batch make-up.
         seed: shard order and buffers come from `seed + epoch`.
         rank, world_size: default from `torch.distributed` when initialised.
         format, shuffle, crop, workers, io, max_skip_fraction: see `LoaderOptions`.
     """
 
-    source: str | os.PathLike | Sequence[str]
+    source: str | os.PathLike | Sequence[str] | Source | Sequence[Source]
     split: str = "train"
     train: bool | None = None
     batch: Batching = field(default_factory=Batching)
     sampling: Exact | Resampled = field(default_factory=Exact)
     fields: Sequence[str | Field] = ("image", "label")
     with_keys: bool = False
+    mixing: Mixing = field(default_factory=Mixing)
     seed: int = 0
     rank: int | None = None
     world_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.source, (str, os.PathLike, Sequence)) or not self.source:
-            raise refuse(self, "source", f" must name a manifest or shards, got {self.source!r}")
+        self.check_source()
         if not isinstance(self.split, str) or not self.split:
             raise refuse(self, "split", f" must be a split name, got {self.split!r}")
         check_flag(self, "train", optional=True)
@@ -493,10 +691,40 @@ class LoaderConfig(LoaderOptions):
         resolved = resolve_fields(self.fields)  # a mistake fails before any shard is opened
         balance = isinstance(self.sampling, Resampled) and self.sampling.balance
         if balance and not any(s.kind in ("label", "multi_label") for s in resolved):
-            raise ValueError(
+            raise UsageError(
                 "class_balance weighs samples by class: fields must hold 'label' (one class "
                 "id) or a multi_label field (weighted by each sample's rarest label)"
             )
+
+    def check_source(self) -> None:
+        """One source as today, or a mix: Sources only, read exactly."""
+        if isinstance(self.source, Source):
+            object.__setattr__(self, "source", (self.source,))
+        if not isinstance(self.source, (str, os.PathLike, Sequence)) or not self.source:
+            raise refuse(self, "source", f" must name a manifest or shards, got {self.source!r}")
+        if not isinstance(self.mixing, Mixing):
+            raise refuse(self, "mixing", f" must be a Mixing, got {self.mixing!r}")
+        if not self.is_mix:
+            return
+        if not all(isinstance(item, Source) for item in self.source):
+            raise refuse(
+                self, "source", " mixes Source(...) with plain URLs: make each one a Source"
+            )
+        if isinstance(self.sampling, Resampled):
+            raise refuse(
+                self,
+                "sampling",
+                " must be Exact() for a mix of sources (each gives its declared samples); "
+                "declare shares with Source(weight=...) and Mixing(epoch_samples=...)",
+            )
+
+    @property
+    def is_mix(self) -> bool:
+        """Whether `source` is a list of `Source`s (a mix, even of one)."""
+        source = self.source
+        return not isinstance(source, (str, os.PathLike)) and any(
+            isinstance(item, Source) for item in source
+        )
 
     def check_ranks(self) -> None:
         if self.world_size is not None:
@@ -536,5 +764,7 @@ def redact_source(source: Any) -> Any:
     if isinstance(source, (str, os.PathLike)):
         return redact_url(os.fspath(source))
     if isinstance(source, Sequence):
-        return [redact_url(os.fspath(item)) for item in source]
+        return [redact_source(item) for item in source]
+    if hasattr(source, "source"):  # a `pipeline.Source`: its URLs redacted, the rest kept
+        return dataclasses.replace(source, source=redact_source(source.source))
     return source

@@ -18,7 +18,7 @@ import multiprocessing
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,9 +26,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.batchring import BatchRing, SlotBatch
-from pipeline.checksum import open_shard
 from pipeline.config import Batching, ReadOptions, Shuffle
 from pipeline.fast_transforms import pillow_fallbacks
+from pipeline.fetch import ShardFetcher, plan_shards
+from pipeline.mixing import Mix, MixedWorkerPlan, SourceSlot, source_rng
 from pipeline.plan import (
     SEGMENT_INTS,
     Partition,
@@ -55,6 +56,7 @@ from shards.sample import (
     field_value,
     member_caps,
     read_fields,
+    skip_budget_hint,
 )
 
 log = logging.getLogger("pipeline")
@@ -91,6 +93,9 @@ class WorkerStats:
     unfilled: int = 0  # exactly-once epochs: planned slots left empty (their samples were bad)
     decode_s: float = 0.0
     pillow_fallbacks: int = 0  # samples the fast crops handed to Pillow (non-JPEG, CMYK, ...)
+    sources: Counter = field(default_factory=Counter)  # a mix: samples delivered per source
+    source_skipped: Counter = field(default_factory=Counter)  # a mix: skips per source
+    fetch: dict = field(default_factory=dict)  # remote reads: bytes, cache hits, in flight
     budget: int = 10  # skips allowed before the worker stops
 
     def snapshot(self) -> dict:
@@ -104,6 +109,9 @@ class WorkerStats:
             "unfilled": self.unfilled,
             "decode_s": self.decode_s,
             "pillow_fallbacks": self.pillow_fallbacks,
+            "sources": dict(self.sources),
+            "source_skipped": dict(self.source_skipped),
+            "fetch": dict(self.fetch),
         }
 
 
@@ -178,16 +186,18 @@ class ShardStream(IterableDataset):
         shared: SharedState,
         ring: BatchRing | None = None,
         counts: np.ndarray | None = None,
+        mix: MixedShards | None = None,
     ) -> None:
         super().__init__()
         self.ring = ring
         self.shards = shards
+        self.mix = mix
         # Samples per shard (the source's column when given), read once: planning an
         # epoch needs only these, O(shards), never O(samples).
         if counts is None:
             counts = np.fromiter((s.samples for s in shards), dtype=np.int64, count=len(shards))
         self.counts = np.asarray(counts, dtype=np.int64)
-        self.total = int(self.counts.sum())
+        self.total = int(self.counts.sum()) if mix is None else mix.plan.total
         self.settings = settings
         self.read_fields = read_fields(settings.fields)
         # Each member's cap goes to the reader, which skips an oversized member unread
@@ -198,6 +208,7 @@ class ShardStream(IterableDataset):
         self.transform = transform
         self.direct = direct_image_field(settings, transform)
         self.shared = shared
+        self.fetcher = ShardFetcher(settings.io)  # per process: threads start on first use
 
     def partition(self, num_workers: int) -> Partition:
         s = self.settings
@@ -217,14 +228,18 @@ class ShardStream(IterableDataset):
         role = (worker + resumed) % num_workers
         stats = WorkerStats(worker=worker)
         slot = self.plan_slot(epoch, segments, part, role)
+        stats.fetch = self.fetcher.schedule(plan_shards(slot, self.shards, self.mix))
         planned, batches = slot.samples, slot.batches
-        if slot.pieces is None:
-            samples = self.iter_draws(self.draw_rng(epoch, len(segments), role), stats)
-        else:
-            samples = self.iter_pieces(slot.pieces, stats)
         stats.budget = max(10, int(planned * self.settings.max_skip_fraction))
-        rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
-        shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
+        if isinstance(slot, MixedWorkerPlan):
+            shuffled = self.iter_mixed(slot, epoch, role, stats)
+        else:
+            if slot.pieces is None:
+                samples = self.iter_draws(self.draw_rng(epoch, len(segments), role), stats)
+            else:
+                samples = self.iter_pieces(slot.pieces, stats)
+            rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
+            shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
         skip_batches = roles_consumed(resumed, num_workers)[role]
         for _ in range(min(skip_batches * part.batch_size, planned)):
             next(shuffled, None)  # delivered before the interruption: read, never decoded
@@ -233,15 +248,48 @@ class ShardStream(IterableDataset):
 
     def plan_slot(
         self, epoch: int, segments: list[Segment], part: Partition, role: int
-    ) -> WorkerPlan:
+    ) -> WorkerPlan | MixedWorkerPlan:
         """Slot `role`'s share of the epoch, by the plan the main process counts batches by.
 
         Only the slot's plan outlives this call: the epoch's layout (4 bytes a shard) and
         the rank's positions are not held while the epoch is read.
         """
+        return self.plan_epoch(part, epoch, segments).worker(role)
+
+    def plan_epoch(self, part: Partition, epoch: int, segments: Sequence[Segment]):
+        """This rank's `plan_epoch` of one source or of the mix: the main process and the
+        workers ask here, so they plan alike."""
         s = self.settings
-        plan = plan_epoch(self.counts, part, s.rank, s.seed, epoch, segments, s.epoch_samples)
-        return plan.worker(role)
+        counts = self.counts if self.mix is None else self.mix.plan
+        return plan_epoch(counts, part, s.rank, s.seed, epoch, segments, s.epoch_samples)
+
+    def iter_mixed(
+        self, slot: MixedWorkerPlan, epoch: int, role: int, stats: WorkerStats
+    ) -> Iterator[Sample]:
+        """A mix's samples in the plan's merged order, each source through its own buffer.
+
+        One buffer per source, sized by its share, keeps each batch's make-up the
+        interleave's: a shared buffer would mix sources by chance.
+        """
+        s = self.settings
+        streams = []
+        for part in slot.parts:
+            rng = source_rng(s.seed, epoch, s.rank, role, part.name)
+            samples = self.iter_source(part, stats)
+            streams.append(shuffle_buffer(samples, part.buffer, part.initial, rng))
+        return merge_sources(slot.iter_sources(), streams)
+
+    def iter_source(self, part: SourceSlot, stats: WorkerStats) -> Iterator[Sample]:
+        """One source's samples of a slot, named for the mix: keys `"{name}/{key}"`, the
+        repeat number of their pass, class ids in the mix's classes."""
+        shards, remap = self.mix.shards[part.source], self.mix.remaps[part.source]
+        for piece, repeat in zip(part.pieces, part.repeats.tolist(), strict=True):
+            for sample in self.iter_pieces((piece,), stats, shards, part.name):
+                sample["__key__"] = f"{part.name}/{sample['__key__']}"
+                sample["__source__"], sample["__repeat__"] = part.name, repeat
+                if remap is not None:
+                    remap_label(sample, remap)
+                yield sample
 
     def draw_rng(self, epoch: int, resumes: int, role: int) -> random.Random:
         """The random source of slot `role`'s draws in resampled mode.
@@ -280,10 +328,22 @@ class ShardStream(IterableDataset):
                     f"(skipped: {dict(stats.skipped)}); check the shards and class weights"
                 )
 
-    def iter_pieces(self, pieces, stats: WorkerStats) -> Iterator[Sample]:
-        """Samples of each piece in order; a broken shard costs only its unread rest."""
+    def iter_pieces(
+        self,
+        pieces,
+        stats: WorkerStats,
+        shards: Sequence[ShardSpec] | None = None,
+        source: str | None = None,
+    ) -> Iterator[Sample]:
+        """Samples of each piece in order; a broken shard costs only its unread rest.
+
+        Args:
+            shards: what the pieces index (default: the loader's one source).
+            source: a mix's source name, for its skip count.
+        """
+        shards = self.shards if shards is None else shards
         for piece in pieces:
-            spec = self.shards[piece.shard]
+            spec = shards[piece.shard]
             delivered = 0
             try:
                 for sample in self.read_piece(spec, piece.start, piece.stop):
@@ -298,15 +358,16 @@ class ShardStream(IterableDataset):
                 # Errors name the shard by its redacted URL (ShardError, ShardReadError).
                 log.warning("%s; %d of its planned samples not read", error, lost)
                 if lost:
-                    count_skips(stats, reason, lost, f"shard {spec.display}")
+                    if source is not None:
+                        stats.source_skipped[source] += lost
+                    count_skips(stats, reason, lost, f"shard {spec.display}", self.skip_hint)
 
     def read_piece(self, spec: ShardSpec, start: int, stop: int) -> Iterator[Sample]:
         """Samples `[start, stop)` of one shard, capped by what its manifest entry says."""
-        s = self.settings
         limits = self.read_limits
         if spec.bytes is not None:
             limits = dataclasses.replace(limits, shard_bytes=max(1, spec.bytes))
-        with open_shard(spec, s.io.retry, s.io.storage_options, s.io.checksums) as stream:
+        with self.fetcher.open(spec) as stream:
             yield from spec.format.iter_samples(
                 stream,
                 spec.url,
@@ -353,22 +414,28 @@ class ShardStream(IterableDataset):
         rows: list[tuple] = []
         keys: list[str] = []
         while len(rows) < size:
-            sample, repeat = next(shuffled, None), 0
+            sample = next(shuffled, None)
             if sample is None:
                 if self.settings.exactly_once:
                     break
                 sample, repeat = self.refill(reserve, stats)
+            else:
+                repeat = sample.get("__repeat__", 0)  # a mix's pass over its source
             out = None if target is None else target.arrays[len(rows)]
             try:
                 row = self.decode(sample, epoch, stats, repeat, out)
             except SampleError as error:
                 self.log_skip(sample, error, stats)
+                if "__source__" in sample:
+                    stats.source_skipped[sample["__source__"]] += 1
                 where = f"{sample.get('__url__')} key {sample.get('__key__')}"
-                count_skips(stats, error.reason, 1, where)
+                count_skips(stats, error.reason, 1, where, self.skip_hint)
                 continue
             reserve.append(sample)
             rows.append(row)
             keys.append(sample["__key__"])
+            if "__source__" in sample:
+                stats.sources[sample["__source__"]] += 1
         return rows, keys
 
     def image_target(self, size: int) -> ImageTarget | None:
@@ -425,10 +492,27 @@ class ShardStream(IterableDataset):
         if not reserve:
             raise LoaderDataError(
                 f"worker {stats.worker}: no readable samples to fill its batches "
-                f"(skipped: {dict(stats.skipped)}); check the shards with `preprocess verify`"
+                f"(skipped: {dict(stats.skipped)}). {self.skip_hint(stats.skipped)}"
             )
         stats.refilled += 1
         return reserve[stats.refilled % len(reserve)], stats.refilled
+
+    def skip_hint(self, skipped: Mapping[str, int]) -> str:
+        """What to do about these skips: a field no sample has is named, with the members
+        the samples do have (`shards.sample.skip_budget_hint`)."""
+        return skip_budget_hint(self.settings.fields, skipped, self.members_seen())
+
+    def members_seen(self) -> tuple[str, ...] | None:
+        """The member names of the first shard's samples, for a failure's message only;
+        None when that shard cannot be read either."""
+        if not self.shards:
+            return None
+        spec = self.shards[0]
+        try:
+            with self.fetcher.open(spec) as stream:
+                return spec.format.list_members(stream, spec.url, self.read_limits)
+        except SHARD_ERRORS:
+            return None
 
     def log_skip(self, sample: Sample, error: SampleError, stats: WorkerStats) -> None:
         skipped = sum(stats.skipped.values()) + 1
@@ -465,6 +549,38 @@ class ShardStream(IterableDataset):
                 values.append(torch.from_numpy(collated) if is_array else collated)
         keys = keys if self.settings.with_keys else None
         return tuple(values), len(rows), keys, stats.snapshot()
+
+
+@dataclass(frozen=True, eq=False)
+class MixedShards:
+    """What a worker reads a mix by: the plan's `Mix`, each source's shards and class map."""
+
+    plan: Mix
+    shards: tuple[Sequence[ShardSpec], ...]
+    remaps: tuple[tuple[int, ...] | None, ...]
+
+
+def merge_sources(order: Iterator[int], streams: list[Iterator[Sample]]) -> Iterator[Sample]:
+    """The next sample of source `s` for each `s` of `order`; a source that ran short
+    (its bad shards' samples were lost, counted) leaves its places to the others."""
+    for source in order:
+        sample = next(streams[source], None)
+        if sample is not None:
+            yield sample
+
+
+def remap_label(sample: Sample, remap: tuple[int, ...]) -> None:
+    """A source's class id made the mix's (by name); an id it cannot read is left for
+    decode to count as a skip."""
+    for name in LABEL_FIELDS:
+        if name in sample:
+            try:
+                label = int(sample[name])
+            except ValueError:
+                return
+            if 0 <= label < len(remap):
+                sample[name] = str(remap[label]).encode()
+            return
 
 
 def stack_outputs(spec: Field, outputs: list, keys: list[str]) -> torch.Tensor | list:
@@ -578,15 +694,22 @@ def stack_images(
     return target.finish()
 
 
-def count_skips(stats: WorkerStats, reason: str, count: int, where: str) -> None:
-    """Count skipped samples; past the worker's budget, stop with what and where."""
+def count_skips(
+    stats: WorkerStats,
+    reason: str,
+    count: int,
+    where: str,
+    hint: Callable[[Mapping[str, int]], str] | None = None,
+) -> None:
+    """Count skipped samples; past the worker's budget, stop with what, where and what to do
+    (a field whose member no sample has is named: the data is not bad, the field is)."""
     stats.skipped[reason] += count
     skipped = sum(stats.skipped.values())
     if skipped > stats.budget:
         raise LoaderDataError(
             f"worker {stats.worker} skipped {skipped} samples, over its budget of {stats.budget} "
             f"({dict(stats.skipped)}); last: {where}. "
-            "Check the shards with `preprocess verify` or raise max_skip_fraction."
+            + (hint(stats.skipped) if hint else skip_budget_hint((), stats.skipped))
         )
 
 

@@ -19,15 +19,17 @@ from torch.utils.data import DataLoader, default_convert
 
 from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.config import Batching, LoaderConfig, Resampled, Shuffle
-from pipeline.dataset import ShardStream, SharedState, StreamSettings
+from pipeline.dataset import MixedShards, ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
-from pipeline.plan import EpochPlan, Partition, Segment, plan_epoch
+from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
+from pipeline.plan import EpochPlan, Partition, Segment
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
+from shards.errors import UsageError
 from shards.imagedata import resolve_backend
 from shards.redact import redact_url
-from shards.sample import Field, resolve_fields
+from shards.sample import Field, missing_field_hint, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
@@ -38,16 +40,18 @@ def build_loader(config: LoaderConfig) -> ShardLoader:
     return ShardLoader(config, resolve_config_source(config))
 
 
-def resolve_config_source(config: LoaderConfig) -> ResolvedSource:
-    """The shards `config` names, read as it says (retries, storage, checksums)."""
-    return resolve_source(
-        config.source,
-        config.split,
-        config.format,
+def resolve_config_source(config: LoaderConfig) -> ResolvedSource | ResolvedMix:
+    """The shards `config` names, read as it says (retries, storage, checksums); a mix's
+    sources each resolved, with their quotas and one class list."""
+    read = dict(
         retry=config.io.retry,
         storage_options=config.io.storage_options,
-        checksums=config.io.checksums,
+        checksums=config.io.wants_digests,
+        allow_missing=config.io.allow_missing_shards,
     )
+    if config.is_mix:
+        return resolve_mix(config.source, config.mixing.epoch_samples, config.format, **read)
+    return resolve_source(config.source, config.split, config.format, **read)
 
 
 def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -62,14 +66,14 @@ class ShardLoader:
     """Iterable of batches for one rank: one entry per field (`(images, labels)` by
     default), then the keys when `with_keys`."""
 
-    def __init__(self, config: LoaderConfig, source: ResolvedSource) -> None:
+    def __init__(self, config: LoaderConfig, source: ResolvedSource | ResolvedMix) -> None:
         self.config = config
         self.source = source
         self.rank, self.world_size = distributed_defaults(config.rank, config.world_size)
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+            raise UsageError(f"rank {self.rank} is outside world size {self.world_size}")
         fields = resolve_fields(config.fields)
-        check_fields_fit(fields, source)
+        check_source_fields(fields, source)
         settings = stream_settings(config, source, fields, self.rank, self.world_size)
         self.settings = settings
         self.shared = SharedState()
@@ -80,9 +84,7 @@ class ShardLoader:
         reusable = workers.count == 0 or workers.persistent
         has_images = any(spec.kind == "image" for spec in fields)
         self.ring = self.make_ring() if workers.reuse_buffers and reusable and has_images else None
-        self.dataset = ShardStream(
-            source.shards, settings, self.make_transform(), self.shared, self.ring, source.counts
-        )
+        self.dataset = self.make_stream(settings)
         self.epoch = 0
         self.segments: list[Segment] = []  # earlier partitions of this epoch (resume)
         self.consumed = 0  # batches delivered in the current segment
@@ -90,6 +92,18 @@ class ShardLoader:
         self.stats = LoaderStats()
         self._loader: DataLoader | None = None
         log_epoch_plan(self)
+
+    def make_stream(self, settings: StreamSettings) -> ShardStream:
+        """The workers' dataset: of one source, or of the mix (its plan and shards)."""
+        source, transform = self.source, self.make_transform()
+        if not isinstance(source, ResolvedMix):
+            return ShardStream(
+                source.shards, settings, transform, self.shared, self.ring, source.counts
+            )
+        unit = self.config.batch.size if self.config.mixing.batches == "single" else 1
+        shards = tuple(part.shards for part in source.parts)
+        mix = MixedShards(source.mix(unit), shards, source.remaps)
+        return ShardStream((), settings, transform, self.shared, self.ring, mix=mix)
 
     def make_transform(self) -> Callable:
         c = self.config.crop
@@ -120,7 +134,7 @@ class ShardLoader:
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
 
-    def epoch_plan(self, segments: Sequence[Segment] | None = None) -> EpochPlan:
+    def epoch_plan(self, segments: Sequence[Segment] | None = None) -> EpochPlan | MixedEpochPlan:
         """This rank's plan of the current epoch after `segments` (default: the loader's
         own, so the epoch as resumed; `()`: the whole epoch), what the workers read by.
 
@@ -132,15 +146,7 @@ class ShardLoader:
         plan = self._plans.get(key)
         if plan is None:
             self._plans = {k: v for k, v in self._plans.items() if k[0] == self.epoch}
-            plan = plan_epoch(
-                self.dataset.counts,
-                part,
-                self.rank,
-                self.config.seed,
-                self.epoch,
-                key[1],
-                draws=self.settings.epoch_samples,
-            )
+            plan = self.dataset.plan_epoch(part, self.epoch, key[1])
             self._plans[key] = plan
         return plan
 
@@ -210,6 +216,7 @@ class ShardLoader:
             yield (*values, keys) if self.config.with_keys else values
         self.stats.end_epoch()
         log_fallbacks(self.stats)
+        log_sources(self.stats)
         # The epoch is complete: a new iteration (or a state saved now) starts the next one.
         self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0
 
@@ -222,25 +229,35 @@ class ShardLoader:
                 delivers them again.
         """
         if not 0 <= in_flight <= self.consumed:
-            raise ValueError(f"in_flight={in_flight} but only {self.consumed} batches were taken")
+            raise UsageError(f"in_flight={in_flight} but only {self.consumed} batches were taken")
         segments = self.segments + [Segment(self.partition(), self.consumed - in_flight)]
-        return {
+        state = {
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "seed": self.config.seed,
             "total_samples": self.dataset.total,
             "segments": [s.to_dict() for s in segments],
         }
+        if self.dataset.mix is not None:
+            state["sources"] = mix_identity(self.dataset.mix)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration continues `state`'s epoch where it stopped."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+            raise UsageError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
         if state["seed"] != self.config.seed or state["total_samples"] != self.dataset.total:
-            raise ValueError(
+            raise UsageError(
                 "loader state was saved for another dataset or seed "
                 f"(seed {state['seed']}, {state['total_samples']} samples; now seed {self.config.seed}, "
                 f"{self.dataset.total} samples)"
+            )
+        mine = mix_identity(self.dataset.mix) if self.dataset.mix is not None else None
+        if state.get("sources") != mine:
+            raise UsageError(
+                "loader state was saved for another mix of sources (saved: "
+                f"{state.get('sources')}; now: {mine}); resume with the same sources, "
+                "names and shares"
             )
         segments = [Segment.from_dict(s) for s in state["segments"]]
         self.epoch = state["epoch"]
@@ -259,6 +276,29 @@ def inline_small_tensors(batch: tuple) -> tuple:
     """
     values, size, keys, worker_stats = default_convert(batch)
     return tuple(InlineTensor.wrap(value) for value in values), size, keys, worker_stats
+
+
+def mix_identity(mix: MixedShards) -> list[list]:
+    """`[name, size, quota, unit]` per source: what a mix's saved position depends on."""
+    plan = mix.plan
+    return [
+        [name, size, quota, plan.unit]
+        for name, size, quota in zip(plan.names, plan.sizes, plan.quotas, strict=True)
+    ]
+
+
+def log_sources(stats: LoaderStats) -> None:
+    """A mix: each source's samples, skips and rate this epoch, in one line."""
+    sources = stats.sources
+    if sources:
+        log.info(
+            "epoch sources: %s",
+            ", ".join(
+                f"{name} {row['samples']} samples ({row['skipped']} skipped, "
+                f"{row['images_per_s']:.0f}/s)"
+                for name, row in sources.items()
+            ),
+        )
 
 
 def log_fallbacks(stats: LoaderStats) -> None:
@@ -319,31 +359,63 @@ def class_weights(source: ResolvedSource, fields: Sequence[Field] = ()) -> tuple
     if "multi_label" in kinds and "label" not in kinds:
         counts = source.label_counts
     if not counts or not any(counts):
-        raise ValueError(
+        raise UsageError(
             "class_balance needs per-class counts: use the dataset's manifest as the source "
             "(multi-label counts are recorded by `build-shards --label multi`)"
         )
     return tuple(1.0 / n if n else 0.0 for n in counts)
 
 
-def check_fields_fit(fields: Sequence[Field], source: ResolvedSource) -> None:
-    """Refuse, before any shard is read, a label the dataset's manifest says it lacks.
+def check_source_fields(fields: Sequence[Field], source: ResolvedSource | ResolvedMix) -> None:
+    """`check_fields_fit` for one source, or for each source of a mix, named."""
+    if not isinstance(source, ResolvedMix):
+        check_fields_fit(fields, source, source.members)
+        return
+    for name, part in zip(source.names, source.parts, strict=True):
+        try:
+            check_fields_fit(fields, part, part.members)
+        except UsageError as error:
+            raise UsageError(
+                f"source {name!r}: {error}; label-free sources mix with labelled ones only "
+                "when 'label' is not among the fields"
+            ) from error
+
+
+def check_fields_fit(
+    fields: Sequence[Field], source: ResolvedSource, members: Sequence[str] | None = None
+) -> None:
+    """Refuse, before any shard is read, a field the dataset says its samples lack.
 
     Without this a label-free or multi-label dataset read with the default fields
-    would skip every sample as `no_label` and stop at the skip budget.
+    would skip every sample as `no_label` and stop at the skip budget, and a field
+    reading a member no sample has (`txt` of shards that keep their captions in
+    `caption`) would do the same, with a hint about bad data that does not apply.
+
+    Args:
+        members: the members every sample of the source carries, when it knows them
+            (the manifest's `fields.members`, or what `preprocess index` recorded): a
+            field reading none of them is refused in one line naming the field, the
+            members and the `Field` to write (`shards.sample.missing_field_hint`).
+
+    Raises:
+        UsageError: naming the dataset and what to ask for instead.
     """
     where = redact_url(source.manifest_url) if source.manifest_url else "the dataset"
+    if members is not None:
+        for spec in fields:
+            if spec.kind != "label" and not set(spec.source) & set(members):
+                raise UsageError(f"{where}: {missing_field_hint(spec, members)}")
     reads_cls = any(
         spec.kind == "label" and set(spec.source) <= {"cls", "label"} for spec in fields
     )
     if not reads_cls or source.label_mode == "single":
         return
     if source.label_mode == "none":
-        raise ValueError(
+        raise UsageError(
             f"{where} has no class labels (built with --label none): leave 'label' out of "
             "fields, e.g. fields=('image', 'txt')"
         )
-    raise ValueError(
+    raise UsageError(
         f"{where} holds multi-label targets (a list of class ids in 'labels', built with "
         "--label multi): ask for them with shards.sample.Field('labels', 'multi_label', "
         "num_classes=len(classes)) instead of 'label'"
@@ -369,14 +441,26 @@ def log_epoch_plan(loader: ShardLoader) -> None:
             len(source.unreadable),
             *source.unreadable[0],
         )
+    parts = source.parts if isinstance(source, ResolvedMix) else (source,)
     # Only looked at when asked: it visits every shard.
-    unchecked = loader.config.io.checksums and sum(s.sha256 is None for s in source.shards)
-    if unchecked:
-        log.warning(
-            "verify_checksums: %d of %d shards have no recorded sha256 (no manifest) and are "
-            "read unchecked",
-            unchecked,
-            len(source.shards),
+    if loader.config.io.checksums:
+        unchecked = sum(s.sha256 is None for part in parts for s in part.shards)
+        if unchecked:
+            log.warning(
+                "verify_checksums: %d of %d shards have no recorded sha256 (no manifest) and "
+                "are read unchecked",
+                unchecked,
+                sum(len(part.shards) for part in parts),
+            )
+    if isinstance(source, ResolvedMix):
+        log.info(
+            "mixing %d sources, %d samples an epoch: %s",
+            len(parts),
+            source.total_samples,
+            ", ".join(
+                f"{name} {quota} ({quota / part.total_samples:.3g}x its {part.total_samples})"
+                for name, quota, part in zip(source.names, source.quotas, parts, strict=True)
+            ),
         )
     plan = loader.epoch_plan(())
     part = plan.partition

@@ -27,7 +27,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, astuple, dataclass, fields
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -210,7 +210,7 @@ def compact_dtype(largest: int) -> type[np.signedinteger]:
     return np.int32 if largest < 2**31 else np.int64
 
 
-def shard_permutation(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+def shard_permutation(num_shards: int, seed: int | str, epoch: int | str) -> np.ndarray:
     """`shard_order` as an array: int32 (4 bytes a shard) below 2**31 shards, else int64.
 
     `random.shuffle` swaps items of any mutable sequence, so shuffling the array through
@@ -240,11 +240,13 @@ class EpochLayout:
     order: np.ndarray
     counts: np.ndarray
     total: int
-    seed: int
-    epoch: int
+    seed: int | str  # a string keeps one source's order of a mix its own
+    epoch: int | str
 
     @classmethod
-    def build(cls, counts: Sequence[int] | np.ndarray, seed: int, epoch: int) -> EpochLayout:
+    def build(
+        cls, counts: Sequence[int] | np.ndarray, seed: int | str, epoch: int | str
+    ) -> EpochLayout:
         """The layout of `epoch` for shards of `counts` samples: O(shards)."""
         counts = np.asarray(counts, dtype=np.int64)
         order = shard_permutation(len(counts), seed, epoch)
@@ -623,15 +625,25 @@ class EpochPlan:
         return WorkerPlan(pieces, len(positions), batches)
 
 
+@runtime_checkable
+class PlansItsEpochs(Protocol):
+    """A mix of sources (`pipeline.mixing.Mix`, which imports this module): it plans its
+    own epochs, with the same partition and segments, and `plan_epoch` hands it over."""
+
+    def plan_epoch(
+        self, part: Partition, rank: int, seed: int, epoch: int, segments: Sequence[Segment]
+    ) -> Any: ...
+
+
 def plan_epoch(
-    counts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray | PlansItsEpochs,
     part: Partition,
     rank: int,
     seed: int,
     epoch: int,
     segments: Sequence[Segment] = (),
     draws: int | None = None,
-) -> EpochPlan:
+) -> EpochPlan | Any:
     """The one plan of an epoch for `rank`, after the `segments` already read of it.
 
     The main process and every worker call it with the same inputs, so they agree on the
@@ -642,10 +654,17 @@ def plan_epoch(
     Resampled (`draws` samples an epoch over all ranks): draws are with replacement, so
     the segments only shorten the epoch by the samples they consumed.
 
+    A mix of sources (`counts` a `pipeline.mixing.Mix`) is planned by `Mix.plan_epoch`:
+    the same partition and segments, each source's quota interleaved into one sequence.
+
     Args:
-        counts: samples per shard, by shard index.
+        counts: samples per shard, by shard index; or a `Mix` of sources.
         segments: earlier partitions of this epoch whose deliveries are excluded.
     """
+    if isinstance(counts, PlansItsEpochs):
+        if draws is not None:
+            raise ValueError("a mix of sources is read exactly: draws must be None")
+        return counts.plan_epoch(part, rank, seed, epoch, segments)
     counts = np.asarray(counts, dtype=np.int64)
     if draws is None:
         remaining = remaining_runs(int(counts.sum()), segments, seed, epoch)

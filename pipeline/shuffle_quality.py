@@ -22,7 +22,7 @@ from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
 from pipeline.plan import Partition, Pieces, Runs, plan_epoch, shuffle_buffer, worker_rng
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
-from shards.errors import DataError, ShardError
+from shards.errors import DataError, ShardError, UsageError
 from shards.formats import FORMATS
 from shards.manifest import FormatNotBuiltError
 from shards.sample import LabelField, SampleError, decode_label, parse_json
@@ -178,9 +178,9 @@ def inspect_shuffle(
         LabelReadError: a shard's labels could not be read.
     """
     if epochs < 1 or trials < 2:
-        raise ValueError("epochs must be at least 1 and trials at least 2")
+        raise UsageError("epochs must be at least 1 and trials at least 2")
     if config.resampling:
-        raise ValueError("inspect-shuffle measures exact epochs; resampled mode draws at random")
+        raise UsageError("inspect-shuffle measures exact epochs; resampled mode draws at random")
     source = resolve_source(
         config.source,
         config.split,
@@ -264,7 +264,7 @@ def delivery_order(loader: ShardLoader, epoch: int) -> DeliveryOrder:
         ValueError: the loader is in resampled mode (its draws are not a fixed plan).
     """
     if loader.settings.epoch_samples is not None:
-        raise ValueError("a resampled loader has no fixed delivery order")
+        raise UsageError("a resampled loader has no fixed delivery order")
     return plan_delivery(
         loader.partition(), loader.rank, loader.dataset.counts, loader.config.seed, epoch
     )

@@ -17,6 +17,7 @@ import logging
 import operator
 import os
 import posixpath
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +38,16 @@ from shards.manifest import (
     ManifestError,
     shard_name,
 )
+from shards.manifest.foreign import list_shards, pick_format
 from shards.redact import redact_url
-from shards.storage import DEFAULT_RETRY, RetryPolicy, is_remote, open_stream, url_scheme
+from shards.storage import (
+    DEFAULT_RETRY,
+    ObjectNotFoundError,
+    RetryPolicy,
+    is_remote,
+    open_stream,
+    url_scheme,
+)
 
 log = logging.getLogger("pipeline")
 
@@ -255,6 +264,9 @@ class ResolvedSource:
             `single` (a class id in `cls`; also when nothing is known), `multi` (a
             list of class ids in `labels`) or `none` (label-free, e.g. image-text).
         label_counts: multi-label only: the split's samples holding each class.
+        members: the member (and Parquet column) names its samples hold, when the
+            manifest records them (builds with `--fields`, `preprocess index`); None
+            when unknown. A field none of them can give is refused before any read.
     """
 
     shards: ShardSpecs
@@ -264,6 +276,7 @@ class ResolvedSource:
     unreadable: tuple[tuple[str, str], ...] = ()
     label_mode: str = "single"
     label_counts: list[int] | None = None
+    members: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shards, ShardSpecs):
@@ -301,24 +314,35 @@ def resolve_source(
     retry: RetryPolicy = DEFAULT_RETRY,
     storage_options: Mapping[str, Any] | None = None,
     checksums: bool = False,
+    allow_missing: bool = False,
 ) -> ResolvedSource:
-    """Shard specs for `split` from a manifest (path, dir or URL) or from shard URLs.
+    """Shard specs for `split` from a manifest (path, dir or URL) or from shards.
+
+    Shards are a directory without our manifest (its `.tar` or `.parquet` files), a
+    glob (`DIR/*.tar`), a brace pattern or a list of URLs. Their counts come from the
+    manifest beside them, else from one counting pass, said once in one log line.
 
     `checksums` reads every shard's sha256 from a manifest's side table (for
     `verify_checksums`); without it they stay unread, 32 bytes a shard that every
     process holding the source (and every forked worker) would otherwise carry.
     Inline shard lists and the manifest beside shard URLs always give them.
+    `allow_missing` reads the shards that exist when some named ones do not (a brace
+    range that half exists); without it that is an error naming them.
 
     Raises:
         ManifestError: the manifest is malformed (the message names it and the field),
             or has no such split (`SplitNotFoundError`) or format (`FormatNotBuiltError`).
-        UsageError: mixed formats, a format the URLs are not, or counts unavailable.
+        UsageError: mixed formats, a format the URLs are not, counts unavailable, or
+            named shards missing.
         UnreadableSourceError: none of the shard URLs could be read.
     """
     if is_manifest_source(source):
         url = os.fspath(source)
         if not is_remote(url) and os.path.isdir(url):
             url, fmt = dataset_manifest(url, fmt)
+            if not os.path.exists(url):  # shards we did not build
+                found, paths = list_shards(os.fspath(source), fmt)
+                return resolve_urls(paths, found, retry, storage_options, allow_missing)
         manifest = read_manifest_url(
             url, retry, storage_options, split=split, fmt=fmt, checksums=checksums
         )
@@ -329,32 +353,53 @@ def resolve_source(
         pa.default_memory_pool().release_unused()
         return resolved
     urls = expand_urls(source)
-    formats = {format_of_url(u).name for u in urls}
-    if len(formats) != 1:
-        raise UsageError(f"shard URLs mix formats {sorted(formats)}; give one format per loader")
-    found = formats.pop()
-    if fmt and fmt != found:
-        raise UsageError(f"format={fmt!r} but the URLs are {found} shards")
-    known = neighbour_manifest(urls, found, retry, storage_options)
-    specs, unreadable = [], []
+    found, urls = one_format(urls, fmt)
+    return resolve_urls(urls, found, retry, storage_options, allow_missing)
+
+
+def one_format(urls: list[str], fmt: str | None) -> tuple[str, list[str]]:
+    """The format of `urls`, and those of it: `fmt` chooses when they mix formats."""
+    by_format: dict[str, list[str]] = {}
+    for url in urls:
+        by_format.setdefault(format_of_url(url).name, []).append(url)
+    if fmt is not None and fmt not in by_format:
+        held = ", ".join(sorted(by_format))
+        raise UsageError(f"format={fmt!r} but the URLs are {held} shards")
+    return pick_format(by_format, "the shard URLs", fmt)
+
+
+def resolve_urls(
+    urls: list[str], fmt: str, retry: RetryPolicy, storage_options, allow_missing: bool
+) -> ResolvedSource:
+    """Specs of shards given as URLs: the neighbour manifest's, else counted once."""
+    urls = present_urls(urls, allow_missing)
+    known = neighbour_manifest(urls, fmt, retry, storage_options)
+    specs, unreadable, missing, counted = [], [], [], 0
+    started = time.perf_counter()
     for url in urls:
         spec = known.spec(url) if known else None
         if spec is None:
             try:
-                spec = ShardSpec(url, found, count_samples(url, found, retry, storage_options))
+                spec = ShardSpec(url, fmt, count_samples(url, fmt, retry, storage_options))
+                counted += 1
+            except ObjectNotFoundError:
+                missing.append(url)
+                continue
             except (ShardError, OSError) as error:
-                # One corrupt shard among many given as URLs costs that shard, not the job.
-                log.warning(
-                    "shard %s cannot be counted, left out of the epoch: %s", redact_url(url), error
-                )
+                # One corrupt shard among many given as URLs costs that shard, not the job;
+                # the loader names them once (`ResolvedSource.unreadable`).
                 unreadable.append((redact_url(url), str(error)))
                 continue
         specs.append(spec)
+    refuse_missing(missing, len(urls), allow_missing)
     if not specs:
+        first = unreadable[0][1] if unreadable else "none exist"
         raise UnreadableSourceError(
-            f"none of the {len(urls)} shards could be read; first: {unreadable[0][1]}. "
+            f"none of the {len(urls)} shards could be read; first: {first}. "
             "Check the shards with `preprocess verify` or the URLs"
         )
+    if counted:
+        log_counting_pass(urls, counted, time.perf_counter() - started)
     # Class names are the dataset's, whichever of its shards were named: a trainer
     # launched on shard URLs needs no --num-classes when the manifest sits beside them.
     classes = list(known.manifest.classes) if known else None
@@ -365,6 +410,57 @@ def resolve_source(
         classes=classes,
         unreadable=tuple(unreadable),
         label_mode=mode,
+    )
+
+
+MISSING_NAMED = 3  # missing shards a refusal names
+
+
+def present_urls(urls: list[str], allow_missing: bool) -> list[str]:
+    """`urls` without the local files that do not exist: refused unless `allow_missing`."""
+    missing = [url for url in urls if not is_remote(url) and not os.path.exists(url)]
+    refuse_missing(missing, len(urls), allow_missing)
+    if not missing:
+        return urls
+    gone = set(missing)
+    return [url for url in urls if url not in gone]
+
+
+def refuse_missing(missing: list[str], named: int, allow_missing: bool) -> None:
+    """One line naming how many of the `named` shards are missing and the first few."""
+    if not missing:
+        return
+    shown = ", ".join(redact_url(url) for url in missing[:MISSING_NAMED])
+    more = f" and {len(missing) - MISSING_NAMED} more" if len(missing) > MISSING_NAMED else ""
+    line = f"{len(missing)} of the {named} shards named do not exist: {shown}{more}"
+    if len(missing) == named or not allow_missing:
+        raise UsageError(
+            f"{line}; fix the pattern or the list, or read the ones that exist with "
+            "LoaderConfig(allow_missing_shards=True) (train: --allow-missing-shards)"
+        )
+    log.warning("%s; reading the %d that exist (allow_missing_shards)", line, named - len(missing))
+
+
+# Sources whose counting pass was already told in this process: a trainer resolves its
+# source twice (classes, then the loader), and the line says the same both times.
+_COUNTING_TOLD: set[tuple[str, int]] = set()
+
+
+def log_counting_pass(urls: list[str], counted: int, seconds: float) -> None:
+    """The one line that says what a source without a manifest could not give: once a
+    process for each source."""
+    folders = {manifest_base(url) for url in urls}
+    where = folders.pop() if len(folders) == 1 else "DIR"
+    told = (urls[0], len(urls))
+    if told in _COUNTING_TOLD:
+        return
+    _COUNTING_TOLD.add(told)
+    log.warning(
+        "%d shards without a manifest: counted by reading them (%.1f s), no checksums; "
+        "run `preprocess index %s` to save the counts",
+        counted,
+        seconds,
+        redact_url(where),
     )
 
 
@@ -459,10 +555,15 @@ def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> 
 
 
 def label_facts(manifest: Manifest, split: str) -> dict[str, Any]:
-    """`label_mode` and `label_counts` of a split, from the manifest's `fields` entry."""
+    """`label_mode`, `label_counts` and `members` of a split, from the manifest's `fields`."""
     fields = manifest.fields or {}
     counts = (fields.get("label_counts") or {}).get(split)
-    return {"label_mode": fields.get("label", "single"), "label_counts": counts}
+    members = None
+    # `preprocess index` records only the members it knows the kind of: not all there are.
+    indexed = isinstance(manifest.config, dict) and "indexed" in manifest.config
+    if fields.get("members") and not indexed:
+        members = tuple(dict.fromkeys([*fields["members"], *fields.get("columns", {})]))
+    return {"label_mode": fields.get("label", "single"), "label_counts": counts, "members": members}
 
 
 def dataset_manifest(directory: str, fmt: str | None) -> tuple[str, str | None]:

@@ -88,6 +88,39 @@ class LoaderStats:
         """Samples the fast crops handed to Pillow this epoch (non-JPEG, CMYK, rare JPEGs)."""
         return sum(w.get("pillow_fallbacks", 0) for w in self.workers.values())
 
+    @property
+    def sources(self) -> dict[str, dict]:
+        """A mix: per source, samples delivered, samples skipped and samples/s this epoch
+        (its share of the loader's rate); empty for one source."""
+        samples: Counter = Counter()
+        skipped: Counter = Counter()
+        for worker in self.workers.values():
+            samples.update(worker.get("sources", {}))
+            skipped.update(worker.get("source_skipped", {}))
+        rate = 1 / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return {
+            name: {
+                "samples": samples[name],
+                "skipped": skipped[name],
+                "images_per_s": samples[name] * rate,
+            }
+            for name in sorted(set(samples) | set(skipped))
+        }
+
+    @property
+    def fetch(self) -> dict:
+        """Remote shard reads this epoch, summed over workers (`pipeline.fetch.new_counts`):
+        bytes fetched, shards fetched, cache hits, read-ahead peak (the largest worker's) and
+        budget per worker, seconds readers waited on a fetch."""
+        total: dict = {}
+        for worker in self.workers.values():
+            for name, value in worker.get("fetch", {}).items():
+                keep_max = name in ("budget", "ahead_peak", "cache_off")
+                total[name] = (
+                    max(total.get(name, 0), value) if keep_max else total.get(name, 0) + value
+                )
+        return total
+
     def summary(self) -> dict:
         return {
             "first_batch_s": self.first_batch_s,
@@ -101,4 +134,6 @@ class LoaderStats:
             "refilled": self.refilled,
             "unfilled": self.unfilled,
             "pillow_fallbacks": self.pillow_fallbacks,
+            "sources": self.sources,
+            "fetch": self.fetch,
         }

@@ -18,6 +18,9 @@ Decisions (reliability.md §10 D1-D4, §11.1):
       The expansion size is computed before anything is generated.
     * Duplicates after expansion are an error, not silently dropped: a shard
       listed twice would be read twice per epoch.
+    * A local path holding `*`, `?` or `[` that names no file as written is a glob
+      (`DIR/*.tar`, `DIR/**/*.parquet`), expanded after the braces, sorted; a glob
+      matching nothing is an error. Remote URLs are never globbed (no listing calls).
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from shards.errors import UsageError
+from shards.manifest.foreign import expand_glob, is_glob
 from shards.redact import redact_url
 from shards.storage import SHARD_SCHEMES, check_characters, check_scheme, url_scheme, validate_url
 
@@ -177,11 +181,25 @@ def expand_urls(
         raise UsageError("no shard URLs given: the source list is empty")
     urls: list[str] = []
     seen: set[str] = set()
+    for raw in iter_expanded(patterns, max_shards):
+        url = validate_url(raw, schemes=schemes, data_root=data_root)
+        if url in seen:
+            raise UsageError(f"duplicate shard URL after expansion: {redact_url(url)!r}")
+        seen.add(url)
+        urls.append(url)
+        if len(urls) > max_shards:
+            raise UsageError(
+                f"shard sources match more than max_shards={max_shards} files; "
+                "split the list or raise max_shards"
+            )
+    return urls
+
+
+def iter_expanded(patterns: Sequence[str], max_shards: int) -> Iterator[str]:
+    """Each pattern's braces expanded, then each local glob among the results."""
     for pattern in patterns:
         for raw in expand_braces(pattern, max_shards=max_shards):
-            url = validate_url(raw, schemes=schemes, data_root=data_root)
-            if url in seen:
-                raise UsageError(f"duplicate shard URL after expansion: {redact_url(url)!r}")
-            seen.add(url)
-            urls.append(url)
-    return urls
+            if is_glob(raw):
+                yield from expand_glob(raw)
+            else:
+                yield raw

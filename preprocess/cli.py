@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from preprocess.config import BuildConfig
-from shards.errors import ShardpipeError, UsageError
+from shards.errors import ShardError, ShardpipeError, UsageError
 from shards.flags import (
     Command,
     build_command_parser,
@@ -22,6 +22,7 @@ from shards.flags import (
     option,
     run_command,
 )
+from shards.formats import FORMAT_NAMES
 
 DESCRIPTION = """\
 Turn an image dataset (an ImageFolder tree, or a CSV/JSONL/Parquet list of
@@ -62,41 +63,56 @@ class SampleOptions:
             raise UsageError("--workers must be at least 1")
 
 
+SOURCE_TEXT = (
+    "a shard directory (a build-shards --output, or shards another tool wrote, without a "
+    "manifest.json), a manifest.json, a quoted glob ('DIR/*.tar') or one shard file"
+)
+FORMAT_TEXT = (
+    "the shard format to read where both tar and Parquet files are there (default: the one "
+    "format there)"
+)
+
+
 @dataclass(frozen=True)
 class VerifyOptions:
     """Options of `verify`."""
 
-    directory: str = option(
-        text="shard directory (the --output of build-shards)", group="verify", positional=True
-    )
+    source: str = option(text=SOURCE_TEXT, group="verify", positional=True)
     images: bool = option(
         True,
         "decode every image as the loader does (--no-images: checksums, counts, keys and "
         "labels only)",
         "verify",
     )
+    format: str | None = option(None, FORMAT_TEXT, "verify", FORMAT_NAMES)
 
 
 @dataclass(frozen=True)
 class InfoOptions:
     """Options of `info`."""
 
-    directory: str = option(
-        text="shard directory (the --output of build-shards) or its manifest.json",
-        group="info",
-        positional=True,
-    )
+    source: str = option(text=SOURCE_TEXT, group="info", positional=True)
+    format: str | None = option(None, FORMAT_TEXT, "info", FORMAT_NAMES)
 
 
 @dataclass(frozen=True)
 class IndexOptions:
     """Options of `index`."""
 
-    directory: str = option(
-        text="shard directory or object-store URL (the --output of build-shards)",
+    source: str = option(
+        text="a build-shards --output (local or object-store URL: its client files are "
+        "rewritten), or shards another tool wrote: their directory, a quoted glob or one file",
         group="index",
         positional=True,
     )
+    output: str | None = option(
+        None,
+        "where the manifest goes for shards another tool wrote (default: their folder, the "
+        "only choice: a manifest names its shards relative to itself)",
+        "index",
+    )
+    format: str | None = option(None, FORMAT_TEXT, "index", FORMAT_NAMES)
+    split: str = option("train", "the split the indexed shards make", "index")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,9 +251,11 @@ def format_summary(summary) -> str:
         )
         if summary.phases:
             lines.append(_phases_line(summary))
+    if summary.executor_reason:
+        lines.append(f"executor: {summary.executor} ({summary.executor_reason})")
     lines.append(f"manifest: {summary.output / 'manifest.json'}")
     if summary.client_files:
-        lines.append(f"for timm and wids: {', '.join(summary.client_files)}")
+        lines.append(f"for timm, wids and open_clip: {', '.join(summary.client_files)}")
     return "\n".join(lines)
 
 
@@ -350,40 +368,75 @@ def _existing_line(report) -> str:
 
 
 def run_verify(options: VerifyOptions, args: argparse.Namespace) -> int:
-    from preprocess.verify import verify_directory
+    from preprocess.verify import verify_source
 
     try:
-        report = verify_directory(options.directory, check_images=options.images)
+        report = verify_source(options.source, check_images=options.images, fmt=options.format)
     except (ShardpipeError, FileNotFoundError) as error:
         return fail("verify", error, "FAILED")
-    print(f"verify: OK: {report.shards} shards, {report.files} files, {report.samples} samples")
+    print(f"verify: OK: {report.summary()}")
     return 0
 
 
 def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
-    from preprocess.verify import describe
+    from preprocess.verify import describe, describe_foreign, manifest_directory
     from shards.manifest import read_manifest
+    from shards.manifest.foreign import local_shards, names_shards
 
+    source = options.source
     try:
-        print(describe(read_manifest(options.directory)))
+        if manifest_directory(source) is None and names_shards(source):
+            fmt, paths = local_shards(source, options.format)
+            print(describe_foreign(paths, fmt))
+        else:
+            print(describe(read_manifest(source)))
     except FileNotFoundError as error:
         return fail("info", error)
     return 0
 
 
 def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
-    from preprocess.commit import rewrite_client_files
+    from preprocess.verify import manifest_directory
+    from shards.storage import is_remote
 
+    source = options.source
     try:
-        names = rewrite_client_files(options.directory)
+        if is_remote(source) or manifest_directory(source) is not None:
+            return rewrite_index(source)
+        return index_foreign(options)
     except FileNotFoundError as error:
         return fail("index", error)
+    except ShardError as error:
+        return fail("index", f"{error}; the shard cannot be indexed: replace or remove it")
     except OSError as error:
         return fail("index", f"{error}; fix the cause and rerun", "environment error")
+
+
+def rewrite_index(output: str) -> int:
+    """`index` of one of our builds: its client files, from the manifest alone."""
+    from preprocess.commit import rewrite_client_files
+
+    names = rewrite_client_files(output)
     if not names:
-        print(f"index: nothing written: {options.directory} has no tar shards")
+        print(f"index: nothing written: {output} has no tar shards")
         return 0
-    print(f"index: wrote {', '.join(names)} in {options.directory}")
+    print(f"index: wrote {', '.join(names)} in {output}")
+    return 0
+
+
+def index_foreign(options: IndexOptions) -> int:
+    """`index` of shards another tool wrote: one pass, then a manifest and client files."""
+    from preprocess.commit import index_shards
+    from shards.manifest.foreign import local_shards
+
+    fmt, paths = local_shards(options.source, options.format)
+    summary = index_shards(paths, fmt, options.output, options.split, options.source)
+    split = summary.manifest.splits[options.split]
+    print(
+        f"index: {len(split.shards)} {fmt} shards, {split.samples} samples; wrote "
+        f"{summary.manifest_path}"
+        + (f" and {', '.join(summary.client_files)}" if summary.client_files else "")
+    )
     return 0
 
 
@@ -416,11 +469,17 @@ COMMANDS = (
         VerifyOptions,
         run_verify,
     ),
-    Command("info", "print the manifest summary of a shard directory", InfoOptions, run_info),
+    Command(
+        "info",
+        "print the manifest summary of a shard directory, or what shards without one hold",
+        InfoOptions,
+        run_info,
+    ),
     Command(
         "index",
-        "(re)write timm's _info.json and the wids indexes of a finished build from its "
-        "manifest, without opening a shard",
+        "(re)write the client files (timm's _info.json, wids indexes, open_clip's sizes.json) of a finished build "
+        "from its manifest; for shards another tool wrote, read them once and save a "
+        "manifest beside them too",
         IndexOptions,
         run_index,
     ),

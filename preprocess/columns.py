@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from preprocess.listing import CONTROL_CHARACTER, is_utf8
+from shards.errors import UsageError
 from shards.sample import MAX_FIELD_BYTES, Field, SampleError, check_value, decode_text, parse_json
 
 LABEL_MODES = ("single", "multi", "none")
@@ -70,14 +71,14 @@ class InputColumns:
                 `json` filled twice; the message says what to write instead.
         """
         if label not in LABEL_MODES:
-            raise ValueError(f"--label must be one of {', '.join(LABEL_MODES)}, got {label!r}")
+            raise UsageError(f"--label must be one of {', '.join(LABEL_MODES)}, got {label!r}")
         fields = tuple(_field_column(spec) for spec in specs)
         columns = [f.column for f in fields]
         if len(set(columns)) != len(columns):
-            raise ValueError(f"--fields names a column twice: {','.join(specs)}")
+            raise UsageError(f"--fields names a column twice: {','.join(specs)}")
         for member in ("txt", "weight"):
             if sum(f.member == member for f in fields) > 1:
-                raise ValueError(
+                raise UsageError(
                     f"--fields fills `{member}` from two columns; a sample holds one {member}: "
                     "send the other column to `json`"
                 )
@@ -147,19 +148,19 @@ def _field_column(spec: str) -> FieldColumn:
     column, sep, member = spec.partition(":")
     column, member = column.strip(), member.strip()
     if not sep or not _COLUMN_NAME.match(column):
-        raise ValueError(
+        raise UsageError(
             f"--fields entry {spec!r}: write COLUMN:MEMBER, e.g. caption:txt,tags:json,w:weight "
             "(a column name is letters, digits and _, at most 64)"
         )
     if member not in FIELD_MEMBERS:
-        raise ValueError(
+        raise UsageError(
             f"--fields entry {spec!r}: member {member!r} is not one of {', '.join(FIELD_MEMBERS)} "
             "(multi-label targets come from the `label` column with --label multi)"
         )
     if column in _LIST_COLUMNS:
-        raise ValueError(f"--fields entry {spec!r}: `{column}` is a column the build reads itself")
+        raise UsageError(f"--fields entry {spec!r}: `{column}` is a column the build reads itself")
     if member == "json" and column in META_KEYS:
-        raise ValueError(
+        raise UsageError(
             f"--fields entry {spec!r}: the metadata document already holds `{column}` "
             f"(the build writes {', '.join(sorted(META_KEYS))}); rename the column"
         )

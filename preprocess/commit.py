@@ -3,14 +3,17 @@
 Order of commits (`preprocess.job.run_build`): `_build/config.json` first
 (`preprocess.output`), one marker per finished shard, then `errors.jsonl`, then
 `manifest.json` (the commit point: a dataset without it is incomplete), then the
-client index files (`shards.clients`: timm's `_info.json`, wids indexes), which
-`rewrite_client_files` can remake from the manifest alone.
+client index files (`shards.clients`: timm's `_info.json`, wids indexes, open_clip's `sizes.json`), which
+`rewrite_client_files` can remake from the manifest alone. `index_shards` commits the
+same two for shards another tool wrote, from one pass over them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from dataclasses import dataclass
 
 from preprocess.build import ShardResult, image_field
 from preprocess.config import BuildConfig
@@ -19,6 +22,7 @@ from preprocess.output import ERRORS_NAME
 from preprocess.plan import Plan, manifest_fields
 from preprocess.ray_job import BuildError
 from shards.clients import write_client_files
+from shards.errors import UsageError
 from shards.io import OutputStore, open_output_store
 from shards.manifest import (
     LAYOUT_FLAT,
@@ -26,7 +30,10 @@ from shards.manifest import (
     Manifest,
     ShardTable,
     SplitInfo,
+    write_manifest,
 )
+from shards.manifest.files import missing_manifest
+from shards.manifest.foreign import foreign_manifest, survey_shard
 
 
 def assemble_manifest(
@@ -142,10 +149,7 @@ def rewrite_client_files(output: str) -> list[str]:
     try:
         data = store.read_bytes(MANIFEST_NAME)
     except FileNotFoundError:
-        raise FileNotFoundError(
-            f"no manifest at {store.location(MANIFEST_NAME)}: the build did not finish; rerun "
-            "its `preprocess build-shards` command to complete it"
-        ) from None
+        raise FileNotFoundError(missing_manifest(store.location(MANIFEST_NAME))) from None
     manifest = Manifest.from_json(
         data, store.location(MANIFEST_NAME), read_table=StoreTableReader(store)
     )
@@ -160,3 +164,55 @@ class StoreTableReader:
 
     def __call__(self, name: str, size: int) -> bytes:
         return self.store.read_bytes(name)[: size + 1]
+
+
+@dataclass(frozen=True)
+class IndexSummary:
+    """What `index_shards` wrote: the manifest, the client files and what it found."""
+
+    manifest: Manifest
+    manifest_path: str
+    client_files: list[str]
+
+
+def index_shards(
+    paths: list[str], fmt: str, output: str | None = None, split: str = "train", source: str = ""
+) -> IndexSummary:
+    """Read shards another tool wrote once and commit a manifest beside them, then the
+    client files: the loader then reads them with exact counts, checksums and resume.
+
+    Args:
+        paths: the shard files, in the order the manifest lists them.
+        fmt: their format.
+        output: where to write (default: their folder); a manifest names its shards
+            relative to its own folder, so it must be theirs.
+        split: the split they make.
+        source: what the user named, recorded in the manifest's `config`.
+
+    Raises:
+        UsageError: the shards are not all in one folder, `output` is another folder, or
+            a manifest is there already (ours: rerun its build; `index` refuses to
+            replace it).
+        ShardError: a shard is malformed (named).
+    """
+    folders = {os.path.dirname(os.path.abspath(path)) for path in paths}
+    if len(folders) != 1:
+        raise UsageError(
+            f"the shards are in {len(folders)} folders ({', '.join(sorted(folders)[:3])}); a "
+            "manifest lists the shards of its own folder: index each folder"
+        )
+    folder = folders.pop()
+    if output is not None and os.path.abspath(output) != folder:
+        raise UsageError(
+            f"--output {output}: a manifest names its shards relative to its own folder, so "
+            f"it is written beside them, in {folder}; leave --output out or give that folder"
+        )
+    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
+        raise UsageError(
+            f"{folder} has a {MANIFEST_NAME} already; `preprocess index {folder}` rewrites "
+            "its client files, and a dataset we built is rebuilt with build-shards"
+        )
+    surveys = [survey_shard(path, fmt) for path in paths]
+    manifest = foreign_manifest(surveys, split, source)
+    written = write_manifest(folder, manifest)
+    return IndexSummary(manifest, str(written), write_client_files(folder, manifest))

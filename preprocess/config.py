@@ -32,6 +32,7 @@ from shards.flags import (
 )
 from shards.manifest import LAYOUTS, SHARD_FORMATS
 from shards.redact import url_credentials_problem
+from shards.storage import READ_SCHEMES, is_remote, validate_url
 
 # Where shard tasks run (see `preprocess.pool.resolve_executor`); all write the same bytes.
 EXECUTORS = ("auto", "ray", "local", "inline")
@@ -41,6 +42,7 @@ EXECUTORS = ("auto", "ray", "local", "inline")
 RUNTIME_ONLY = (
     "input",
     "output",
+    "input_root",
     "ray_address",
     "workers",
     "overwrite",
@@ -95,12 +97,14 @@ class BuildConfig:
         seed: seeds the order of samples inside each split.
         row_group_size: Parquet rows per row group, the loader's streaming unit.
         max_skip_fraction: fail the job when more inputs than this are skipped.
-        ray_address: None for a local Ray sized to this machine, `auto` or
-            `ray://host:port` for a cluster.
+        ray_address: `auto` or `ray://host:port`: the Ray cluster the tasks run on. None
+            (default): no cluster; `executor` `ray` (or `auto` for a large build) then
+            starts a Ray of its own on this machine.
         executor: `auto` (default: Ray when a cluster is named by `ray_address` or
-            `RAY_ADDRESS`, else `local`), `ray`, `local` (a process pool on this
-            machine, no start-up of seconds) or `inline` (this process; for
-            debugging). Every executor writes the same bytes.
+            `RAY_ADDRESS`, or when the build is large enough that Ray's start-up is a
+            few percent of it, `preprocess.pool.RAY_MIN_INPUTS_PER_CPU`; else `local`),
+            `ray`, `local` (a process pool on this machine, no start-up of seconds) or
+            `inline` (this process; for debugging). Every executor writes the same bytes.
         workers: processes of the local pool, or CPUs of a local Ray (None: all).
         overwrite: rebuild everything, replacing an existing output.
         progress: show a progress bar.
@@ -202,12 +206,16 @@ class BuildConfig:
         0.01, "fail the build when more than this share of the inputs is skipped", "run"
     )
     ray_address: str | None = option(
-        None, "`auto` or ray://host:port for a Ray cluster (default: a local Ray)", "run"
+        None,
+        "`auto` or ray://host:port: the Ray cluster the shard tasks run on (default: no "
+        "cluster; --executor ray, or auto for a large build, starts a Ray on this machine)",
+        "run",
     )
     executor: str = option(
         "auto",
         "where shard tasks run: auto is Ray when --ray-address (or RAY_ADDRESS) names a "
-        "cluster, else local, a process pool on this machine that needs no Ray start-up; "
+        "cluster or the build is large enough that Ray's start-up is a few percent of it, "
+        "else local, a process pool on this machine that needs no Ray start-up; "
         "inline runs them one after another in this process (for debugging)",
         "run",
         EXECUTORS,
@@ -224,7 +232,16 @@ class BuildConfig:
     confine_to_input: bool = option(
         False,
         "read nothing outside the input root: a symlink resolving outside it is skipped as "
-        "`outside_input` (by default symlinks are followed, as torchvision's ImageFolder does)",
+        "`outside_input`, and an input list naming a path outside its folder (or "
+        "--input-root) or a URL is refused (by default symlinks are followed, as "
+        "torchvision's ImageFolder does, and a list may name any path or URL)",
+        "input and output",
+    )
+    input_root: str | None = option(
+        None,
+        "folder or URL prefix an input list's paths are keyed relative to; every listed "
+        "path must lie under it (default: the list's folder, or the deepest common folder "
+        "of the listed paths when some lie outside it)",
         "input and output",
     )
 
@@ -264,6 +281,7 @@ class BuildConfig:
             credentials = url_credentials_problem(location)
             if credentials is not None:
                 raise refuse(self, name, f" {credentials}")
+        self._check_input_location()
         if not isinstance(self.image, ImageConfig):
             raise refuse(self, "image", f" must be an ImageConfig, got {self.image!r}")
         check_int_at_least(self, "shard_size", 1)
@@ -297,6 +315,21 @@ class BuildConfig:
         self.input_columns()  # a bad --fields entry is one error before any work
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise refuse(self, "storage_options", " must be a dict of fsspec options or None")
+
+    def _check_input_location(self) -> None:
+        """`input` and `input_root`, when URLs, checked as every read checks them (one line)."""
+        for name in ("input", "input_root"):
+            location = getattr(self, name)
+            if name == "input_root" and location is None:
+                continue
+            if not isinstance(location, str) or not location:
+                raise refuse(self, name, f" must be a path or URL, got {location!r}")
+            if not is_remote(location):
+                continue
+            try:
+                validate_url(location, schemes=READ_SCHEMES)
+            except ValueError as error:
+                raise refuse(self, name, f": {error}") from None
 
     def _check_run_options(self) -> None:
         """The options of where and how the tasks run (`RUNTIME_ONLY`)."""

@@ -68,6 +68,8 @@ from shards.storage import (
     ObjectNotFoundError,
     RetryPolicy,
     ShardReadError,
+    is_remote,
+    local_path,
     read_bytes,
 )
 
@@ -254,10 +256,10 @@ def read_source(
         OSError: any other local I/O failure (permissions, disk): an environment error.
     """
     try:
-        if "://" in path_or_url:
+        if is_remote(path_or_url):
             data = _read_url(path_or_url, max_bytes, storage_options)
         else:
-            data = _read_local(path_or_url, max_bytes, confine_to)
+            data = _read_local(local_path(path_or_url), max_bytes, confine_to)
     except (FileNotFoundError, NotADirectoryError) as error:
         raise SampleError(
             "missing", f"{path_or_url}: {error.strerror or error}; restore it and rerun"

@@ -71,8 +71,9 @@ class BuildSummary:
     # The `other_suffix` files by suffix, and the summary's line for them (with reasons).
     left_out_suffixes: dict[str, int] = field(default_factory=dict)
     left_out_suffixes_line: str = ""
-    client_files: list[str] = field(default_factory=list)  # `_info.json`, wids indexes
+    client_files: list[str] = field(default_factory=list)  # `_info.json`, wids indexes, sizes.json
     executor: str = "inline"  # what ran the shard tasks: ray, local or inline
+    executor_reason: str = ""  # why (`ShardExecutor.reason`), one line for the summary
     # Wall seconds of the build's own phases, in order (see `PHASES`); `start` ran beside
     # `plan`, and `wait` is the part of it the build waited for.
     phases: dict[str, float] = field(default_factory=dict)
@@ -145,6 +146,7 @@ def run_build(config: BuildConfig) -> BuildSummary:
         left_out_suffixes_line=listing.describe_suffixes(),
         client_files=clients,
         executor=executor.kind,
+        executor_reason=executor.reason,
         phases=clock.phases(executor.start_s, executor.wait_s),
         tail_idle_s=tail_idle,
     )
@@ -179,7 +181,11 @@ def choose_executor(config: BuildConfig) -> ShardExecutor:
     """The executor of `config.executor` (`auto` resolved), not started yet."""
     kind = resolve_executor(config.executor, config.ray_address)
     # The driver's own start_ray and iter_ray, looked up now: a test may refuse them.
-    return ShardExecutor(kind, config.workers, config.ray_address, start_ray, iter_ray)
+    executor = ShardExecutor(kind, config.workers, config.ray_address, start_ray, iter_ray)
+    if config.executor == "auto":
+        executor.auto = kind == "local"  # decided by size once the plan is known
+        executor.reason = "auto: a Ray cluster is named (--ray-address or RAY_ADDRESS)"
+    return executor
 
 
 def plan_build(
@@ -220,6 +226,7 @@ def plan_inputs(config: BuildConfig, directory: Path) -> tuple[Listing, Plan]:
         confine=config.confine_to_input,
         columns=config.input_columns(),
         storage_options=config.storage_options,
+        input_root=config.input_root,
     )
     with Spill(directory, config.val_fraction, config.seed) as spill:
         for item in items:
@@ -279,6 +286,7 @@ def run_tasks(
     pieces = dispatch_order(plan.shards)
     by_name = reuse_committed(pieces, job)
     pieces = [piece for piece in pieces if (piece.split, piece.index) not in by_name]
+    executor.decide(sum(piece.size for piece in pieces))
     tail_idle = 0.0
     if pieces:
         # A local output's tasks read their pieces from `_build/plan/`; an object store's

@@ -2,9 +2,13 @@
 
 Every row of a list is bounded before it is held (`MAX_ROW_CHARS`,
 `MAX_LIST_ROW_GROUP_BYTES`; Parquet decodes only the columns the options name), every
-value it holds by its cap, and a refusal names the file and the row. Problems that make
-the list itself untrustworthy (paths escaping its directory, missing columns, NUL or
-control characters in a listed path) are `InputError`s before any work starts.
+value it holds by its cap, and a refusal names the file and the row. A row's path may
+be relative to the list's folder, absolute, or a URL; its key is relative to the list's
+root (`ListRoot`: `--input-root`, else the list's folder, else the deepest common
+folder). Problems that make the list itself untrustworthy (a path outside
+`--input-root`, or under `--confine-to-input` outside the list's folder or a URL;
+missing columns; NUL or control characters in a listed path) are `InputError`s before
+any work starts.
 """
 
 from __future__ import annotations
@@ -13,44 +17,194 @@ import csv
 import io
 import json
 import os
+import posixpath
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from preprocess.columns import MAX_NAME_BYTES, HugeInteger, InputColumns
 from preprocess.listing import CONTROL_CHARACTER, InputError, LeftOut, Listing, SourceItem, is_utf8
 from shards.sample import MAX_FIELD_BYTES, SampleError
+from shards.storage import READ_SCHEMES, is_remote, local_path, validate_url
 
 _FIX_ROW = "fix or remove the row and rerun (the row is skipped until then)"
 
 
 def iter_manifest(
-    manifest: Path, listing: Listing, columns: InputColumns | None = None
+    manifest: Path,
+    listing: Listing,
+    columns: InputColumns | None = None,
+    *,
+    input_root: str | None = None,
+    confine: bool = False,
 ) -> Iterator[SourceItem]:
-    """Rows `path,label[,split]` (and `columns`); paths are relative to the manifest's directory.
+    """Rows `path,label[,split]` (and `columns`) of a local list file.
 
-    Symlinks among the listed paths are counted in `listing.links_followed`; rows
-    whose extra values are refused are left out in `listing.left_out`.
+    A path may be relative to the list's folder, absolute, a `file://` URL or a remote
+    URL (`s3://`, `gs://`, `http(s)://`, read through `shards.storage`); its key is
+    relative to the list's root (`ListRoot`). Symlinks among the listed paths are
+    counted in `listing.links_followed`; rows whose extra values are refused are left
+    out in `listing.left_out`; `listing.root` becomes the resolved local root.
+
+    Raises:
+        InputError: a path outside `input_root` (or, with `confine`, outside the list's
+            folder, or a URL), a malformed URL, or a malformed row.
     """
     columns = columns or InputColumns()
-    root = str(manifest.resolve().parent)
-    inside = os.path.join(root, "")  # the root with one trailing separator
+    list_dir = str(manifest.resolve().parent)
+    root = list_root(manifest, list_dir, input_root, confine)
+    listing.root = os.path.realpath(root.local) if root.local is not None else None
     from_text = manifest.suffix.lower() == ".csv"
     for where, row in iter_rows(manifest, required=columns.required):
         raw_path, label = row_fields(where, row, columns.label)
-        if os.path.isabs(raw_path) or "://" in raw_path:
-            raise InputError(f"{where}: path {raw_path!r} must be relative to the manifest")
-        full = os.path.normpath(os.path.join(root, raw_path))
-        # What os.path.relpath gives for a path inside the root, at a fifth of its cost.
-        if full.startswith(inside):
-            rel = full[len(inside) :].replace(os.sep, "/")
-        elif full == root:
-            rel = "."
-        else:
-            raise InputError(f"{where}: path {raw_path!r} escapes the manifest's directory")
+        full, rel = root.key(where, raw_path, list_location(list_dir, where, raw_path))
         item = column_item(listing, columns, where, row, from_text, (full, rel, label))
         if item is not None:
-            listing.links_followed += os.path.islink(full)
+            if not is_remote(full):
+                listing.links_followed += os.path.islink(full)
             yield item
+
+
+def list_location(list_dir: str, where: str, raw_path: str) -> str:
+    """Where a row's path points: a URL checked as every read checks it, or a normal
+    absolute local path (a relative one is relative to the list's folder)."""
+    try:
+        if is_remote(raw_path):
+            return validate_url(raw_path, schemes=READ_SCHEMES)
+        path = local_path(raw_path)  # a `file://` URL is a local path
+    except ValueError as error:
+        raise InputError(
+            f"{where}: path {_shown(raw_path)}: {error}; fix the row and rerun"
+        ) from None
+    return os.path.normpath(os.path.join(list_dir, path))
+
+
+def _relative_to(path: str, folder: str) -> str | None:
+    """`path` relative to `folder` with `/` separators, or None when it is not under it.
+
+    What os.path.relpath gives for a path inside the folder, at a fifth of its cost.
+    """
+    inside = os.path.join(folder, "")  # the folder with one trailing separator
+    if path.startswith(inside):
+        return path[len(inside) :].replace(os.sep, "/")
+    return "." if path == folder else None
+
+
+def _split_url(url: str) -> tuple[str, str, str]:
+    """(`scheme://host`, path, `?query` or ``) of a URL; the path is `/` at least."""
+    parts = urlsplit(url)
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme.lower()}://{parts.netloc}", parts.path or "/", query
+
+
+def _common_folder(folder: str | None, path: str, module=os.path) -> str:
+    """The deepest folder holding both `folder` (None: none yet) and the file `path`."""
+    parent = module.dirname(path)
+    return parent if folder is None else module.commonpath([folder, parent])
+
+
+@dataclass(frozen=True)
+class ListRoot:
+    """What a list file's keys are relative to: stable, path-derived, never colliding.
+
+    Attributes:
+        local: the folder local paths are keyed relative to (absolute, not resolved);
+            None when the root is a URL prefix.
+        prefixes: `scheme://host` -> the URL path folder that host's URLs are keyed
+            relative to.
+        tag_hosts: the list names more than one place (local files, several hosts):
+            a URL's key starts with its host, so two places never share a key.
+        strict: every local path must lie under `local` and no URL is accepted
+            (`--confine-to-input`); `named`: the `--input-root` as given, whose
+            prefix every path must lie under.
+    """
+
+    local: str | None
+    prefixes: dict[str, str]
+    tag_hosts: bool = False
+    strict: bool = False
+    named: str | None = None
+
+    def key(self, where: str, raw_path: str, location: str) -> tuple[str, str]:
+        """(location, key path) of a row, refused naming the row when it has no key."""
+        if not is_remote(location):
+            rel = None if self.local is None else _relative_to(location, self.local)
+            if rel is None:
+                raise InputError(f"{where}: path {_shown(raw_path)} lies outside {self._root()}")
+            return location, rel
+        if self.strict:
+            raise InputError(
+                f"{where}: path {_shown(raw_path)} is a URL, and --confine-to-input reads "
+                f"nothing outside the input root {self.local}; build without "
+                "--confine-to-input to read it"
+            )
+        origin, path, query = _split_url(location)
+        prefix = self.prefixes.get(origin)
+        rel = None if prefix is None else _relative_to_url_folder(path, prefix)
+        if rel is None:
+            raise InputError(f"{where}: path {_shown(raw_path)} lies outside {self._root()}")
+        host = origin.split("://", 1)[1]
+        return location, f"{host}/{rel}{query}" if self.tag_hosts else f"{rel}{query}"
+
+    def _root(self) -> str:
+        if self.named is not None:
+            return (
+                f"--input-root {self.named}; pass an --input-root that holds every listed "
+                "path, or leave it out"
+            )
+        return (
+            f"the list's folder {self.local} (--confine-to-input); move the file under it, "
+            "or build without --confine-to-input"
+        )
+
+
+def _relative_to_url_folder(path: str, folder: str) -> str | None:
+    folder = folder.rstrip("/")
+    if path.startswith(f"{folder}/") and len(path) > len(folder) + 1:
+        return path[len(folder) + 1 :]
+    return None
+
+
+def list_root(manifest: Path, list_dir: str, input_root: str | None, confine: bool) -> ListRoot:
+    """The `ListRoot` of a list: `input_root` when named; with `confine`, the list's folder;
+    else the list's folder when every path lies in it, or the deepest common folder of
+    the local paths and, per `scheme://host`, of the URLs (found by one pass over the
+    list's path column first)."""
+    if input_root is not None:
+        return _named_root(input_root, confine)
+    if confine:
+        return ListRoot(list_dir, {}, strict=True)
+    local, outside, prefixes = None, False, {}
+    for where, row in iter_rows(manifest, required=("path",)):
+        raw_path = row.get("path")
+        if not isinstance(raw_path, str) or not raw_path:
+            continue  # refused naming its row by the pass that reads it
+        location = list_location(list_dir, where, raw_path)
+        if is_remote(location):
+            origin, path, _ = _split_url(location)
+            prefixes[origin] = _common_folder(prefixes.get(origin), path, posixpath)
+        else:
+            local = _common_folder(local, location)
+            outside = outside or _relative_to(location, list_dir) is None
+    places = len(prefixes) + (local is not None)
+    return ListRoot(local if outside else list_dir, prefixes, tag_hosts=places > 1)
+
+
+def _named_root(input_root: str, confine: bool) -> ListRoot:
+    """The `ListRoot` of `--input-root`: a local folder or a URL prefix."""
+    if not is_remote(input_root):
+        folder = os.path.abspath(local_path(input_root))
+        return ListRoot(folder, {}, strict=confine, named=input_root)
+    if confine:
+        raise InputError(
+            f"--input-root {input_root} is a URL, and --confine-to-input reads nothing "
+            "outside a local root; leave one of them out"
+        )
+    origin, path, query = _split_url(input_root)
+    if query:
+        raise InputError(f"--input-root {input_root} has a query; pass the folder URL only")
+    return ListRoot(None, {origin: path}, named=input_root)
 
 
 def column_item(

@@ -98,7 +98,7 @@ class SourceItem:
             `weight`: float, `json`: {column: JSON value}); None without `--fields`.
     """
 
-    path: str  # absolute local path
+    path: str  # absolute local path, or a URL (`shards.storage` reads it)
     rel: str  # path relative to the input root, with `/` separators; the identity of the input
     label: str | list[str] | None  # class name(s)
     split: str | None = None  # from a manifest's split column, else assigned by hash

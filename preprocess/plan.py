@@ -36,6 +36,7 @@ from preprocess.listing import InputError, SourceItem
 from shards.errors import DataError
 from shards.io import atomic_write_bytes
 from shards.manifest import fields_entry
+from shards.redact import redact_url
 from shards.sample import check_key
 
 # 1: every split listed in memory and shuffled with `random.Random(f"{seed}:{split}")`.
@@ -359,6 +360,14 @@ def _label_index(label: str | list[str] | None, label_of: dict[str, int]) -> int
 
 
 def _duplicate(first: list, second: list) -> InputError:
+    """A path listed twice, or two inputs (named both) that would get one key."""
+    if first[4] == second[4] and first[5] != second[5]:
+        where = " and ".join(sorted(w for w in (first[6], second[6]) if w))
+        return InputError(
+            f"{where + ': ' if where else ''}two inputs would get one key {first[4]!r}: "
+            f"{redact_url(first[5])} and {redact_url(second[5])}; pass an --input-root that "
+            "tells them apart, or list only one of them"
+        )
     if first[4] == second[4]:
         where = " and ".join(sorted(w for w in (first[6], second[6]) if w)) or first[4]
         return InputError(f"{where}: duplicate path {second[4]!r}; list each file once")

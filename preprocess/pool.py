@@ -1,7 +1,8 @@
 """Executors of the build's shard tasks: which one runs, its start in the background, a local pool.
 
-`resolve_executor` turns `--executor auto` into `local` (a process pool on this
-machine) or `ray` (a cluster). `BackgroundStart` runs an executor's start-up in a
+`resolve_executor` turns `--executor auto` into `ray` when a cluster is named, else
+`local` (a process pool on this machine) until `ShardExecutor.decide` sees a build of
+at least `ray_min_inputs` inputs, which runs on Ray. `BackgroundStart` runs an executor's start-up in a
 thread while the driver lists and plans. `LocalPool` and `iter_local` run the
 shard tasks in worker processes, exactly `workers` in flight, as `iter_ray` does
 on Ray; every executor writes the same bytes (`build_shard` is deterministic).
@@ -9,6 +10,7 @@ on Ray; every executor writes the same bytes (`build_shard` is deterministic).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -30,6 +32,7 @@ from preprocess.ray_job import (
     iter_inline,
     ray_slots,
 )
+from shards.errors import UsageError
 
 # forkserver: workers fork from a clean single-threaded server that imported the image stack
 # once, so starting one costs milliseconds, and no lock held by a driver thread is inherited.
@@ -52,6 +55,21 @@ def resolve_executor(executor: str, ray_address: str | None) -> str:
     if executor != "auto":
         return executor
     return "ray" if ray_address or os.environ.get("RAY_ADDRESS") else "local"
+
+
+# `--executor auto` runs a build on Ray when Ray's start-up is at most RAY_START_SHARE of
+# the build's time, i.e. from `ray_min_inputs(cpus)` inputs to build. RAY_START_S was
+# measured here (2026-12-02, 2 busy CPUs): `import ray` 2.2 s + `ray.init()` of a local
+# Ray 17.3 s + its first tasks 1.3 s. IMAGES_PER_CPU_S is one CPU's build rate at the
+# default options (`benchmarks/executor_crossover.py` prints both to set them again).
+RAY_START_S = 21.0
+RAY_START_SHARE = 0.03
+IMAGES_PER_CPU_S = 150.0
+
+
+def ray_min_inputs(cpus: int) -> int:
+    """Inputs from which Ray's start-up is at most `RAY_START_SHARE` of a build on `cpus`."""
+    return math.ceil(RAY_START_S / RAY_START_SHARE * IMAGES_PER_CPU_S * cpus)
 
 
 def local_workers(workers: int | None) -> int:
@@ -152,7 +170,7 @@ class LocalPool:
 
     def __init__(self, workers: int, method: str = START_METHOD) -> None:
         if workers < 1:
-            raise ValueError("--workers must be at least 1")
+            raise UsageError("--workers must be at least 1")
         self.workers = workers
         self.executor, self.warming = self._launch(method)
 
@@ -318,6 +336,32 @@ class ShardExecutor:
         self.ray_s: float | None = None  # how long Ray took to start, once started
         self.ray_done = 0.0
         self.ray_wait_s = 0.0
+        # `--executor auto` without a cluster: local until `decide` sees a large build.
+        self.auto = False
+        self.reason = f"--executor {kind}"  # why this executor runs, for the summary
+
+    def decide(self, inputs: int) -> None:
+        """Under `auto`, pick Ray or the local pool for a build of `inputs` inputs to build."""
+        if not self.auto:
+            return
+        cpus = local_workers(self.workers)
+        threshold = ray_min_inputs(cpus)
+        if inputs == 0:
+            self.reason = "auto: nothing to build"
+        elif inputs < threshold:
+            self.reason = (
+                f"auto: {inputs} inputs to build, under the {threshold} from which Ray's "
+                f"start-up (~{RAY_START_S:.0f} s) is {RAY_START_SHARE:.0%} of a build on "
+                f"{cpus} CPUs"
+            )
+        else:
+            self.close()  # the local pool started while planning is not needed
+            self.kind, self.starting = "ray", None
+            self.reason = (
+                f"auto: {inputs} inputs to build, at least the {threshold} from which Ray's "
+                f"start-up (~{RAY_START_S:.0f} s) is {RAY_START_SHARE:.0%} of a build on "
+                f"{cpus} CPUs"
+            )
 
     def start_while(self, plan: Callable[[], T]) -> T:
         """Start the executor while `plan()` runs; returns what `plan()` returns.

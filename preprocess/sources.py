@@ -10,6 +10,7 @@ a tree to `preprocess.tree`, a list file to `preprocess.list_file` and a URL to
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -30,11 +31,22 @@ def list_sources(input_path: str) -> list[SourceItem]:
     return scan_sources(input_path).items
 
 
+log = logging.getLogger(__name__)
+
+# A class tree whose largest class holds more than this many times the images of its
+# smallest gets a warning: usually a folder of stray files or an unfinished copy.
+UNEQUAL_CLASSES = 10
+
+
 def scan_sources(
-    input_path: str, confine: bool = False, columns: InputColumns | None = None
+    input_path: str,
+    confine: bool = False,
+    columns: InputColumns | None = None,
+    *,
+    input_root: str | None = None,
 ) -> Listing:
     """`stream_sources`, with every input held in `items`: for small inputs and tests."""
-    listing, items = stream_sources(input_path, confine, columns)
+    listing, items = stream_sources(input_path, confine, columns, input_root=input_root)
     listing.items = sorted(items, key=_sort_key)
     return listing
 
@@ -45,6 +57,7 @@ def stream_sources(
     columns: InputColumns | None = None,
     *,
     storage_options: Mapping[str, Any] | None = None,
+    input_root: str | None = None,
 ) -> tuple[Listing, Iterator[SourceItem]]:
     """The inputs of a build, one at a time, and the account of every other tree entry.
 
@@ -57,6 +70,8 @@ def stream_sources(
             whose extra values the loader would refuse is left out as a refused input
             (`LeftOut` with the loader's skip reason), never planned.
         storage_options: fsspec options for an input in an object store (`iter_remote`).
+        input_root: what a local list file's paths are keyed relative to
+            (`preprocess.list_file.ListRoot`); refused for a tree or a remote input.
 
     Raises:
         InputError: a malformed manifest or escaping paths (while iterating), no
@@ -65,6 +80,12 @@ def stream_sources(
         FileNotFoundError: the input does not exist (at once).
     """
     columns = columns or InputColumns()
+    if input_root is not None and (is_remote(input_path) or Path(input_path).is_dir()):
+        raise InputError(
+            f"--input-root {input_root} keys the paths of a local list file; input "
+            f"{redact_url(input_path)} is not one (a tree's keys are relative to its root); "
+            "leave --input-root out"
+        )
     if is_remote(input_path):
         listing = Listing([])
         _check_tree_columns(input_path, columns, is_list_file_url(input_path))
@@ -78,7 +99,7 @@ def stream_sources(
         raise FileNotFoundError(f"input {input_path} does not exist; check --input")
     _check_tree_columns(input_path, columns, not path.is_dir())
     if path.is_dir():
-        scan = TreeScan(os.path.realpath(path), confine)
+        scan = TreeScan(os.path.realpath(path), confine, classes=columns.label != "none")
         listing = Listing(
             [],
             scan.root,
@@ -90,7 +111,8 @@ def stream_sources(
         return listing, _account(input_path, listing, items, scan)
     if path.suffix.lower() in MANIFEST_SUFFIXES:
         listing = Listing([], str(path.resolve().parent))
-        return listing, _account(input_path, listing, iter_manifest(path, listing, columns))
+        rows = iter_manifest(path, listing, columns, input_root=input_root, confine=confine)
+        return listing, _account(input_path, listing, rows)
     raise InputError(
         f"input {input_path} is neither a directory nor a manifest "
         f"({', '.join(MANIFEST_SUFFIXES)}); pass an ImageFolder root or a list file"
@@ -102,8 +124,11 @@ def _account(
 ) -> Iterator[SourceItem]:
     """Pass `items` through; at the end, complete `listing` and refuse an empty input."""
     count = 0
+    classes: Counter = Counter()
     for item in items:
         count += 1
+        if scan is not None and isinstance(item.label, str):
+            classes[item.label] += 1
         yield item
     if scan is not None:
         listing.links_followed = scan.links
@@ -112,8 +137,46 @@ def _account(
         refused = Counter(entry.reason for entry in listing.refused)
         why = f" ({', '.join(f'{r}: {n}' for r, n in sorted(refused.items()))} refused)"
         raise InputError(
-            f"no images found under {input_path}{why if refused else ''}; an "
-            "ImageFolder root holds one directory per class with image files in it"
+            f"no images found under {input_path}{why if refused else ''}; " + _no_classes_hint(scan)
+        )
+    if classes:
+        warn_class_balance(input_path, classes)
+
+
+def _no_classes_hint(scan: TreeScan | None) -> str:
+    """What to do about an input with no inputs: the flag for a flat folder of images."""
+    if scan is not None and scan.root_images:
+        return (
+            f"{scan.root_images} images sit directly under the root, which has no class "
+            "folders; pass --label none to build them without classes, or put them in one "
+            "folder per class, or list them with their classes in a CSV (path,label)"
+        )
+    return "an ImageFolder root holds one directory per class with image files in it"
+
+
+def warn_class_balance(input_path: str, classes: Counter) -> None:
+    """One warning line for a tree with one class, or with very unequal classes."""
+    if len(classes) == 1:
+        (name,) = classes
+        log.warning(
+            "input %s has one class folder (%s, %d images): every sample gets label 0; "
+            "pass --label none for data without classes",
+            input_path,
+            name,
+            classes[name],
+        )
+        return
+    (large, most), (small, least) = classes.most_common()[0], classes.most_common()[-1]
+    if most > UNEQUAL_CLASSES * least:
+        log.warning(
+            "input %s has very unequal classes: %s holds %d images, %s only %d (over %dx); "
+            "check for stray or unfinished folders",
+            input_path,
+            large,
+            most,
+            small,
+            least,
+            UNEQUAL_CLASSES,
         )
 
 

@@ -61,7 +61,8 @@ class TreeScan:
 
     `root/<class>/.../<file>`: the class is the first directory level. Files with
     an image suffix are inputs. Hidden entries, other suffixes and files directly
-    under the root are counted; names that are not UTF-8, loops, unreadable
+    under the root are counted (without `classes`, `--label none`, files directly under
+    the root are inputs too: a flat folder builds); names that are not UTF-8, loops, unreadable
     directories and non-regular files are left out and named. Only the root's
     entries (the classes) are sorted; a directory's entries are read as they come,
     so a flat directory of millions of files streams too.
@@ -73,9 +74,11 @@ class TreeScan:
     links pay for a `realpath`.
     """
 
-    def __init__(self, root: str, confine: bool) -> None:
+    def __init__(self, root: str, confine: bool, classes: bool = True) -> None:
         self.root = root
         self.confine = confine
+        self.classes = classes
+        self.root_images = 0  # image files directly under the root (no class)
         self.left_out: list[LeftOut] = []
         self.ignored: Counter = Counter()
         self.suffixes: Counter = Counter()
@@ -94,10 +97,16 @@ class TreeScan:
                 f"cannot list the input root {self.root}: {error.strerror}; check its permissions"
             ) from error
         for entry in entries:
-            if is_hidden(entry.name):
+            if not self.classes:  # `--label none`: a flat folder, or any tree, without classes
+                item = self._visit(entry, "", None, (self.root,))
+                if item is not None:
+                    yield item
+                yield from self._drain()
+            elif is_hidden(entry.name):
                 self.ignored["hidden"] += 1
             elif not _is_dir(entry):
                 self.ignored["no_class"] += 1
+                self.root_images += file_suffix(entry.name) in IMAGE_SUFFIXES
             elif not is_utf8(entry.name):
                 self.leave_out(entry.name, "bad_name", _BAD_NAME_DIR, False)
             else:
@@ -108,6 +117,10 @@ class TreeScan:
     ) -> Iterator[SourceItem]:
         """The inputs below the directory `entry` (a class directory, or one below it)."""
         self._push(entry, rel, chain, label)
+        yield from self._drain()
+
+    def _drain(self) -> Iterator[SourceItem]:
+        """The inputs below the directories pushed and not walked yet."""
         while self.pending:
             path, dir_rel, dir_label, dir_chain = self.pending.pop()
             try:
@@ -144,7 +157,7 @@ class TreeScan:
         self.pending.append((entry.path, rel, label, (*chain, real)))
 
     def _visit(
-        self, entry: os.DirEntry, rel: str, label: str, chain: tuple[str, ...]
+        self, entry: os.DirEntry, rel: str, label: str | None, chain: tuple[str, ...]
     ) -> SourceItem | None:
         """The input `entry` is, or None (after pushing a directory or accounting for it)."""
         name = entry.name
@@ -153,7 +166,7 @@ class TreeScan:
             return None
         if _is_dir(entry):
             if not is_utf8(name):
-                self.leave_out(f"{rel}/{name}", "bad_name", _BAD_NAME_DIR, False)
+                self.leave_out(_joined(rel, name), "bad_name", _BAD_NAME_DIR, False)
             else:
                 self._push(entry, rel, chain, label)
             return None
@@ -162,7 +175,7 @@ class TreeScan:
             self.ignored["other_suffix"] += 1
             self.suffixes[suffix] += 1
             return None
-        child_rel = f"{rel}/{name}"
+        child_rel = _joined(rel, name)
         if not is_utf8(name):
             self.leave_out(child_rel, "bad_name", _BAD_NAME, True)
             return None
@@ -172,6 +185,11 @@ class TreeScan:
             return None
         self.links += entry.is_symlink()
         return SourceItem(entry.path, child_rel, label)
+
+
+def _joined(rel: str, name: str) -> str:
+    """`name` below the tree path `rel` (`""`: the root)."""
+    return f"{rel}/{name}" if rel else name
 
 
 def _not_a_file(entry: os.DirEntry) -> tuple[str, str] | None:

@@ -1,26 +1,45 @@
-"""`preprocess verify` and `preprocess info`: check a shard directory against its manifest.
+"""`preprocess verify` and `preprocess info`: check shards against their manifest, or as found.
 
 Verify recomputes every file's size and sha256, reads every sample of every shard
 through the same readers the loader uses, and judges each sample as the loader
 would (`shards.imagedata.check_image`: the format allowlist, the pixel cap, a full
 decode), so a dataset it passes is read without a skip, and one it fails lists
 exactly what the loader will skip. It also checks that the formats hold the same
-keys and labels. Shard-level problems name the first bad shard.
+keys and labels. Shard-level problems name the first bad shard. Shards we did not
+build (no manifest.json: img2dataset, webdataset's `ShardWriter`) are read the same way
+and reported as found: shards, samples, the members each holds, decode failures.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shards.errors import DataError, ShardError
-from shards.formats import get_format
+from shards.formats import FORMAT_NAMES, get_format
 from shards.imagedata import check_image
 from shards.io import file_sha256
-from shards.manifest import LAYOUT_FLAT, Manifest, ShardInfo, format_dir, read_manifest
+from shards.manifest import (
+    LAYOUT_FLAT,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    format_dir,
+    read_manifest,
+)
+from shards.manifest.foreign import (
+    MEMBER_KINDS,
+    is_indexed,
+    local_shards,
+    members_line,
+    survey_shard,
+)
 from shards.sample import (
+    ALLOWED_FIELDS,
     DEFAULT_FIELDS,
+    IMAGE_FIELDS,
     Field,
     SampleError,
     check_class_range,
@@ -43,11 +62,117 @@ class VerifyReport:
     samples: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> samples the loader skips
     examples: list[str] = field(default_factory=list)
+    # Shards without our manifest only: their format, folder and the members seen.
+    foreign: str | None = None
+    folder: str = ""
+    members: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        """The one line `preprocess verify` prints when nothing would be skipped."""
+        if self.foreign is None:
+            return f"{self.shards} shards, {self.files} files, {self.samples} samples"
+        return (
+            f"{self.shards} {self.foreign} shards without a manifest, {self.samples} samples; "
+            f"members: {members_line(self.members, self.samples)}; decode failures: "
+            f"{sum(self.skipped.values()) or 'none'}; run `preprocess index {self.folder}` "
+            "to save the counts"
+        )
 
     def record_skip(self, file_name: str, key: str, error: SampleError) -> None:
         self.skipped[error.reason] += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(f"{file_name} sample {key}: {error}")
+
+
+def manifest_directory(source: str) -> Path | None:
+    """The directory of the manifest `source` names or holds (a `by_format` output's
+    format folder names the output's), None when there is none (shards we did not build)."""
+    path = Path(source)
+    if path.suffix == ".json" and path.is_file():
+        return path.parent
+    if not path.is_dir():
+        return None
+    if (path / MANIFEST_NAME).exists():
+        return path
+    if path.resolve().name in FORMAT_NAMES and (path.resolve().parent / MANIFEST_NAME).exists():
+        return path.resolve().parent
+    return None
+
+
+def verify_source(source: str, check_images: bool = True, fmt: str | None = None) -> VerifyReport:
+    """`verify_directory` for a dataset with a manifest, else `verify_foreign` of its shards.
+
+    Raises:
+        VerifyError: as `verify_directory` (for shards without a manifest: a malformed
+            shard, or samples the loader would skip).
+        UsageError, FileNotFoundError: `source` names no shards (`local_shards`).
+    """
+    directory = manifest_directory(source)
+    if directory is not None:
+        return verify_directory(directory, check_images)
+    found, paths = local_shards(source, fmt)
+    return verify_foreign(paths, found, check_images)
+
+
+def verify_foreign(paths: list[str], fmt: str, check_images: bool = True) -> VerifyReport:
+    """Read every sample of shards we did not build and judge each member it holds as the
+    loader reads it (images decoded, text, JSON, class ids); a skip is a decode failure.
+
+    Raises:
+        VerifyError: a shard is malformed (named), or some samples would be skipped (the
+            message counts them by reason, names the first few and the members seen).
+    """
+    report = VerifyReport(foreign=fmt, folder=common_folder(paths))
+    for path in paths:
+        report.samples += verify_foreign_shard(path, fmt, check_images, report)
+        report.shards += 1
+        report.files += 1
+    if report.skipped:
+        total = sum(report.skipped.values())
+        reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
+        raise VerifyError(
+            f"{total} of {report.samples} samples in {report.shards} {fmt} shards would be "
+            f"skipped by the loader ({reasons}); e.g. {'; '.join(report.examples)}. Members: "
+            f"{members_line(report.members, report.samples)}"
+        )
+    return report
+
+
+def verify_foreign_shard(path: str, fmt: str, check_images: bool, report: VerifyReport) -> int:
+    """One shard without a manifest, judged sample by sample; returns its sample count."""
+    name, samples, fields = os.path.basename(path), 0, {}
+    try:
+        with open(path, "rb") as stream:
+            for sample in get_format(fmt).iter_samples(stream, path, fields=ALLOWED_FIELDS):
+                samples += 1
+                held = frozenset(key for key in sample if not key.startswith("__"))
+                report.members.update(held)
+                if held not in fields:
+                    fields[held] = member_fields(held)
+                judged = judge_sample(sample, check_images, fields[held])
+                if isinstance(judged, SampleError):
+                    report.record_skip(name, sample["__key__"], judged)
+    except ShardError as error:
+        raise VerifyError(f"{name}: {error.reason}: {error.detail}") from error
+    return samples
+
+
+def member_fields(members: frozenset[str]) -> tuple[Field, ...]:
+    """The fields that read each member a sample holds, as the kind the loader reads it."""
+    fields = []
+    image = next((name for name in IMAGE_FIELDS if name in members), None)
+    if image is not None:
+        fields.append(Field("image", "image", image))
+    for member in sorted(members):
+        kind = MEMBER_KINDS.get(member)
+        if kind is not None and kind != "image":
+            fields.append(Field(member, kind, member))
+    return tuple(fields)
+
+
+def common_folder(paths: list[str]) -> str:
+    """The folder holding every path (what `preprocess index` takes)."""
+    return os.path.commonpath([os.path.dirname(path) for path in paths]) if paths else ""
 
 
 def verify_directory(directory: str | Path, check_images: bool = True) -> VerifyReport:
@@ -189,13 +314,52 @@ def judge_sample(
     return tuple(values)
 
 
+def describe_foreign(paths: list[str], fmt: str) -> str:
+    """Shards we did not build, as one reading pass finds them (no decode, no checksum)."""
+    surveys = [survey_shard(path, fmt, checksum=False) for path in paths]
+    members = sum((survey.members for survey in surveys), Counter())
+    samples = [survey.samples for survey in surveys]
+    total = sum(samples)
+    folder = common_folder(paths)
+    lines = [
+        f"shards without a manifest: {len(paths)} {fmt} shards in {folder} (not built by "
+        "preprocess build-shards; counted by reading them)",
+        f"samples: {total} ({min(samples)} to {max(samples)} a shard)",
+        f"members: {members_line(members, total)}",
+        class_line([], "single" if any(members[n] == total for n in ("cls", "label")) else "none"),
+        f"bytes: {fmt} {human_bytes(sum(survey.bytes for survey in surveys))}",
+        f"run `preprocess index {folder}` to save the counts as a manifest (exact epochs, "
+        "equal batches, resume)",
+    ]
+    return "\n".join(lines)
+
+
+def class_line(classes: list[str], label: str) -> str:
+    """`classes: 4 (cat, dog, ...)`, or `no classes (label-free)`."""
+    if not classes:
+        return "no classes (label-free)" if label == "none" else "classes: unnamed (class ids)"
+    more = ", ..." if len(classes) > 8 else ""
+    return f"classes: {len(classes)} ({', '.join(classes[:8])}{more})"
+
+
 def describe(manifest: Manifest) -> str:
     """The manifest summary printed by `preprocess info`."""
+    label = (manifest.fields or {}).get("label", "single")
     lines = [
-        f"classes: {len(manifest.classes)} ({', '.join(manifest.classes[:8])}{', ...' if len(manifest.classes) > 8 else ''})",
+        class_line(manifest.classes, label),
         f"image field: {manifest.image_field}    formats: {', '.join(manifest.formats)}",
-        f"inputs: {manifest.inputs}    written: {manifest.written}    skipped: {sum(manifest.skipped.values())}",
     ]
+    if is_indexed(manifest):
+        members = Counter(manifest.config["indexed"].get("members", {}))
+        lines.append(
+            "indexed by `preprocess index` (shards not built here): members: "
+            f"{members_line(members, manifest.written)}"
+        )
+    else:
+        lines.append(
+            f"inputs: {manifest.inputs}    written: {manifest.written}    "
+            f"skipped: {sum(manifest.skipped.values())}"
+        )
     for reason, count in sorted(manifest.skipped.items()):
         lines.append(f"  skipped {reason}: {count}")
     suffixes = manifest.left_out_suffixes

@@ -1,10 +1,11 @@
-"""Index files other tools read beside the manifest: timm's `_info.json` and wids indexes.
+"""Index files other tools read beside the manifest: timm's `_info.json`, wids indexes
+and open_clip's `sizes.json`.
 
-Both are made from the manifest alone (its per-shard counts, sizes and names), so
+All are made from the manifest alone (its per-shard counts, sizes and names), so
 `preprocess build-shards` writes them right after the manifest and `preprocess
 index` rewrites them for an existing output without opening a shard. They describe
-the tar shards, the format both tools read; names are relative to the output
-directory, where the files live. The same manifest gives the same bytes.
+the tar shards, the format these tools read; names are relative to the output
+directory. The same manifest gives the same bytes.
 
 * `_info.json` (timm's `ReaderWds`): `splits.<name>` with `name`, `num_samples`,
   `filenames` (one entry per shard, joined to timm's `root`) and `shard_lengths`,
@@ -12,12 +13,19 @@ directory, where the files live. The same manifest gives the same bytes.
   timm's default name for it, so `--val-split` need not be given.
 * `<split>.wids.json` (wids' `ShardListDataset`): `wids_version` 1 and a
   `shardlist` of `{url, nsamples, filesize}`, URLs relative to the index file.
+* `sizes.json` (open_clip's `get_dataset_size`, so `--train-num-samples` need not be
+  given): `{shard base name: samples}` for every split's tar shards, written in the
+  directory that holds them (`tar/`, or the output itself in the flat layout), since
+  open_clip opens `sizes.json` beside the first shard of `--train-data` and looks each
+  shard up by its base name. None goes into `parquet/`: pyarrow and polars open that
+  directory by its path and refuse a file in it that is not Parquet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
@@ -27,8 +35,9 @@ from shards.manifest import Manifest
 
 INFO_NAME = "_info.json"
 WIDS_SUFFIX = ".wids.json"
-CLIENT_FORMAT = "tar"  # the format timm and wids read
+CLIENT_FORMAT = "tar"  # the format timm, wids and open_clip read
 TIMM_VALIDATION = "validation"  # timm's default `--val-split`
+SIZES_NAME = "sizes.json"  # the name open_clip looks for beside the shards
 _PLAIN_SPLIT = re.compile(r"[A-Za-z0-9_-]{1,64}").fullmatch
 
 
@@ -41,7 +50,10 @@ def wids_index_name(split: str) -> str:
 
 def is_client_file(name: str) -> bool:
     """True for names this module writes (what `--overwrite` clears with a build)."""
-    return name == INFO_NAME or ("/" not in name and name.endswith(WIDS_SUFFIX))
+    directory, _, base = name.rpartition("/")
+    if base == SIZES_NAME:
+        return directory in ("", CLIENT_FORMAT)  # flat, or the by_format tar directory
+    return name == INFO_NAME or (not directory and name.endswith(WIDS_SUFFIX))
 
 
 def timm_info(manifest: Manifest) -> dict[str, Any] | None:
@@ -89,6 +101,27 @@ def wids_index(manifest: Manifest, split: str) -> dict[str, Any] | None:
     }
 
 
+def open_clip_sizes(manifest: Manifest) -> dict[str, dict[str, int]]:
+    """open_clip's size files: `{path of a sizes.json: {shard base name: samples}}`.
+
+    One file per directory holding tar shards, listing the shards of every split there
+    (so `--train-data` and `--val-data` both find their counts); empty without tar shards.
+    Base names cannot collide within a directory, as each shard's name is unique.
+    """
+    if CLIENT_FORMAT not in manifest.formats:
+        return {}
+    by_directory: dict[str, dict[str, int]] = {}
+    for split in sorted(manifest.splits):
+        table = manifest.shard_table(split, CLIENT_FORMAT)
+        for name, samples in zip(table.names(CLIENT_FORMAT), table.samples, strict=True):
+            directory, _, base = name.rpartition("/")
+            by_directory.setdefault(directory, {})[base] = int(samples)
+    return {
+        posixpath.join(directory, SIZES_NAME): dict(sorted(sizes.items()))
+        for directory, sizes in sorted(by_directory.items())
+    }
+
+
 def client_files(manifest: Manifest) -> list[tuple[str, bytes]]:
     """`(name, bytes)` of every client file for `manifest`, deterministic."""
     files = []
@@ -99,6 +132,8 @@ def client_files(manifest: Manifest) -> list[tuple[str, bytes]]:
         index = wids_index(manifest, split)
         if index is not None:
             files.append((wids_index_name(split), _encode(index)))
+    for name, sizes in open_clip_sizes(manifest).items():
+        files.append((name, _encode(sizes)))
     return files
 
 
@@ -109,7 +144,9 @@ def write_client_files(target: str | Path | OutputStore, manifest: Manifest) -> 
         if isinstance(target, OutputStore):
             target.write_bytes_atomic(name, data)
         else:
-            atomic_write_bytes(Path(target) / name, data)
+            path = Path(target) / name
+            path.parent.mkdir(parents=True, exist_ok=True)  # `tar/` of an index-only copy
+            atomic_write_bytes(path, data)
     return [name for name, _ in files]
 
 

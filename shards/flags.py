@@ -19,6 +19,7 @@ from dataclasses import MISSING, fields
 from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from shards.errors import ShardpipeError, UsageError
+from shards.redact import redact_url
 
 
 def about(
@@ -394,7 +395,7 @@ def config_from_args(cls: type, namespace: argparse.Namespace) -> Any:
     """The config `cls` from parsed flags (its groups built from their own flags).
 
     Raises:
-        ValueError: from the config's own checks (`__post_init__`); a group's refusal
+        UsageError: from the config's own checks (`__post_init__`); a group's refusal
             names the flag (`--batch-size must be at least 1, got 0`).
     """
     dests = {spec.path: spec.dest for spec in flag_specs(cls)}
@@ -423,6 +424,41 @@ def build_from_flags(
         if dest is None:
             raise
         raise error.spelled(f"--{flag_name(dest)}") from error
+
+
+def changed_flags(cls: type, config: Any) -> dict[str, list[str]]:
+    """`{--help section: ["--epochs 3", "--no-progress", ...]}`: the flags whose value in
+    `config` (a `cls`) is not the default, as a user would type them.
+
+    What a log needs to say how one run differs from a plain one; every value is in
+    the run's stored config. Text values are redacted (a URL may carry a credential).
+    """
+    defaults = flat_defaults(cls, default_values(cls))
+    out: dict[str, list[str]] = {}
+    for spec in flag_specs(cls):
+        value = config
+        for name in spec.path:
+            value = getattr(value, name)
+        if spec.dest not in defaults or value != defaults[spec.dest]:
+            out.setdefault(spec.section, []).append(flag_text(spec.dest, value))
+    return out
+
+
+def flag_text(dest: str, value: Any, width: int = 80) -> str:
+    """`--epochs 3`, `--channels-last`, `--no-progress`, `--warmup-steps none`; a value
+    longer than `width` characters keeps its start and end."""
+    name = flag_name(dest)
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    if value is None:
+        text = "none"
+    elif isinstance(value, tuple):
+        text = ",".join(str(item) for item in value)
+    else:
+        text = redact_url(value) if isinstance(value, str) else str(value)
+    if len(text) > width:
+        text = f"{text[: width // 2 - 2]}...{text[-(width // 2 - 1) :]}"
+    return f"--{name} {text}"
 
 
 def field_default(f: dataclasses.Field) -> Any:
@@ -464,16 +500,21 @@ class CommandParser(argparse.ArgumentParser):
 
     Flags are never abbreviated (argparse's `allow_abbrev` would read `--epoch 1` as
     `--epochs 1`, and a new flag could silently change what an old command line
-    means); an unknown flag's error suggests the closest real one.
+    means); an unknown flag's error suggests the closest real one, and so does an
+    unknown command's when the parser has `commands` (the words its first argument
+    may be).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, commands: Sequence[str] = (), **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.commands = tuple(commands)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
-        namespace, extras = self.parse_known_args(args, namespace)
+        words = sys.argv[1:] if args is None else list(args)
+        check_command_word(self, words, self.commands)
+        namespace, extras = self.parse_known_args(words, namespace)
         if extras:
             # The subcommand's parser knows the flags a misspelling was meant for.
             parser = getattr(namespace, "parser", self)
@@ -496,6 +537,25 @@ def unrecognized_message(parser: argparse.ArgumentParser, extras: Sequence[str])
     return message
 
 
+def check_command_word(
+    parser: argparse.ArgumentParser, words: Sequence[str], commands: Sequence[str]
+) -> None:
+    """Refuse a first argument that is neither a flag nor one of `commands` (exit 2).
+
+    argparse's own refusal lists the choices but names no near one, and a CLI whose
+    command is optional (`train`) would call a mistyped one an unrecognized argument.
+    """
+    if commands and words and not words[0].startswith("-") and words[0] not in commands:
+        parser.error(unknown_command_message(words[0], commands))
+
+
+def unknown_command_message(word: str, commands: Sequence[str]) -> str:
+    """`unknown command 'verfy' (did you mean verify?); the commands are ...`."""
+    close = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {word!r}{hint}; the commands are {', '.join(commands)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One subcommand: its options dataclass (flags made by `add_config_flags`) and its runner.
@@ -516,7 +576,8 @@ def build_command_parser(
     prog: str, description: str, epilog: str, commands: Sequence[Command]
 ) -> CommandParser:
     """A `PROG COMMAND [flags]` parser with `--version`, one subparser per command."""
-    parser = CommandParser(prog=prog, description=description, epilog=epilog)
+    names = [command.name for command in commands]
+    parser = CommandParser(prog=prog, description=description, epilog=epilog, commands=names)
     add_version_flag(parser)
     # dest: what a missing command is called in the one-line error.
     subparsers = parser.add_subparsers(required=True, title="commands", dest="COMMAND")
@@ -573,12 +634,12 @@ def parse_command(
     """`(command, options, args)`; a value the options refuse is a usage error (exit 2).
 
     Only the options' own checks run here (their `__post_init__`), which refuse with a
-    `SettingError` (a `UsageError`) or, in older checks, a plain `ValueError`: both are
-    the command line's fault, and nothing else runs inside this `try`.
+    `UsageError` (`SettingError` names the flag); any other exception from them is a
+    bug and keeps its traceback.
     """
     args = parser.parse_args(argv)
     try:
         options = config_from_args(args.command.options, args)
-    except ValueError as error:
+    except UsageError as error:
         args.parser.error(str(error))
     return args.command, options, args

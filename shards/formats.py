@@ -8,7 +8,9 @@ signature and one contract:
   the samples with index in `[start, stop)` as `Sample` dicts holding `__key__`,
   `__url__` (redacted) and the requested `fields` that the sample has; other fields
   are passed over unread. A sample is a tar key group with at least one allowlisted
-  member, or a Parquet row. `stop=None` reads to `declared` (when given) or the end.
+  member, or a Parquet row. `fields` may name members beyond the allowlist (a
+  `shards.sample.Field` mapping `caption`, say): they are read when present, decoded
+  by the loader only as their field's kind, and never change what counts as a sample. `stop=None` reads to `declared` (when given) or the end.
 * A problem confined to one sample makes it a sample with `__error__` (a `SampleError`):
   one counted skip. A problem with the shard raises `ShardError`, after every good
   sample before it was yielded. A shard that ends before `stop` raises `shard_short`;
@@ -16,6 +18,8 @@ signature and one contract:
   are out (its extra samples are never read).
 * `count_samples(stream, url, limits)` counts samples the same way, reading headers
   or the footer only.
+* `list_members(stream, url, limits)` names what the samples hold, for messages: the
+  first sample's members (tar) or the file's columns (Parquet), headers or footer only.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 from shards import parquet, tar
-from shards.errors import ReadLimits
+from shards.errors import ReadLimits, UsageError
 from shards.redact import redact_url
 from shards.sample import Sample
 
@@ -59,6 +63,9 @@ class ShardFormat:
             skipped), others ignore them.
         iter_samples: the reader; see the module docstring for its contract.
         count_samples: `(stream, url, limits) -> int`, headers or footer only.
+        list_members: `(stream, url, limits) -> tuple[str, ...]`: the member names of
+            the first sample (tar) or the columns (Parquet), headers or footer only;
+            what a message names when a field reads a member the samples lack.
         sample_bytes: `(sample) -> int`, the bytes one sample adds to a file of this
             format (exact for tar; the payload for Parquet), for sizing shards.
         file_overhead_bytes: the least a file of this format adds beyond its samples
@@ -72,6 +79,7 @@ class ShardFormat:
     open_writer: Callable[..., ShardWriter]
     iter_samples: Callable[..., Iterator[Sample]]
     count_samples: Callable[[Any, str, ReadLimits], int]
+    list_members: Callable[[Any, str, ReadLimits], tuple[str, ...]]
     sample_bytes: Callable[[Sample], int]
     file_overhead_bytes: int = 0
 
@@ -133,6 +141,7 @@ TAR = ShardFormat(
     open_writer=_tar_writer,
     iter_samples=tar.iter_tar_samples,
     count_samples=tar.count_tar_samples,
+    list_members=tar.first_sample_members,
     sample_bytes=_tar_sample_bytes,
     file_overhead_bytes=2 * tar.BLOCK,
 )
@@ -144,6 +153,7 @@ PARQUET = ShardFormat(
     open_writer=_parquet_writer,
     iter_samples=parquet.iter_parquet_samples,
     count_samples=parquet.count_parquet_samples,
+    list_members=parquet.column_names,
     sample_bytes=_payload_bytes,
 )
 FORMATS: dict[str, ShardFormat] = {fmt.name: fmt for fmt in (TAR, PARQUET)}
@@ -159,7 +169,7 @@ def get_format(name: str) -> ShardFormat:
     try:
         return FORMATS[name]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise UsageError(
             f"unknown shard format {name!r}; known formats: {', '.join(FORMAT_NAMES)}"
         ) from None
 
@@ -176,7 +186,7 @@ def format_of_url(url: str) -> ShardFormat:
         if path.lower().endswith(fmt.suffix):
             return fmt
     suffixes = ", ".join(fmt.suffix for fmt in FORMATS.values())
-    raise ValueError(
+    raise UsageError(
         f"cannot tell the shard format of {redact_url(url)!r}: its path must end in one of "
         f"{suffixes}; pass a manifest.json or its directory to read a dataset"
     )

@@ -12,15 +12,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from shards.errors import DataError, MemberCap
+from shards.errors import DataError, MemberCap, UsageError
 
-# Field names a shard may carry. Anything else is ignored by our readers, so a
-# planted `.pkl` or `.pth` member is never even read, let alone unpickled. Image
+# Field names a shard may carry: a tar key group holding one of them is a sample, and
+# these are what readers read unless a `Field` names another member (`source=`,
+# `check_member_name`). Members nothing asks for are passed over unread. Image
 # fields are tried in this order: ours first, then the names other writers use
 # (webdataset's `ShardWriter` and img2dataset write `jpeg`, HF Parquet `image`).
 IMAGE_FIELDS = ("jpg", "webp", "png", "jpeg", "image")
@@ -32,6 +33,16 @@ ALLOWED_FIELDS = frozenset((*IMAGE_FIELDS, *LABEL_FIELDS, "json", "txt", "labels
 
 Sample = dict  # {"__key__": str, "__url__": str, field: bytes, ...}
 
+# Members that hold pickles, or may (`np.load(allow_pickle=True)` reads object arrays
+# from `.npy`/`.npz`): webdataset's decoders unpickle `.pyd` and `.pickle` and
+# `torch.load` a `.pth`. No reader ever reads them, whatever a `Field` names, so their
+# bytes never reach a transform or a user's stage that might decode them by name.
+PICKLE_MEMBERS = frozenset(("pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib", "npy", "npz"))
+# A member (tar: the name after the key's dot; Parquet: a column) a `Field` may name:
+# no dot (webdataset splits a member name at its first dot, so `a.b.jpg` is key `a`
+# with field `b.jpg`), no slash or other path character, no leading `_` (the sample
+# dict's own `__key__`, `__url__`, `__error__`).
+_MEMBER_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_LABEL_DIGITS = 18  # fits int64; anything longer is garbage, not a class index
 
@@ -60,6 +71,44 @@ def check_key(key: str) -> str:
     if not _KEY_PATTERN.match(key):
         raise ValueError(f"invalid sample key {key!r}: use 1-128 characters of [A-Za-z0-9_-]")
     return key
+
+
+def check_member_name(name: object) -> str:
+    """Return `name` if a reader may read the member (tar) or column (Parquet) it names.
+
+    Any name of up to 64 characters of `[A-Za-z0-9_-]`, starting with a letter or
+    digit, except the pickle-bearing `PICKLE_MEMBERS` (in any case). Readers read a
+    member only as bytes (a Parquet cell as bytes, a number or an id list's JSON) and
+    `field_value` decodes it only as its field's kind, so no name makes a member code.
+
+    Raises:
+        UsageError: naming the member and what a member name may be.
+    """
+    if not isinstance(name, str) or not _MEMBER_PATTERN.match(name):
+        raise UsageError(
+            f"{name!r} is not a readable member name: use 1-64 characters of [A-Za-z0-9_-] "
+            "starting with a letter or digit (no dots: a tar member `KEY.a.b` is field `a.b` "
+            "of key KEY, which no reader reads; no leading `_`: `__key__` and its kin are "
+            "the sample's own entries)"
+        )
+    if name.lower() in PICKLE_MEMBERS:
+        raise UsageError(
+            f"member {name!r} may hold a pickle ({', '.join(sorted(PICKLE_MEMBERS))} are never "
+            "read): store the value as text, JSON or an image instead"
+        )
+    return name
+
+
+def mapped_members(fields: Iterable[str]) -> frozenset[str]:
+    """The members of `fields` beyond the allowlist (`ALLOWED_FIELDS`), each checked.
+
+    For readers: these are read when asked for, but never make a group of tar members a
+    sample, so a shard's sample count does not depend on what is read.
+
+    Raises:
+        UsageError: a name `check_member_name` refuses.
+    """
+    return frozenset(check_member_name(name) for name in fields if name not in ALLOWED_FIELDS)
 
 
 def image_field_of(sample: Sample, fields: Sequence[str] = IMAGE_FIELDS) -> str:
@@ -143,8 +192,12 @@ class Field:
             `text` (UTF-8 str), `json` (a JSON object as a dict), `multi_label` (a
             JSON list of class ids in `[0, num_classes)`, collated multi-hot) or
             `weight` (a finite JSON number >= 0, collated to float32).
-        source: the sample members tried in order (default: `DEFAULT_SOURCES[kind]`);
-            each must be an allowlisted field (`ALLOWED_FIELDS`).
+        source: the sample members (tar) or columns (Parquet) tried in order
+            (default: `DEFAULT_SOURCES[kind]`): any name `check_member_name` takes, e.g.
+            `source="caption"` for img2dataset's Parquet; an image field reads one of
+            `IMAGE_FIELDS`, the members a sample is found by. A member is decoded only
+            as this field's kind, never unpickled, and pickle-bearing names
+            (`PICKLE_MEMBERS`) are refused.
         key: for `json`, `multi_label` and `weight`: take this key of the JSON
             object the member holds (e.g. `source="json", key="tags"`).
         num_classes: `multi_label` only: the width of the multi-hot target.
@@ -169,32 +222,40 @@ class Field:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a field's name must be a non-empty string, got {self.name!r}")
+            raise UsageError(f"a field's name must be a non-empty string, got {self.name!r}")
         if self.kind not in FIELD_KINDS:
-            raise ValueError(
+            raise UsageError(
                 f"field {self.name!r}: kind {self.kind!r} is not one of {', '.join(FIELD_KINDS)}"
             )
-        source = (self.source,) if isinstance(self.source, str) else tuple(self.source)
-        source = source or DEFAULT_SOURCES[self.kind]
-        unknown = [name for name in source if name not in ALLOWED_FIELDS]
-        if unknown:
-            raise ValueError(
-                f"field {self.name!r}: {unknown} are not readable shard fields; readers only "
-                f"read {', '.join(sorted(ALLOWED_FIELDS))}"
-            )
-        object.__setattr__(self, "source", source)  # frozen: normalise once, here
+        object.__setattr__(self, "source", self._checked_source())  # frozen: normalise once
         if (self.kind == "multi_label") != (self.num_classes is not None):
-            raise ValueError(f"field {self.name!r}: num_classes is for multi_label fields only")
+            raise UsageError(f"field {self.name!r}: num_classes is for multi_label fields only")
         if self.num_classes is not None and (
             not isinstance(self.num_classes, int) or self.num_classes < 1
         ):
-            raise ValueError(f"field {self.name!r}: num_classes must be a positive integer")
+            raise UsageError(f"field {self.name!r}: num_classes must be a positive integer")
         if self.key is not None and self.kind not in ("json", "multi_label", "weight"):
-            raise ValueError(f"field {self.name!r}: key is for json, multi_label, weight fields")
+            raise UsageError(f"field {self.name!r}: key is for json, multi_label, weight fields")
         if self.transform is not None and self.kind == "image":
-            raise ValueError("the image's transform is LoaderConfig.transform")
+            raise UsageError("the image's transform is LoaderConfig.transform")
         if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
-            raise ValueError(f"field {self.name!r}: max_bytes must be a positive integer")
+            raise UsageError(f"field {self.name!r}: max_bytes must be a positive integer")
+
+    def _checked_source(self) -> tuple[str, ...]:
+        """`source` as a tuple of readable member names (the kind's defaults when empty)."""
+        source = (self.source,) if isinstance(self.source, str) else tuple(self.source)
+        source = source or DEFAULT_SOURCES[self.kind]
+        for name in source:
+            try:
+                check_member_name(name)
+            except UsageError as error:
+                raise UsageError(f"field {self.name!r}: {error}") from None
+        if self.kind == "image" and not set(source) <= set(IMAGE_FIELDS):
+            raise UsageError(
+                f"field {self.name!r}: an image field reads one of {', '.join(IMAGE_FIELDS)} "
+                f"(the members a sample is found by), not {[n for n in source if n not in IMAGE_FIELDS]}"
+            )
+        return source
 
 
 # The names `LoaderConfig.fields` understands as plain strings.
@@ -211,7 +272,7 @@ def resolve_fields(fields: Sequence[str | Field]) -> tuple[Field, ...]:
     """`Field`s for a fields option: names from `NAMED_FIELDS`, or `Field`s as they are.
 
     Raises:
-        ValueError: no fields, an unknown name, a name used twice, or two image fields.
+        UsageError: no fields, an unknown name, a name used twice, or two image fields.
     """
     if isinstance(fields, (str, Field)):
         fields = (fields,)
@@ -222,16 +283,104 @@ def resolve_fields(fields: Sequence[str | Field]) -> tuple[Field, ...]:
         elif item in NAMED_FIELDS:
             resolved.append(NAMED_FIELDS[item])
         else:
-            raise ValueError(
+            raise UsageError(
                 f"unknown field {item!r}: name one of {', '.join(NAMED_FIELDS)} or pass a "
-                "shards.sample.Field (multi-label targets, weights, other members)"
+                "shards.sample.Field (multi-label targets, weights, other members: "
+                f"Field({item!r}, 'text', source={item!r}) reads member {item!r} as text)"
             )
     names = [field.name for field in resolved]
     if not names or len(set(names)) != len(names):
-        raise ValueError(f"fields must name at least one field, each once; got {names}")
+        raise UsageError(f"fields must name at least one field, each once; got {names}")
     if sum(field.kind == "image" for field in resolved) > 1:
-        raise ValueError("fields may hold one image field")
+        raise UsageError("fields may hold one image field")
     return tuple(resolved)
+
+
+# Member names that usually hold each kind, for the `Field` a missing-field hint writes.
+_LIKELY_SOURCES = {
+    "text": ("caption", "text", "prompt", "description", "title", "alt", "txt"),
+    "json": ("json", "metadata", "meta", "info"),
+    "label": ("cls", "label", "class", "class_id", "target", "category"),
+    "multi_label": ("labels", "tags", "classes"),
+    "weight": ("weight", "score", "weights"),
+}
+
+
+def missing_field_hint(field: Field, members_seen: Collection[str]) -> str:
+    """One line for a field that no sample has: the field, the members the samples do
+    have, and the `Field` that reads one of them instead.
+
+    Args:
+        field: the field none of whose `source` members any sample holds.
+        members_seen: the member (tar) or column (Parquet) names the samples have.
+    """
+    seen = sorted(name for name in set(members_seen) if not name.startswith("__"))
+    wanted = " or ".join(field.source)
+    line = (
+        f"field {field.name!r} reads member {wanted}, which no sample has; the samples have "
+        f"{', '.join(seen) if seen else 'no members'}"
+    )
+    if field.kind == "image":
+        return (
+            f"{line}: an image is read from one of {', '.join(IMAGE_FIELDS)}; rewrite the "
+            "shards with the image in one of those members"
+        )
+    readable = [
+        name
+        for name in seen
+        if name not in IMAGE_FIELDS
+        and _MEMBER_PATTERN.match(name)
+        and name.lower() not in PICKLE_MEMBERS
+    ]
+    if not readable:
+        return (
+            f"{line}: none of them can be read as {field.kind}; leave {field.name!r} out of fields"
+        )
+    likely = [name for name in _LIKELY_SOURCES[field.kind] if name in readable]
+    source = (likely or readable)[0]
+    extras = "".join(
+        f", {name}={value!r}"
+        for name, value in (("key", field.key), ("num_classes", field.num_classes))
+        if value is not None
+    )
+    return (
+        f"{line}: to read {source} as {field.kind}, write "
+        f"Field({field.name!r}, {field.kind!r}, source={source!r}{extras})"
+    )
+
+
+def missing_reason(field: Field) -> str:
+    """The skip reason of a sample without any of `field`'s members (`no_text`, ...)."""
+    return "no_image" if field.kind == "image" else f"no_{_SLUG.get(field.kind, field.kind)}"
+
+
+def skip_budget_hint(
+    fields: Sequence[Field],
+    skipped: Mapping[str, int],
+    members_seen: Collection[str] | None = None,
+) -> str:
+    """What to do when a worker's skips pass its budget, for the end of that error.
+
+    When every skip is one field's missing member (`no_text` only, say), the data is
+    not bad: the field names a member the shards do not have, so the line names the
+    field and, given `members_seen` (`ShardFormat.list_members`), the members the
+    samples have and the `Field` to write (`missing_field_hint`). Otherwise: check the
+    shards, or allow more skips.
+    """
+    reasons = {reason for reason, count in skipped.items() if count}
+    candidates = [spec for spec in fields if {missing_reason(spec)} == reasons]
+    if members_seen is not None:
+        candidates = [s for s in candidates if not set(s.source) & set(members_seen)]
+    if not candidates:
+        return "Check the shards with `preprocess verify` or raise max_skip_fraction."
+    field = candidates[0]
+    if members_seen is not None:
+        return f"Every skip is a missing field: {missing_field_hint(field, members_seen)}."
+    return (
+        f"Every skip is a sample without member {' or '.join(field.source)} of field "
+        f"{field.name!r}: if the shards keep it under another name, read that member with "
+        f"Field({field.name!r}, {field.kind!r}, source=...)."
+    )
 
 
 def read_fields(fields: Sequence[Field]) -> frozenset[str]:
@@ -566,13 +715,13 @@ class LabelField:
 
     @classmethod
     def parse(cls, text: str) -> LabelField:
-        """Raises ValueError naming the values allowed."""
+        """Raises UsageError (a ValueError) naming the values allowed."""
         member, _, key = text.partition(":")
         if text in SINGLE_LABEL_MEMBERS:
             return cls(text, text, None, False)
         if text == MULTI_LABEL_MEMBER or (member == "json" and key):
             return cls(text, member, key or None, True)
-        raise ValueError(
+        raise UsageError(
             f"--label-field {text!r}: name {', '.join(SINGLE_LABEL_MEMBERS)} (one class id), "
             f"{MULTI_LABEL_MEMBER} (a JSON list of class ids) or json:KEY (a key of the json member)"
         )

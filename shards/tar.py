@@ -3,19 +3,21 @@
 Writer output is readable by stock `webdataset.WebDataset` and `tar tf`; members
 carry fixed metadata (mtime 0, uid 0, mode 0444) so identical samples give
 byte-identical shards. The reader streams (`r|`), never touches the
-filesystem, reads only allowlisted fields, caps member sizes and never emits
-a partial sample.
+filesystem, reads only the members asked for (allowlisted fields, or others a
+`shards.sample.Field` names, never pickle-bearing ones), caps member sizes before
+reading them and never emits a partial sample.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tarfile
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Collection, Generator, Iterator
 from typing import BinaryIO
 
-from shards.errors import DEFAULT_LIMITS, ReadLimits, ShardError
+from shards.errors import DEFAULT_LIMITS, MemberCap, ReadLimits, ShardError
 from shards.redact import redact_url
 from shards.sample import (
     ALLOWED_FIELDS,
@@ -23,6 +25,7 @@ from shards.sample import (
     Sample,
     SampleError,
     check_key,
+    mapped_members,
     oversized_member,
 )
 
@@ -118,6 +121,8 @@ _CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
 # One bit per allowlisted field: a duplicate is found without a per-sample set.
 _FIELD_BITS = {field: 1 << bit for bit, field in enumerate(sorted(ALLOWED_FIELDS))}
 _IMAGE_MASK = sum(_FIELD_BITS[field] for field in IMAGE_FIELDS)
+# The bits of allowlisted fields; a member a `Field` maps (`caption`) gets a bit above.
+_ALLOWED_MASK = (1 << len(_FIELD_BITS)) - 1
 # Longest decimal a pax length or size may have: 10**20 bytes is past every cap, and
 # `int` refuses strings past 4300 digits with a ValueError we would rather not meet.
 _MAX_DECIMAL_DIGITS = 20
@@ -395,7 +400,9 @@ def iter_tar_samples(
     A sample is a group of adjacent members with one key (the name up to the first
     dot of its basename, as webdataset splits it), at least one of them an
     allowlisted field (`ALLOWED_FIELDS`) or a dotted one (below); indices count
-    every sample whatever `fields` asks for. Only members in `fields` are read, each
+    every sample whatever `fields` asks for. Only members in `fields` are read (a name
+    beyond the allowlist, such as `caption`, is read into the sample of its key
+    wherever it stands in the group, but never makes a group a sample), each
     within its cap (`limits.cap_for`: `ReadLimits.member_bytes`, or the tighter cap
     of the field that reads it), which the header gives before any data is read;
     the rest, the samples before `start` and every member of a sample already
@@ -409,7 +416,8 @@ def iter_tar_samples(
         url: the shard's URL; only its redacted form appears in `__url__` and errors.
         start: index of the first sample to yield.
         stop: index past the last sample to yield; defaults to `declared`.
-        fields: the fields to read into each sample.
+        fields: the fields to read into each sample: allowlisted ones and any others
+            `shards.sample.check_member_name` takes (a `UsageError` otherwise).
         limits: caps on members, header bytes, shard bytes and member bytes.
         declared: the manifest's sample count for this shard, if known.
 
@@ -460,8 +468,9 @@ def _iter_samples(
 ) -> Generator[Sample, None, int]:
     """`iter_tar_samples` past its checks; returns how many samples the archive holds."""
     seekable = stream.seekable()
+    bits = _field_bits(fields)
     # Each read member's cap, looked up once per shard (`fields` may be any container).
-    caps = {field: limits.cap_for(field) for field in _FIELD_BITS if field in fields}
+    caps = {field: limits.cap_for(field) for field in bits if field in fields}
     cap_bytes = {field: cap.max_bytes for field, cap in caps.items()}
     # A sample is decoded from one image member, so the ones it holds (jpg and png, say)
     # share one image's cap: per sample, at most one image's bytes reach the buffer.
@@ -473,15 +482,18 @@ def _iter_samples(
     index = -1
     mask = extra = images = 0
     failed = False  # the pending sample carries an error: read nothing more for it
+    preface = _Preface()
+    allowed = _ALLOWED_MASK
+    held = False  # the preface holds members (only a mapped field makes it so)
     read = stream.read
     for name, key, field, regular, size, bad in _iter_members(stream, url, limits):
-        bit = _FIELD_BITS.get(field) if regular else None
+        bit = bits.get(field) if regular else None
         if bit is None:
             if key == current:
                 extra += 1
                 if extra > MAX_MEMBERS_PER_SAMPLE:
                     detail = f"over {MAX_MEMBERS_PER_SAMPLE} members"
-                    if not mask:
+                    if not mask & allowed:
                         detail = f"{detail} (from {first}); {_DOTTED_ADVICE}"
                     raise _error("too_many_fields", url, detail, key)
                 _pass_over(stream, seekable, size, url, name, key)
@@ -492,9 +504,16 @@ def _iter_samples(
             # `a.b.jpg`: key `a`, field `b.jpg`. A sample key with a dot; its group is
             # a sample (a counted `dotted_key` skip) unless it has an allowlisted field.
             bit = 0
+        elif bit > allowed and key != current:
+            # A mapped member before its key's first allowlisted one: held for that sample.
+            wanted = index + 1 >= start and (stop is None or index + 1 < stop)
+            entry = (name, key, field, bit, size, bad)
+            preface.hold(stream, seekable, entry, caps[field], url, wanted)
+            held = True
+            continue
         if key != current:
             if pending is not None:
-                if not mask and not failed:
+                if not mask & allowed and not failed:
                     _fail(pending, _dotted_key(first, url))
                 yield pending
                 pending = None
@@ -514,6 +533,12 @@ def _iter_samples(
             current, mask, extra, images, first, failed = key, 0, 0, 0, name, False
             if index >= start:
                 pending = {"__key__": key, "__url__": url}
+            if held:
+                if preface.key == key:
+                    mask = preface.mask
+                    failed = pending is not None and preface.move_into(pending)
+                preface.clear()
+                held = False
         if mask & bit:
             raise _error("duplicate_field", url, f"{name} appears twice", key)
         mask |= bit
@@ -542,10 +567,78 @@ def _iter_samples(
             data += _read_exact(stream, size - len(data), url, f"member {name}", key)
         pending[field] = data
     if pending is not None:
-        if not mask and not failed:
+        if not mask & allowed and not failed:
             _fail(pending, _dotted_key(first, url))
         yield pending
     return index + 1
+
+
+def _field_bits(fields: Collection[str]) -> dict[str, int]:
+    """One bit per field a sample may hold: the allowlisted ones, then those of `fields`
+    a `Field` maps (`caption`), checked by `mapped_members`."""
+    mapped = sorted(mapped_members(fields))
+    if not mapped:
+        return _FIELD_BITS
+    first = len(_FIELD_BITS)
+    return {**_FIELD_BITS, **{name: 1 << (first + i) for i, name in enumerate(mapped)}}
+
+
+@dataclasses.dataclass
+class _Preface:
+    """Mapped members met before their key's first allowlisted member.
+
+    Writers put a sample's members in name order (webdataset's `TarWriter`, ours), so
+    `k.caption` comes before `k.jpg`. Only an allowlisted member starts a sample (what
+    a shard holds is counted the same whatever is read), so these wait here: the
+    sample of that key takes them when it starts, and another key drops them (a group
+    without an allowlisted member is no sample). At most one of each mapped field,
+    each within its cap, is held.
+    """
+
+    key: str | None = None
+    mask: int = 0
+    members: dict = dataclasses.field(default_factory=dict)  # field -> bytes, or the SampleError
+
+    def hold(
+        self,
+        stream: BinaryIO,
+        seekable: bool,
+        entry: tuple[str, str, str, int, int, bool],
+        cap: MemberCap,
+        url: str,
+        wanted: bool,
+    ) -> None:
+        """Read (or pass over, when its sample is outside the window) one member."""
+        name, key, field_name, bit, size, bad = entry
+        if key != self.key:
+            self.clear()
+            self.key = key
+        if self.mask & bit:
+            raise _error("duplicate_field", url, f"{name} appears twice", key)
+        self.mask |= bit
+        if not wanted or bad or size > cap.max_bytes:
+            if wanted:
+                error = (
+                    _bad_name(name, url)
+                    if bad
+                    else oversized_member(cap, f"member {name} of {url}", size)
+                )
+                self.members[field_name] = error
+            _pass_over(stream, seekable, size, url, name, key)
+            return
+        self.members[field_name] = _read_exact(stream, size, url, f"member {name}", key)
+
+    def move_into(self, sample: Sample) -> bool:
+        """Put the held members into `sample`; True when one of them made it a skip."""
+        error = next((v for v in self.members.values() if isinstance(v, SampleError)), None)
+        if error is not None:
+            _fail(sample, error)
+            return True
+        sample.update(self.members)
+        return False
+
+    def clear(self) -> None:
+        self.key, self.mask, self.members = None, 0, {}
 
 
 def _fail(sample: Sample, error: SampleError) -> None:
@@ -611,3 +704,29 @@ def count_tar_samples(stream: BinaryIO, url: str, limits: ReadLimits = DEFAULT_L
     for _sample in iter_tar_samples(stream, url, fields=frozenset(), limits=limits):
         count += 1
     return count
+
+
+def first_sample_members(
+    stream: BinaryIO, url: str, limits: ReadLimits = DEFAULT_LIMITS
+) -> tuple[str, ...]:
+    """The fields of the first sample's members, in archive order, from the headers alone.
+
+    What a message needs to name what a shard's samples hold (`caption`, `jpg`, ...);
+    member data is passed over unread. Empty for an archive without a sample.
+
+    Raises:
+        ShardError: as `iter_tar_samples`, for the headers read.
+    """
+    seekable = stream.seekable()
+    shown = redact_url(url)
+    key, names, sample = None, [], False
+    for name, member_key, field_name, regular, size, _bad in _iter_members(stream, shown, limits):
+        if member_key != key:
+            if sample:
+                break
+            key, names = member_key, []
+        if regular:
+            names.append(field_name)
+            sample = sample or field_name in _FIELD_BITS
+        _pass_over(stream, seekable, size, shown, name, member_key)
+    return tuple(names) if sample else ()

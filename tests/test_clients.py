@@ -1,10 +1,12 @@
 """The documents about other tools stay true: MIGRATION.md's `ours` snippets run on a
-real build, CLIENTS.md names tests that exist, and (on request) timm reads a build.
+real build, CLIENTS.md names tests that exist, open_clip's `sizes.json` holds the
+manifest's counts, and (on request) timm and open_clip's own trainer read a build.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -15,6 +17,8 @@ import pytest
 
 from preprocess.job import run_build
 from preprocess.sample import make_sample
+from shards.clients import SIZES_NAME
+from shards.manifest import LAYOUT_BY_FORMAT, LAYOUT_FLAT
 from tests.conftest import small_build_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,3 +76,80 @@ def test_timm_reads_a_build_through_its_info_file():
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert '"split": "validation"' in run.stdout
+
+
+# --- open_clip's sizes.json -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sizes_images(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sizes") / "images"
+    make_sample(root, 40, classes=2, seed=5, workers=1)
+    return root
+
+
+def open_clip_dataset_size(urls: list[str]) -> int:
+    """open_clip 3.3's `get_dataset_size`: `sizes.json` beside the first shard, by base name."""
+    sizes = json.loads((Path(urls[0]).parent / SIZES_NAME).read_text())
+    return sum(int(sizes[os.path.basename(url)]) for url in urls)
+
+
+@pytest.mark.parametrize("layout", [LAYOUT_BY_FORMAT, LAYOUT_FLAT])
+def test_sizes_json_holds_the_manifest_counts_of_every_split(sizes_images, tmp_path, layout):
+    out = tmp_path / "out"
+    # Uneven shards (40 images, 7 a shard, a quarter to val) so a wrong count shows.
+    config = small_build_config(sizes_images, out, shard_size=7, val_fraction=0.25, layout=layout)
+    manifest = run_build(config).manifest
+    assert sorted(manifest.splits) == ["train", "val"]
+    tar_dir = out / "tar" if layout == LAYOUT_BY_FORMAT else out
+    sizes = json.loads((tar_dir / SIZES_NAME).read_text())
+    expected = {}
+    for split, part in manifest.splits.items():
+        urls = manifest.shard_urls(split, "tar", str(out))
+        counts = part.shards.samples.tolist()
+        expected.update({os.path.basename(u): n for u, n in zip(urls, counts, strict=True)})
+        assert open_clip_dataset_size(urls) == part.samples
+    assert sizes == expected  # every tar shard of every split, nothing else
+    assert len(set(sizes.values())) > 1  # a last, short shard: counts are not all one number
+    assert sum(sizes.values()) == sum(part.samples for part in manifest.splits.values())
+    # pyarrow and polars open `parquet/` by its path: no foreign file may sit there.
+    assert not (out / "parquet" / SIZES_NAME).exists()
+
+
+def test_index_writes_sizes_json_into_the_tar_directory_from_the_manifest_alone(
+    sizes_images, tmp_path
+):
+    from preprocess.cli import main as preprocess_main
+
+    out = tmp_path / "out"
+    run_build(small_build_config(sizes_images, out, shard_size=7, layout=LAYOUT_BY_FORMAT))
+    built = (out / "tar" / SIZES_NAME).read_bytes()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "manifest.json").write_bytes((out / "manifest.json").read_bytes())
+    assert preprocess_main(["index", str(copy)]) == 0
+    assert (copy / "tar" / SIZES_NAME).read_bytes() == built
+
+
+def test_a_parquet_only_build_writes_no_sizes_json(sizes_images, tmp_path):
+    out = tmp_path / "out"
+    run_build(small_build_config(sizes_images, out, formats=("parquet",)))
+    assert not list(out.rglob(SIZES_NAME))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("SHARDPIPE_OPENCLIP_CHECK") != "1",
+    reason="installs torch 2.14.1 + torchvision + open_clip (GBs, minutes): "
+    "SHARDPIPE_OPENCLIP_CHECK=1",
+)
+@pytest.mark.timeout(3600)
+def test_open_clip_trains_on_a_build_without_train_num_samples():
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "openclip_check.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert '"samples_trained"' in run.stdout

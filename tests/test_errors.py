@@ -206,13 +206,39 @@ def test_pipeline_missing_split_is_one_line_naming_the_file(built_shards, capsys
 
 
 def test_pipeline_usage_error_exits_2(capsys):
+    # One trial was a plain ValueError from inside the command (an ideal shuffle's
+    # spread needs two); now the option refuses it, naming the flag.
     with pytest.raises(SystemExit) as stop:
-        pipeline.cli.main(["inspect-shuffle", "d", "--trials", "0"])
+        pipeline.cli.main(["inspect-shuffle", "d", "--trials", "1"])
     assert stop.value.code == 2
-    assert_one_line(capsys.readouterr().err, "--trials must be at least 1")
+    assert_one_line(capsys.readouterr().err, "--trials must be at least 2, got 1")
 
 
-@pytest.mark.parametrize("bug", [KeyError, TypeError])
+def test_an_options_check_that_raises_a_plain_value_error_is_a_bug(monkeypatch):
+    """Only `UsageError` from an options check is the command line's fault (exit 2)."""
+
+    def broken(self):
+        raise ValueError("a bug in our code")
+
+    monkeypatch.setattr(pipeline.cli.InspectShuffleOptions, "__post_init__", broken)
+    with pytest.raises(ValueError, match="a bug in our code"):
+        pipeline.cli.main(["inspect-shuffle", "d"])
+
+
+def test_preprocess_bad_fields_entry_is_one_line(tmp_path, capsys):
+    argv = ["build-shards", "--input", str(tmp_path), "--output", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as stop:
+        preprocess.cli.main([*argv, "--fields", "caption"])
+    assert stop.value.code == 2
+    assert_one_line(capsys.readouterr().err, "--fields entry 'caption': write COLUMN:MEMBER")
+
+
+def test_pipeline_source_of_no_format_is_one_line(tmp_path, capsys):
+    assert pipeline.cli.main(["inspect-shuffle", str(tmp_path / "nope")]) == 1
+    assert_one_line(capsys.readouterr().err, "pipeline inspect-shuffle: error: cannot tell")
+
+
+@pytest.mark.parametrize("bug", [ValueError, KeyError, TypeError])
 def test_pipeline_bug_keeps_its_traceback(built_shards, monkeypatch, bug):
     import pipeline.shuffle_quality
 
@@ -253,7 +279,7 @@ def test_train_usage_error_exits_2(tmp_path, capsys):
     assert_one_line(capsys.readouterr().err, "--batch-size", "at least 1")
 
 
-@pytest.mark.parametrize("bug", [KeyError, TypeError])
+@pytest.mark.parametrize("bug", [ValueError, KeyError, TypeError])
 def test_train_bug_keeps_its_traceback(built_shards, tmp_path, monkeypatch, bug):
     """A bare `KeyError` was turned into a one-line data error before; now it is a bug."""
 
@@ -263,3 +289,14 @@ def test_train_bug_keeps_its_traceback(built_shards, tmp_path, monkeypatch, bug)
     monkeypatch.setattr(trainers.data, "resolve_config_source", broken)
     with pytest.raises(bug, match="a bug in our code"):
         trainers.train.main(train_args(built_shards.output, tmp_path / "run"))
+
+
+def test_train_options_check_that_raises_a_plain_value_error_is_a_bug(tmp_path, monkeypatch):
+    import trainers.config
+
+    def broken(self):
+        raise ValueError("a bug in our code")
+
+    monkeypatch.setattr(trainers.config.TrainConfig, "__post_init__", broken)
+    with pytest.raises(ValueError, match="a bug in our code"):
+        trainers.train.main(train_args(tmp_path, tmp_path / "run"))

@@ -11,12 +11,14 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from pipeline.config import LoaderOptions
+from shards.errors import UsageError
 from shards.flags import (
     CommandParser,
     add_config_flags,
@@ -35,6 +37,14 @@ from shards.sample import LabelField
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 
 
+def parse_float_list(text: str) -> tuple[float, ...]:
+    """`"0.7,0.3"` -> `(0.7, 0.3)`."""
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """All options of a training run (and of the `find-batch-size`/`scan-throughput` probes).
@@ -50,8 +60,21 @@ class TrainConfig:
     # data
     train_shards: str | None = option(
         None,
-        "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern; required "
-        "(default: none, unless --config sets it)",
+        "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern; several "
+        "datasets to mix: A::B, or the flag repeated; required (default: none, unless "
+        "--config sets it)",
+        "data",
+    )
+    train_weights: tuple[float, ...] | None = option(
+        None,
+        "a mix's share of each --train-shards dataset, in order, e.g. 0.7,0.3 (default: "
+        "each dataset once an epoch)",
+        "data",
+        parse=parse_float_list,
+    )
+    train_epoch_samples: int | None = option(
+        None,
+        "samples an epoch that --train-weights share out (default: the datasets' sizes summed)",
         "data",
     )
     val_shards: str | None = option(
@@ -174,7 +197,7 @@ class TrainConfig:
     )
     progress: bool = option(True, "progress bar on rank 0", "metrics")
     tensorboard: bool = option(True, "TensorBoard event files (when installed)", "metrics")
-    plot: bool = option(True, "PNG plot of the run (when matplotlib is installed)", "metrics")
+    plot: bool = option(True, "PNG plot of the run: RUN_DIR/metrics.png", "metrics")
     debug_trace: bool = option(
         False, "write sample keys and parameter digests per rank to RUN_DIR/trace", "metrics"
     )
@@ -203,41 +226,62 @@ class TrainConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
-                raise ValueError(f"--{flag_name(f.name)} must be one of {choices}, got {value!r}")
+                raise UsageError(f"--{flag_name(f.name)} must be one of {choices}, got {value!r}")
         positive = ("batch_size", "accum_steps", "epochs", "lr_ref_batch")
         for name in positive + ("log_every", "verdict_every", "keep_checkpoints", "scan_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{flag_name(name)} must be at least 1")
+                raise UsageError(f"--{flag_name(name)} must be at least 1")
         for name in ("checkpoint_every", "eval_every", "scan_warmup"):
             if getattr(self, name) < 0:
-                raise ValueError(f"--{flag_name(name)} must be 0 or more")
+                raise UsageError(f"--{flag_name(name)} must be 0 or more")
         if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError("need 0 <= --min-lr <= --lr")
+            raise UsageError("need 0 <= --min-lr <= --lr")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError("--warmup-ratio must be in [0, 1)")
+            raise UsageError("--warmup-ratio must be in [0, 1)")
         if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError("--warmup-steps must be 0 or more")
+            raise UsageError("--warmup-steps must be 0 or more")
         if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError("--max-steps must be at least 1")
+            raise UsageError("--max-steps must be at least 1")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError("--label-smoothing must be in [0, 1)")
+            raise UsageError("--label-smoothing must be in [0, 1)")
         if self.task == "multi-label" and self.label_smoothing:
-            raise ValueError("--label-smoothing is for single-label training; leave it at 0")
+            raise UsageError("--label-smoothing is for single-label training; leave it at 0")
         multi = self.task == "multi-label"
         if self.label_field is not None and LabelField.parse(self.label_field).multi != multi:
-            raise ValueError(
+            raise UsageError(
                 f"--label-field {self.label_field} does not hold {self.task} targets: "
                 "cls and label hold one class id (single-label), labels and json:KEY "
                 "a list of class ids (--task multi-label)"
             )
         if not 0.0 < self.memory_fraction <= 1.0:
-            raise ValueError("--memory-fraction must be in (0, 1]")
+            raise UsageError("--memory-fraction must be in (0, 1]")
         if self.clip_grad < 0 or self.weight_decay < 0:
-            raise ValueError("--clip-grad and --weight-decay must be 0 or more")
+            raise UsageError("--clip-grad and --weight-decay must be 0 or more")
         if any(b < 1 for b in self.probe_batches + self.scan_batch_sizes):
-            raise ValueError("--probe-batches and --scan-batch-sizes must be positive")
+            raise UsageError("--probe-batches and --scan-batch-sizes must be positive")
         if len(set(self.probe_batches)) < 2:
-            raise ValueError("--probe-batches needs at least two different batch sizes")
+            raise UsageError("--probe-batches needs at least two different batch sizes")
+        self.check_mix()
+
+    @property
+    def train_sources(self) -> tuple[str, ...]:
+        """The datasets of `--train-shards`: one, or those of a mix (`A::B`)."""
+        return split_sources(self.train_shards) if self.train_shards else ()
+
+    def check_mix(self) -> None:
+        """A mix's weights: one per dataset, above 0; the epoch length only with them."""
+        weights, count = self.train_weights, len(self.train_sources)
+        if weights is not None and len(weights) != count:
+            raise UsageError(
+                f"--train-weights gives {len(weights)} weights for {count} --train-shards "
+                "datasets: give one per dataset, in order"
+            )
+        if weights is not None and not all(w > 0 for w in weights):
+            raise UsageError(f"--train-weights must all be above 0, got {weights}")
+        if self.train_epoch_samples is not None and weights is None:
+            raise UsageError("--train-epoch-samples is shared out by --train-weights: give both")
+        if self.train_epoch_samples is not None and self.train_epoch_samples < 1:
+            raise UsageError("--train-epoch-samples must be at least 1")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values (tuples become lists); also what checkpoints store."""
@@ -249,6 +293,34 @@ class TrainConfig:
         return build_config(cls, data, source="config")
 
 
+def split_sources(text: str) -> tuple[str, ...]:
+    """`A::B` -> `("A", "B")` (open_clip's form); a `::` inside `[...]` (an IPv6 host) stays."""
+    return tuple(part for part in SOURCE_SEPARATOR.split(text) if part)
+
+
+SOURCE_SEPARATOR = re.compile(r"::(?![^\[]*\])")
+
+
+def join_repeated_sources(argv: Sequence[str]) -> list[str]:
+    """`--train-shards A --train-shards B` -> `--train-shards A::B`: a repeated flag is a mix."""
+    values, rest, at = [], [], 0
+    argv = list(argv)
+    while at < len(argv):
+        item = argv[at]
+        if item == "--train-shards" and at + 1 < len(argv):
+            values.append(argv[at + 1])
+            at += 2
+            continue
+        if item.startswith("--train-shards="):
+            values.append(item.split("=", 1)[1])
+        else:
+            rest.append(item)
+        at += 1
+    if len(values) < 2:
+        return argv
+    return [*rest, "--train-shards", "::".join(values)]
+
+
 def build_config(cls: type, data: dict[str, Any], source: str) -> Any:
     """`cls` from a `to_dict`-shaped mapping: each group a nested mapping of its fields."""
     hints = get_type_hints(cls)
@@ -256,7 +328,7 @@ def build_config(cls: type, data: dict[str, Any], source: str) -> Any:
     values = {}
     for key, value in data.items():
         if key not in known:
-            raise ValueError(f"{source}: unknown option {key!r}; see `train --help`")
+            raise UsageError(f"{source}: unknown option {key!r}; see `train --help`")
         values[key] = coerce_value(hints[key], value, f"{source}: {key}")
     return cls(**values)
 
@@ -272,7 +344,7 @@ def coerce_value(kind: Any, value: Any, where: str) -> Any:
         args = get_args(base)
         if isinstance(value, str):
             if base != tuple[int, ...]:
-                raise ValueError(f"{where} must be a list, got {value!r}")
+                raise UsageError(f"{where} must be a list, got {value!r}")
             return parse_int_list(value)
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(coerce_value(args[0], item, where) for item in value)
@@ -283,7 +355,7 @@ def coerce_value(kind: Any, value: Any, where: str) -> Any:
     elif isinstance(base, type) and isinstance(value, base):
         return value
     name = getattr(base, "__name__", str(base))
-    raise ValueError(f"{where} must be {name}, got {value!r}")
+    raise UsageError(f"{where} must be {name}, got {value!r}")
 
 
 def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -297,7 +369,9 @@ def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key not in specs:
-            raise ValueError(f"{source}: unknown option {raw_key!r}; see `train --help`")
+            raise UsageError(f"{source}: unknown option {raw_key!r}; see `train --help`")
+        if key == "train_shards" and isinstance(value, list):  # a mix, one dataset a line
+            value = "::".join(str(item) for item in value)
         out[key] = coerce_value(specs[key].kind, value, f"{source}: {raw_key}")
     return out
 
@@ -313,12 +387,12 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             try:
                 data = tomllib.load(f)
             except tomllib.TOMLDecodeError as exc:
-                raise ValueError(f"{path}: not valid TOML: {exc}") from exc
+                raise UsageError(f"{path}: not valid TOML: {exc}") from exc
     elif suffix in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError as exc:
-            raise ValueError(
+            raise UsageError(
                 f"{path}: YAML config files need PyYAML (`pip install pyyaml`); "
                 "or write the same keys as TOML"
             ) from exc
@@ -326,11 +400,11 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             try:
                 data = yaml.safe_load(f) or {}
             except yaml.YAMLError as exc:
-                raise ValueError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
+                raise UsageError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
     else:
-        raise ValueError(f"{path}: config files must end in .toml, .yaml or .yml")
+        raise UsageError(f"{path}: config files must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a table of option = value")
+        raise UsageError(f"{path}: expected a table of option = value")
     return coerce_values(data, source=str(path))
 
 
@@ -366,7 +440,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
 
     Precedence: dataclass defaults < `--config FILE` < command-line flags.
     """
-    argv = list(argv)
+    argv = join_repeated_sources(argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     pre = CommandParser(prog="train" if command == "train" else f"train {command}", add_help=False)
     pre.add_argument("--config")
@@ -378,7 +452,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
     namespace = parser.parse_args(argv)
     try:
         config = config_from_args(TrainConfig, namespace)
-    except ValueError as exc:
+    except UsageError as exc:
         parser.error(str(exc))
     if needs_train_shards(command, config) and not config.train_shards:
         # Not argparse's `required=True`: the value may come from --config FILE.
@@ -397,7 +471,7 @@ def config_file_values(path: str, parser: CommandParser) -> dict[str, Any]:
         parser.error(
             f"--config {path}: {exc.strerror or exc}; pass an existing .toml or .yaml file"
         )
-    except ValueError as exc:
+    except UsageError as exc:
         parser.error(str(exc))
 
 

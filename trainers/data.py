@@ -16,11 +16,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from pipeline.checksum import open_shard
-from pipeline.config import Batching
+from pipeline.config import Batching, Mixing, Source, default_source_name
 from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
+from pipeline.mixing import ResolvedMix
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
 from pipeline.urls import expand_urls
-from shards.errors import DataError, ShardpipeError
+from shards.errors import DataError, ShardpipeError, UsageError
 from shards.manifest import MANIFEST_NAME, SplitNotFoundError
 from shards.redact import redact_url
 from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
@@ -54,7 +55,7 @@ def loader_config(
 ) -> LoaderConfig:
     """One split's loader: the run's loader options as given, and what only the run knows
     (the split's source, the per-device batch size, the seed, the rank, the device)."""
-    source = config.train_shards if train or config.val_shards is None else config.val_shards
+    source = train_source(config) if train or config.val_shards is None else config.val_shards
     options = config.loader
     if options.workers.pin_memory is None:
         # Page-locked batches only where they go to a GPU, whatever the machine has.
@@ -67,6 +68,7 @@ def loader_config(
         # The loader's layout (channels-last) is free either way; CudaPrefetcher gives the
         # model the layout --channels-last asks for.
         batch=Batching(size=config.batch_size),
+        mixing=Mixing(epoch_samples=config.train_epoch_samples),
         seed=config.seed,
         rank=info.rank,
         world_size=info.world_size,
@@ -75,13 +77,36 @@ def loader_config(
     )
 
 
+def train_source(config: TrainConfig) -> str | list[Source]:
+    """`--train-shards` as the loader takes it: one dataset, or a mix of `Source`s.
+
+    A mix's datasets share each epoch by `--train-weights`, else each gives its own size
+    (open_clip's `A::B` without upsampling factors). Names come from the datasets
+    (`.../web/manifest.json` -> `web`); two alike get their position appended (`out1`,
+    `out2`), so keys and stats tell them apart.
+    """
+    parts = config.train_sources
+    if len(parts) == 1 and config.train_weights is None:
+        return parts[0]
+    names = [default_source_name(part) for part in parts]
+    names = [f"{n}{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    weights = config.train_weights or (None,) * len(parts)
+    return [
+        Source(
+            part, weight=weight, repeat=None if weight else 1, split=config.train_split, name=name
+        )
+        for part, weight, name in zip(parts, weights, names, strict=True)
+    ]
+
+
 def check_sources(config: TrainConfig) -> None:
     """Local `--train-shards` / `--val-shards` that do not exist, found before any loader is built.
 
     Raises:
         DataError: naming the flag, the path, and what to pass instead.
     """
-    check_source("--train-shards", config.train_shards)
+    for source in config.train_sources:
+        check_source("--train-shards", source)
     if config.val_shards is not None:
         check_source("--val-shards", config.val_shards)
 
@@ -97,7 +122,7 @@ def check_source(flag: str, source: str | None) -> None:
         return
     try:
         paths = expand_urls(source)
-    except ValueError as error:
+    except UsageError as error:
         raise DataError(f"{flag} {redact_url(source)}: {error}") from error
     if len(paths) == 1 and os.path.isdir(paths[0]):
         if not os.path.exists(os.path.join(paths[0], MANIFEST_NAME)):
@@ -201,7 +226,7 @@ def build_val_loader(
     settings = loader_config(config, info, config.val_split, False, with_keys=config.debug_trace)
     if config.val_shards is not None:
         return build_split_loader(settings, "--val-shards", config, num_classes)
-    if not is_manifest_source(config.train_shards):
+    if len(config.train_sources) > 1 or not is_manifest_source(config.train_shards):
         log.warning("no --val-shards given: training without evaluation")
         return None
     try:
@@ -219,7 +244,7 @@ def build_val_loader(
 # errors, I/O errors, and the loader's refusals that are still plain `ValueError`s (a
 # source without labels or counts). Anything else (a bare `KeyError`, `TypeError`) is a
 # bug and propagates with its traceback.
-SOURCE_ERRORS = (ShardpipeError, ValueError, OSError)
+SOURCE_ERRORS = (ShardpipeError, OSError)
 
 
 def build_split_loader(
@@ -234,7 +259,11 @@ def build_split_loader(
 
 def source_error(flag: str, settings: LoaderConfig, error: Exception) -> DataError:
     text = " ".join(str(error).split())  # one line, whatever the cause wrapped
-    source = redact_url(os.fspath(settings.source))
+    source = settings.source
+    if isinstance(source, (str, os.PathLike)):
+        source = redact_url(os.fspath(source))
+    else:  # a mix: its datasets, redacted
+        source = "::".join(redact_url(os.fspath(item.source)) for item in source)
     return DataError(f"{flag} {source} (split {settings.split!r}): {text}")
 
 
@@ -282,6 +311,22 @@ def overlap_error(train: list[ShardSpec], val: list[ShardSpec], mode: str) -> st
             "or pass --overlap-check off if this is intended"
         )
     return None
+
+
+def locate_source_keys(
+    source: ResolvedSource | ResolvedMix, keys: Iterable[str]
+) -> dict[str, list[str]]:
+    """`locate_keys` over a source; in a mix a key is `"{name}/{key}"` of its source."""
+    if not isinstance(source, ResolvedMix):
+        return locate_keys(source.shards, keys)
+    keys = list(keys)
+    found: dict[str, list[str]] = {}
+    for name, part in zip(source.names, source.parts, strict=True):
+        prefix = f"{name}/"
+        own = [key[len(prefix) :] for key in keys if key.startswith(prefix)]
+        for url, hits in locate_keys(part.shards, own).items():
+            found[url] = [prefix + key for key in hits]
+    return found
 
 
 def locate_keys(specs: Iterable[ShardSpec], keys: Iterable[str]) -> dict[str, list[str]]:

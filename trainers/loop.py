@@ -23,7 +23,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from shards.errors import DataError
-from trainers.data import locate_keys
+from trainers.data import locate_source_keys
 from trainers.distributed import all_reduce, all_reduce_tensor, gather_objects
 from trainers.metrics import (
     MultiLabelReport,
@@ -101,7 +101,7 @@ def step_loss(run: Run, loss_sum: torch.Tensor, window: int) -> tuple[float, boo
 
 def non_finite_error(run: Run, keys: list[str], locally: bool) -> NonFiniteLossError:
     where = "this rank's" if not locally else "another rank's"
-    found = locate_keys(run.loaders.train.source.shards, keys) if keys else {}
+    found = locate_source_keys(run.loaders.train.source, keys) if keys else {}
     shards = ", ".join(f"{url} ({len(k)} keys, e.g. {k[0]})" for url, k in found.items())
     return NonFiniteLossError(
         f"non-finite loss at optimizer step {run.state.step + 1} (epoch {run.state.epoch}) on "

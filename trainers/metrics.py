@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.util
 import itertools
 import json
 import logging
@@ -447,19 +448,30 @@ def plot_metrics(
             as a line on the data-wait panel.
 
     Returns:
-        False when matplotlib is not installed (the `bench` extra): no plot.
+        False when matplotlib is not installed (a dependency of shardpipe; a
+        stripped-down environment may lack it): no plot. A matplotlib that is
+        there but fails to import is a broken install and raises its `ImportError`.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = load_pyplot()
+    if plt is None:
         return False
     figure = build_figure(read_jsonl(metrics_path), threshold)
     figure.savefig(png_path, dpi=100)
     plt.close(figure)
     return True
+
+
+def load_pyplot() -> Any:
+    """`matplotlib.pyplot` on the Agg backend (plots are only ever saved), or None when
+    matplotlib is not installed; a broken install raises its `ImportError`."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def build_figure(rows: list[dict], threshold: float | None = None):

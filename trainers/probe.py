@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from pipeline.prefetch import CudaPrefetcher
-from shards.errors import DataError
+from shards.errors import DataError, UsageError
 from trainers.config import TrainConfig
 from trainers.data import SOURCE_ERRORS, build_split_loader, loader_config
 from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_logging
-from trainers.metrics import StepTimer, iter_timed
+from trainers.metrics import StepTimer, iter_timed, load_pyplot
 from trainers.models import build_model
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
 from trainers.run import seed_generators
@@ -179,7 +179,7 @@ def fit_line(points: list[tuple[int, int]]) -> tuple[float, float]:
     mean_y = sum(p for _, p in points) / n
     var = sum((b - mean_x) ** 2 for b, _ in points)
     if var == 0:
-        raise ValueError("--probe-batches needs at least two different batch sizes")
+        raise UsageError("--probe-batches needs at least two different batch sizes")
     slope = sum((b - mean_x) * (p - mean_y) for b, p in points) / var
     return mean_y - slope * mean_x, slope
 
@@ -355,7 +355,7 @@ def peak_mb(probe: Probe) -> float | None:
 def scan_throughput(config: TrainConfig) -> list[ScanPoint]:
     """Images/s for each `--scan-batch-sizes`; stops at the first out-of-memory."""
     if config.scan_source == "loader" and not config.train_shards:
-        raise ValueError("--scan-source loader needs --train-shards")
+        raise UsageError("--scan-source loader needs --train-shards")
     probe = build_probe(config)
     timer = time_loader if config.scan_source == "loader" else time_synthetic
     points: list[ScanPoint] = []
@@ -402,16 +402,14 @@ def report_scan(config: TrainConfig, points: list[ScanPoint]) -> None:
     (out / "scan-throughput.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "scan-throughput.md").write_text(table + "\n")
     if not plot_scan(points, knee, out / "scan-throughput.png"):
-        log.info("scan plot skipped: matplotlib is not installed (pip install 'shardpipe[bench]')")
+        log.info(
+            "scan plot skipped: matplotlib is not installed; `pip install matplotlib` draws it"
+        )
 
 
 def plot_scan(points: list[ScanPoint], knee: int | None, png: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = load_pyplot()
+    if plt is None:
         return False
     ok = [p for p in points if not p.oom]
     figure, axis = plt.subplots(figsize=(6, 4))

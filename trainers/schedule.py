@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shards.errors import UsageError
+
 LR_SCALINGS = ("linear", "sqrt", "none")
 
 
@@ -79,7 +81,7 @@ def scale_lr(lr: float, effective_batch: int, ref_batch: int, rule: str) -> floa
         return lr * math.sqrt(effective_batch / ref_batch)
     if rule == "none":
         return lr
-    raise ValueError(f"lr scaling must be one of {LR_SCALINGS}, got {rule!r}")
+    raise UsageError(f"lr scaling must be one of {LR_SCALINGS}, got {rule!r}")
 
 
 def warmup_steps_for(total_steps: int, ratio: float, steps: int | None) -> int:

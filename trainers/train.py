@@ -18,11 +18,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from pipeline.mixing import ResolvedMix
 from pipeline.prefetch import CudaPrefetcher
+from pipeline.sources import ResolvedSource
 from shards.errors import DataError, ShardpipeError
+from shards.flags import CommandParser, changed_flags, check_command_word
 from shards.redact import redact_url
 from trainers.checkpoint import CheckpointError, latest_checkpoint
-from trainers.config import TrainConfig, parse_command_line
+from trainers.config import COMMANDS, TrainConfig, parse_command_line
 from trainers.data import Loaders, build_loaders, check_sources, overlap_error
 from trainers.distributed import (
     DistInfo,
@@ -70,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     and exit 1; anything else (`TypeError`, a bare `KeyError`, ...) is a bug in our code
     and keeps its traceback.
     """
-    command, config = parse_command_line(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    check_command_word(CommandParser(prog="train"), argv, COMMANDS)
+    command, config = parse_command_line(argv)
     try:
         check_config(command, config)
         if command == "find-batch-size":
@@ -193,9 +198,9 @@ def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None)
     )
     seed_generators(config.seed + 1000 * info.rank)  # per-rank randomness from here on
     resume(run)
-    log_startup(run)
     if info.is_main:
         write_config(config.run_dir, config, startup_figures(run))
+    log_startup(run)
     return run
 
 
@@ -322,7 +327,11 @@ def startup_figures(run: Run) -> dict:
 
 
 def log_startup(run: Run) -> None:
-    """Every figure that decides what the run does, once, on rank 0."""
+    """Every figure that decides what the run does, once, on rank 0, in short lines.
+
+    The whole resolved config is in `RUN_DIR/config.json` (written just before); the
+    log names that file and the options that differ from the defaults, by group.
+    """
     config, plan, schedule, info = run.config, run.plan, run.schedule, run.info
     f = startup_figures(run)
     train_source = run.loaders.train.source
@@ -330,25 +339,27 @@ def log_startup(run: Run) -> None:
         train_source.total_samples // info.world_size - plan.batches_per_epoch * plan.batch_size
     )
     lines = [
-        f"config: {config.to_dict()}",
-        f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards"
-        f" ({redact_url(train_source.manifest_url or 'shard URLs')}), val {f['val_samples']} samples; "
-        f"{class_figure(run)}",
+        *config_lines(config),
+        f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards, "
+        f"val {f['val_samples']} samples; {class_figure(run)}",
+        f"data source: {source_line(train_source)}",
         f"batch: {plan.batch_size} per device x {plan.accum_steps} accumulation x "
         f"{plan.world_size} ranks = effective batch {plan.effective_batch}",
-        f"epoch: {plan.batches_per_epoch} batches per rank (drop_last leaves out about "
-        f"{max(dropped, 0)} per rank), {plan.steps_per_epoch} optimizer steps per epoch (the last "
-        f"accumulates {plan.last_window} of {plan.accum_steps} micro-batches), {plan.total_steps} "
-        f"steps over {plan.epochs} epochs",
+        f"epoch: {plan.batches_per_epoch} batches per rank, {plan.steps_per_epoch} optimizer "
+        f"steps; drop_last leaves out about {max(dropped, 0)} samples per rank",
+        f"steps: {plan.total_steps} over {plan.epochs} epochs; an epoch's last step "
+        f"accumulates {plan.last_window} of {plan.accum_steps} micro-batches",
         f"lr: peak {schedule.describe()}, linear warmup {schedule.warmup_steps} steps, cosine to "
         f"{schedule.min_lr:g} at step {schedule.total_steps}",
-        f"optimizer: {config.optimizer} momentum {config.momentum} weight decay {config.weight_decay} "
-        f"(not on norms/biases), label smoothing {config.label_smoothing}, clip {config.clip_grad or 'off'}",
+        f"optimizer: {config.optimizer} momentum {config.momentum} weight decay "
+        f"{config.weight_decay} (not on norms/biases), label smoothing "
+        f"{config.label_smoothing}, clip {config.clip_grad or 'off'}",
         f"loader: {config.loader.workers.count} workers per rank, image "
         f"{config.loader.crop.image_size} px, shuffle buffer {config.loader.shuffle.buffer}, "
         f"channels_last {config.channels_last}",
-        f"device: {info.device}, amp {config.amp}, world size {info.world_size}, seed {config.seed}, "
-        f"deterministic {config.deterministic}; model {config.model} ({f['parameters'] / 1e6:.2f} M parameters)",
+        f"device: {info.device}, amp {config.amp}, world size {info.world_size}, seed "
+        f"{config.seed}, deterministic {config.deterministic}",
+        f"model: {config.model} ({f['parameters'] / 1e6:.2f} M parameters)",
     ]
     if run.state.step:
         lines.append(
@@ -356,6 +367,30 @@ def log_startup(run: Run) -> None:
         )
     for line in lines:
         log.info("%s", line)
+
+
+# A log line of the changed options wraps before this many characters (a terminal's
+# width less the time and level in front of it).
+CONFIG_LINE_WIDTH = 120
+
+
+def config_lines(config: TrainConfig) -> list[str]:
+    """`config: RUN_DIR/config.json ...`, then the options changed from the defaults, one
+    short line per `--help` group (a long group goes on over more lines)."""
+    path = Path(config.run_dir) / "config.json"
+    changed = changed_flags(TrainConfig, config)
+    if not changed:
+        return [f"config: every option in {path}; all at their defaults"]
+    lines = [f"config: every option in {path}; changed from the defaults:"]
+    for section, flags in changed.items():
+        line = f"  {section}:"
+        for flag in flags:
+            if len(line) + 1 + len(flag) > CONFIG_LINE_WIDTH and not line.endswith(":"):
+                lines.append(line)
+                line = f"  {section}:"
+            line += f" {flag}"
+        lines.append(line)
+    return lines
 
 
 def class_figure(run: Run) -> str:
@@ -370,14 +405,36 @@ def finish(run: Run, end: dict) -> None:
     if not run.info.is_main:
         return
     if run.config.plot:
-        png = Path(run.config.run_dir) / PLOT_NAME
-        if plot_metrics(run.metrics.path, png, run.config.input_bound_threshold):
-            log.info("plot: %s", png)
-        else:
-            log.info("plot skipped: matplotlib is not installed (pip install 'shardpipe[bench]')")
+        draw_plot(run)
     log.info("metrics: %s", run.metrics.path)
     log.info("%s", summary_line(end, run.plan.steps_per_epoch))
 
 
+def draw_plot(run: Run) -> None:
+    """`RUN_DIR/metrics.png`; a missing or broken matplotlib costs the plot, not the run."""
+    png = Path(run.config.run_dir) / PLOT_NAME
+    try:
+        drawn = plot_metrics(run.metrics.path, png, run.config.input_bound_threshold)
+    except ImportError as error:  # installed, but it or a library it needs will not load
+        log.warning(
+            "plot skipped: matplotlib is installed but does not import (%s); "
+            "reinstall it: pip install --force-reinstall matplotlib",
+            error,
+        )
+        return
+    if drawn:
+        log.info("plot: %s", png)
+    else:
+        log.info("plot skipped: matplotlib is not installed; `pip install matplotlib` draws it")
+
+
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def source_line(source: ResolvedSource | ResolvedMix) -> str:
+    """What the train loader reads, for the start-up log: its manifest, or a mix's sources."""
+    if isinstance(source, ResolvedMix):
+        shares = ", ".join(f"{n} {q}" for n, q in zip(source.names, source.quotas, strict=True))
+        return f"a mix of {len(source.names)} sources (samples an epoch: {shares})"
+    return redact_url(source.manifest_url or "shard URLs")

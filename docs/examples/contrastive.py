@@ -4,9 +4,14 @@ A sketch of the data path, not a CLIP trainer: shards holding `{key}.jpg` + `{ke
 (img2dataset's layout, no class) -> `LoaderConfig(fields=("image", "txt"))` -> batches of
 uint8 images and a list of captions -> `CudaPrefetcher` (normalized images on the device,
 captions passed through) -> a tiny image encoder, a toy text encoder (hashed bag of words
-+ a linear layer) -> the symmetric InfoNCE loss. Runs on a CPU in seconds:
++ a linear layer) -> the symmetric InfoNCE loss. Runs on a CPU in seconds, here on
+caption shards built from the README's quick-start sample (a list of `path,caption`,
+built label-free with the caption as each sample's `txt`; any image-text tars, such as
+img2dataset's, work the same):
 
-    python docs/examples/contrastive.py 'data/shards/tar/train-{000000..000009}.tar' --steps 20
+    (cd data/sample && echo path,caption && for f in */*; do echo "$f,a photo of ${f%%/*}"; done) > data/sample/captions.csv
+    .venv/bin/preprocess build-shards --input data/sample/captions.csv --output data/pairs --label none --fields caption:txt --image-size 64
+    .venv/bin/python docs/examples/contrastive.py data/pairs --steps 20
 
 A real run swaps the toy encoders for open_clip's, and the hashing for a tokenizer given
 as a field transform (`Field("tokens", "text", source="txt", transform=Tokenize(77))`,

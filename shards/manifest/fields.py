@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from shards.errors import UsageError
 from shards.manifest.parse import MISSING, key_path, show_value, wrong_value
 from shards.manifest.state import ReadState
 from shards.manifest.table import SplitInfo
-from shards.sample import ALLOWED_FIELDS, FIELD_KINDS
+from shards.sample import FIELD_KINDS, check_member_name
 
 LABEL_MODES = ("single", "multi", "none")
 _FIELDS_KEYS = frozenset(("label", "members", "columns", "label_counts"))
@@ -61,11 +62,11 @@ def check_fields_entry(
     if type(members) is not dict or not members:
         reader.fail("fields.members", wrong_value(members, "an object of members and kinds"))
     for name, kind in members.items():
-        if name not in ALLOWED_FIELDS or type(kind) is not str or kind not in FIELD_KINDS:
+        if not readable_member(name) or type(kind) is not str or kind not in FIELD_KINDS:
             reader.fail(
                 key_path("fields.members", name),
-                f"{show_value(name)}: {show_value(kind)} is not an allowlisted member "
-                f"({', '.join(sorted(ALLOWED_FIELDS))}) of a kind in {list(FIELD_KINDS)}",
+                f"{show_value(name)}: {show_value(kind)} is not a readable member (letters, "
+                f"digits, '_' and '-', no pickle names) of a kind in {list(FIELD_KINDS)}",
             )
     columns = value.get("columns", {})
     if type(columns) is not dict:
@@ -98,3 +99,12 @@ def _check_label_counts(reader: ReadState, counts: Any, splits: dict) -> None:
                 reader.fail(
                     f"{where}[{index}]", wrong_value(count, f"a count of at most {samples}")
                 )
+
+
+def readable_member(name: object) -> bool:
+    """Whether a reader may read the member `name` (`shards.sample.check_member_name`)."""
+    try:
+        check_member_name(name)
+    except UsageError:
+        return False
+    return True

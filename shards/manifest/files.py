@@ -34,6 +34,16 @@ def write_manifest(
     return directory / MANIFEST_NAME
 
 
+def missing_manifest(location: str) -> str:
+    """Why a manifest may be missing, and what to do: a build of ours that did not finish,
+    or shards another tool wrote (which need none, or `preprocess index` to save one)."""
+    return (
+        f"no manifest at {location}: a `preprocess build-shards` output without one did not "
+        "finish (rerun the same command); shards written by other tools are read without "
+        "one, or get one from `preprocess index` on their directory"
+    )
+
+
 def read_manifest(
     path: str | Path,
     *,
@@ -47,7 +57,7 @@ def read_manifest(
     `shard_class_counts` read a subset, as for `Manifest.from_json`.
 
     Raises:
-        FileNotFoundError: there is no manifest (the build did not finish).
+        FileNotFoundError: there is no manifest (`missing_manifest` says why it may be).
         ManifestError: the file is larger than `MAX_MANIFEST_BYTES`, not a regular
             file (a FIFO: refused, never waited on) or not a valid manifest, or a side
             table it names is missing, not a regular file, or invalid.
@@ -56,10 +66,7 @@ def read_manifest(
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.exists():
-        raise FileNotFoundError(
-            f"no manifest at {path}: the build did not finish; rerun the same "
-            "`preprocess build-shards` command to complete it"
-        )
+        raise FileNotFoundError(missing_manifest(str(path)))
     try:
         file = open_regular_file(path)
     except NotRegularFileError as error:

@@ -398,11 +398,16 @@ class SplitInfo:
             object.__setattr__(self, "shards", ShardTable.from_infos(self.name, list(self.shards)))
 
     def patterns(self) -> dict[str, str]:
-        """Brace pattern of the shard files, per format."""
+        """Brace pattern of the shard files, per format whose names are ours (`shard_name`):
+        shards indexed with names of their own (`preprocess index`) have none."""
         if not len(self.shards):
             return {}
         count, layout = len(self.shards), self.shards.layout
-        return {fmt: shard_pattern(self.name, count, fmt, layout) for fmt in self.shards.formats}
+        return {
+            fmt: shard_pattern(self.name, count, fmt, layout)
+            for fmt in self.shards.formats
+            if self.shards.files[fmt].names is None
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The split with its shards inline, as in a version-1 manifest."""

@@ -127,7 +127,9 @@ class RetryingStream(RetryingReader):
         *,
         expected_size: int | None = None,
         clock: StreamClock | None = None,
+        end: int | None = None,
     ) -> None:
+        self._end = end  # a ranged fetch's stop: requests ask for no byte at or past it
         super().__init__(url, retry, offset, expected_size=expected_size, clock=clock)
         self.resumes = 0
         with self.clock.running():
@@ -175,7 +177,7 @@ class RetryingStream(RetryingReader):
             if self.clock.remaining() <= 0:
                 raise self.clock.error(self._url, self._pos, self._failures)
             try:
-                response = _request(self._url, self._pos, self.clock)
+                response = _request(self._url, self._pos, self.clock, self._end)
                 self._source = self._position(response)
                 return
             except ShardReadError:
@@ -271,13 +273,16 @@ class HttpRangeFile(io.RawIOBase):
         )
 
 
-def _request(url: str, offset: int, clock: StreamClock) -> http.client.HTTPResponse:
-    """GET `url` from byte `offset`, following up to MAX_REDIRECTS http(s) redirects."""
+def _request(
+    url: str, offset: int, clock: StreamClock, end: int | None = None
+) -> http.client.HTTPResponse:
+    """GET `url` from byte `offset` (up to `end` when given), following up to
+    MAX_REDIRECTS http(s) redirects."""
     current = url
     for _ in range(MAX_REDIRECTS + 1):
-        response = _get(current, offset, clock, send_auth=_same_origin(current, url))
+        response = _get(current, offset, clock, send_auth=_same_origin(current, url), end=end)
         if response.status not in (301, 302, 303, 307, 308):
-            _check_status(url, response, offset)
+            _check_status(url, response, bool(offset) or end is not None)
             return response
         location = response.getheader("Location") or ""
         response.close()
@@ -285,7 +290,9 @@ def _request(url: str, offset: int, clock: StreamClock) -> http.client.HTTPRespo
     raise ShardReadError(url, f"more than {MAX_REDIRECTS} redirects")
 
 
-def _get(url: str, offset: int, clock: StreamClock, *, send_auth: bool) -> http.client.HTTPResponse:
+def _get(
+    url: str, offset: int, clock: StreamClock, *, send_auth: bool, end: int | None = None
+) -> http.client.HTTPResponse:
     parts = urlsplit(url)
     connection_class = (
         http.client.HTTPSConnection
@@ -297,8 +304,8 @@ def _get(url: str, offset: int, clock: StreamClock, *, send_auth: bool) -> http.
     connection = connection_class(parts.hostname, parts.port, timeout=clock.socket_timeout())
     # `Connection: close` hands the socket to the response: closing it frees everything.
     headers = {"Connection": "close", "User-Agent": "shardpipe"}
-    if offset:
-        headers["Range"] = f"bytes={offset}-"
+    if offset or end is not None:
+        headers["Range"] = f"bytes={offset}-" + ("" if end is None else str(end - 1))
     if send_auth and parts.username is not None:
         credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
@@ -313,9 +320,9 @@ def _get(url: str, offset: int, clock: StreamClock, *, send_auth: bool) -> http.
         raise
 
 
-def _check_status(url: str, response: http.client.HTTPResponse, offset: int) -> None:
+def _check_status(url: str, response: http.client.HTTPResponse, ranged: bool) -> None:
     status = response.status
-    if status == 200 or (status == 206 and offset):
+    if status == 200 or (status == 206 and ranged):
         return
     reason = response.reason
     retry_after = _retry_after(response)

@@ -151,6 +151,8 @@ def changed_value(name: str, default):
         "hflip": 0.25,
         "crop_fraction": 0.5,
         "timeout": 5.0,
+        "cache_dir": "/tmp/shard-cache",
+        "cache_limit": 2**30,
     }
     if name in special:
         return special[name]
@@ -333,3 +335,21 @@ def test_flags_are_never_abbreviated_and_an_unknown_one_gets_a_suggestion(
     assert len(lines) == 1 and "unrecognized arguments: " in lines[0], lines
     if suggested:
         assert f"(did you mean {suggested}?)" in lines[0]
+
+
+def test_a_mix_takes_sources_only_and_reads_them_exactly():
+    from pipeline import Mixing, Source
+
+    mix = [Source("data/web", weight=0.7), Source("data/curated", weight=0.3)]
+    assert LoaderConfig(source=mix).is_mix and not LoaderConfig(source="data/web").is_mix
+    assert LoaderConfig(source=Source("data/web", repeat=1)).source == (
+        Source("data/web", repeat=1),
+    )
+    with pytest.raises(SettingError, match="mixes Source"):
+        LoaderConfig(source=[mix[0], "data/other"])
+    with pytest.raises(SettingError, match="must be Exact"):
+        LoaderConfig(source=mix, resampled=True)
+    with pytest.raises(SettingError, match="Mixing.batches 'one' is not one of mixed, single"):
+        LoaderConfig(source=mix, mixing=Mixing(batches="one"))
+    shown = repr(LoaderConfig(source=[Source("https://u:secret@h/d/manifest.json", weight=1)]))
+    assert "secret" not in shown and "Source(source='https://" in shown

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from pipeline.dataset import LoaderDataError, check_class_range, class_ranged_fields
+from shards.errors import UsageError
 from shards.manifest import read_manifest
 from shards.sample import (
     Field,
@@ -470,7 +471,7 @@ def test_good_field_values_and_their_collation():
     ],
 )
 def test_bad_field_lists_are_refused(fields):
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         resolve_fields(fields)
 
 
@@ -479,19 +480,26 @@ def test_bad_field_lists_are_refused(fields):
     [
         dict(name="x", kind="tensor"),
         dict(name="x", kind="text", source="pkl"),
+        dict(name="x", kind="text", source="pth"),
+        dict(name="x", kind="json", source="__error__"),
+        dict(name="x", kind="text", source="seg.png"),
+        dict(name="x", kind="image", source="photo"),
         dict(name="x", kind="multi_label"),
         dict(name="x", kind="text", num_classes=3),
         dict(name="x", kind="text", key="a"),
         dict(name="x", kind="image", transform=partial(ragged)),
+        dict(name="x", kind="text", max_bytes=0),
+        dict(name="", kind="text"),
     ],
 )
 def test_bad_field_specs_are_refused(options):
-    with pytest.raises(ValueError):
+    # A UsageError is a ValueError: callers catching that still do.
+    with pytest.raises(UsageError):
         Field(**options)
 
 
 def test_bad_fields_fail_before_any_shard_is_opened(tmp_path):
-    with pytest.raises(ValueError, match="unknown field 'caption'"):
+    with pytest.raises(UsageError, match="unknown field 'caption'"):
         loader_for(str(tmp_path / "missing-{000000..000003}.tar"), fields=("image", "caption"))
 
 

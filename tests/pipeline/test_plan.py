@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline import loader as loader_module
+from pipeline import dataset as dataset_module
 from pipeline.config import Batching, Shuffle
 from pipeline.plan import (
     SEGMENT_INTS,
@@ -190,7 +190,7 @@ def test_the_loader_plans_each_epoch_once_for_len_the_log_and_what_is_left(shard
         planned.append(tuple(args[5]) if len(args) > 5 else ())
         return plan_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(loader_module, "plan_epoch", counted)
+    monkeypatch.setattr(dataset_module, "plan_epoch", counted)  # where loader and workers ask
     options = dict(num_workers=2, persistent_workers=False)
     first = loader_for(shard_dir, rank=0, world_size=2, **options)
     assert planned == [()]  # the log line's plan

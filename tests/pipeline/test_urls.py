@@ -321,3 +321,40 @@ def test_http_credentials_stay_basic_auth_and_azure_containers_stay_legal():
     assert "***@account" in url_credentials_problem("abfs://container:key@account/a.tar")
     assert url_credentials_problem("s3://bucket/key@2x.tar") is None  # '@' in the key is fine
     assert url_credentials_problem("/data/user:pw@x.tar") is None
+
+
+# --- globs: local paths only, after the braces ----------------------------------------------
+
+
+def touch_shards(folder, names):
+    for name in names:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+
+def test_a_local_glob_expands_sorted_and_recursive_with_two_stars(tmp_path):
+    touch_shards(tmp_path, ["b.tar", "a.tar", "c.parquet", "sub/d.tar", "notes.txt"])
+    assert expand_urls(str(tmp_path / "*.tar")) == [
+        str(tmp_path / "a.tar"),
+        str(tmp_path / "b.tar"),
+    ]
+    assert expand_urls(str(tmp_path / "**/*.tar")) == [
+        str(tmp_path / name) for name in ("a.tar", "b.tar", "sub/d.tar")
+    ]
+    both = expand_urls(str(tmp_path / "{a,b}*.tar"))  # braces first, then each glob
+    assert both == [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
+
+
+def test_a_glob_that_matches_nothing_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"no file matches .*\*\.tar"):
+        expand_urls(str(tmp_path / "*.tar"))
+
+
+def test_an_existing_name_with_glob_characters_is_taken_as_written(tmp_path):
+    touch_shards(tmp_path, ["odd[1].tar", "odd1.tar"])
+    assert expand_urls(str(tmp_path / "odd[1].tar")) == [str(tmp_path / "odd[1].tar")]
+
+
+def test_remote_urls_are_never_globbed():
+    assert expand_urls("https://example.com/shards/*.tar") == ["https://example.com/shards/*.tar"]

@@ -77,7 +77,7 @@ def one_line(capsys) -> str:
             "not allowed with",
         ),
         (["make-sample", "--output", "o", "--count", "0"], "--count"),
-        (["verify"], "directory"),
+        (["verify"], "source"),
         (["info", "d", "--bogus"], "--bogus"),
     ],
 )
@@ -96,7 +96,12 @@ def test_data_mistakes_exit_1_with_one_line_before_ray(tmp_path, images, capsys,
     assert "does not exist" in one_line(capsys)
     assert not out.exists()
     assert main(["verify", str(tmp_path / "nope")]) == 1
-    assert one_line(capsys).startswith("preprocess verify: FAILED: no manifest")
+    assert one_line(capsys).startswith("preprocess verify: FAILED: no such file or directory")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["verify", str(empty)]) == 1
+    line = one_line(capsys)
+    assert "no manifest at" in line and "no *.tar or *.parquet shard files" in line
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "manifest.json").write_text('{"version": 2}')

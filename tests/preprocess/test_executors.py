@@ -7,6 +7,7 @@ dead worker is a real `os._exit` in one of them.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -287,3 +288,44 @@ def test_ray_writes_the_inline_build_byte_for_byte(sample_dir, built_shards, tmp
     assert "ray start " in result.stdout and "starting Ray (local, 2 CPUs)" in result.stderr
     assert "SIGTERM handler" not in result.stderr  # Ray started in the background, quietly
     assert all_files(out) == all_files(built_shards.output)
+
+
+def test_auto_picks_ray_by_the_inputs_left_to_build_and_says_why(monkeypatch):
+    """The size rule: the local pool under `ray_min_inputs`, Ray from it; nothing to do: local."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = BuildConfig(input="i", output="o", workers=2)
+    threshold = preprocess.pool.ray_min_inputs(2)
+    assert threshold == math.ceil(
+        preprocess.pool.RAY_START_S
+        / preprocess.pool.RAY_START_SHARE
+        * preprocess.pool.IMAGES_PER_CPU_S
+        * 2
+    )
+    small, large, idle = (preprocess.job.choose_executor(config) for _ in range(3))
+    small.decide(threshold - 1)
+    large.decide(threshold)
+    idle.decide(0)
+    assert (small.kind, large.kind, idle.kind) == ("local", "ray", "local")
+    assert small.reason.startswith(f"auto: {threshold - 1} inputs to build, under the {threshold}")
+    assert large.reason.startswith(f"auto: {threshold} inputs to build, at least the {threshold}")
+    assert idle.reason == "auto: nothing to build"
+    named = preprocess.job.choose_executor(BuildConfig(input="i", output="o", ray_address="auto"))
+    named.decide(1)  # a named cluster is Ray whatever the size
+    assert named.kind == "ray"
+    assert named.reason == "auto: a Ray cluster is named (--ray-address or RAY_ADDRESS)"
+    forced = preprocess.job.choose_executor(BuildConfig(input="i", output="o", executor="local"))
+    forced.decide(10**9)
+    assert (forced.kind, forced.reason) == ("local", "--executor local")
+
+
+@pytest.mark.timeout(120)
+def test_a_small_auto_build_and_its_rerun_say_why_the_local_pool_ran(
+    sample_dir, tmp_path, monkeypatch, no_ray
+):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = small_build_config(sample_dir, tmp_path / "out", executor="auto", workers=2)
+    first = run_build(config)
+    assert first.executor == "local"
+    assert first.executor_reason.startswith("auto: 240 inputs to build, under the ")
+    again = run_build(config)
+    assert (again.executor, again.executor_reason) == ("local", "auto: nothing to build")

@@ -26,7 +26,7 @@ from preprocess.output import DEFAULT_LAYOUT
 from preprocess.ray_job import BuildError
 from preprocess.sample import make_sample
 from preprocess.verify import describe, verify_directory
-from shards.clients import INFO_NAME, client_files, wids_index_name
+from shards.clients import INFO_NAME, SIZES_NAME, client_files, wids_index_name
 from shards.manifest import (
     LAYOUT_BY_FORMAT,
     LAYOUT_FLAT,
@@ -87,9 +87,9 @@ def test_by_format_is_the_default_and_puts_each_format_in_a_directory_of_its_own
     manifest = summary.manifest
     assert {p.name for p in (out / "tar").iterdir()} == {
         f"{split}-{i:06d}.tar" for split, s in manifest.splits.items() for i in range(len(s.shards))
-    }
+    } | {SIZES_NAME}
     assert all(p.suffix == ".parquet" for p in (out / "parquet").iterdir())
-    assert len(list((out / "parquet").iterdir())) == len(list((out / "tar").iterdir()))
+    assert len(list((out / "parquet").iterdir())) == len(list((out / "tar").iterdir())) - 1
     document = json.loads((out / MANIFEST_NAME).read_text())
     assert (document["version"], document["layout"]) == (3, LAYOUT_BY_FORMAT)
     assert document["splits"]["train"]["patterns"]["tar"].startswith("tar/train-{000000..")
@@ -293,10 +293,10 @@ def test_index_rewrites_the_client_files_byte_identical_without_a_shard(by_forma
 
 def test_index_writes_client_files_for_an_old_flat_output(flat, tmp_path):
     summary, out = flat
-    for name in (INFO_NAME, wids_index_name("train"), wids_index_name("val")):
+    for name in (INFO_NAME, wids_index_name("train"), wids_index_name("val"), SIZES_NAME):
         (out / name).unlink()
     written = rewrite_client_files(str(out))
-    assert written == [INFO_NAME, wids_index_name("train"), wids_index_name("val")]
+    assert written == [INFO_NAME, wids_index_name("train"), wids_index_name("val"), SIZES_NAME]
     info = json.loads((out / INFO_NAME).read_text())
     assert info["splits"]["train"]["filenames"][0] == "train-000000.tar"
 
@@ -374,7 +374,7 @@ def test_build_shards_writes_by_format_by_default_through_the_command_line(
     assert preprocess_main(args) == 0
     printed = capsys.readouterr().out
     assert "files left out by extension: .tga: 1" in printed
-    assert f"for timm and wids: {INFO_NAME}, train.wids.json" in printed
+    assert f"for timm, wids and open_clip: {INFO_NAME}, train.wids.json" in printed
     assert (out / "tar" / "train-000000.tar").is_file()
     assert read_manifest(out).layout == LAYOUT_BY_FORMAT
     assert preprocess_main([*args, "--layout", "by_format"]) == 0  # asked for: the same

@@ -717,3 +717,36 @@ def test_the_default_caps_are_the_member_cap_and_unasked_text_is_never_read():
     stream = FailingStream(data, LinkDown("the txt column was read"), *column_range(data, 0, "txt"))
     got = list(iter_parquet_samples(stream, "u", fields=frozenset({"jpg", "cls"})))
     assert len(got) == 8 and not any("txt" in s for s in got)
+
+
+# --- columns a Field maps (`caption`): read as asked, typed and capped ---------------------
+
+
+def test_a_mapped_column_of_a_type_no_field_decodes_is_a_schema_error_naming_it():
+    data = write_table({"jpg": [b"i"], "caption": pa.array([{"a": 1}])})
+    with pytest.raises(ShardError) as caught:
+        read(data, fields=frozenset(("jpg", "caption")))
+    assert caught.value.reason == "schema" and "'caption'" in caught.value.detail
+    assert keys(read(data, fields=frozenset(("jpg",))))  # not asked for: never looked at
+
+
+def test_mapped_numbers_and_id_lists_are_the_json_a_tar_member_holds():
+    data = write_table(
+        {
+            "jpg": [b"i", b"j"],
+            "score": pa.array([0.5, float("nan")]),
+            "ids": pa.array([[1, 2], []], pa.list_(pa.int16())),
+            "n": pa.array([3, None], pa.int8()),
+        }
+    )
+    a, b = read(data, fields=frozenset(("jpg", "score", "ids", "n")))
+    assert (a["score"], a["ids"], a["n"]) == (b"0.5", b"[1, 2]", b"3")
+    assert (b["score"], b["ids"], "n" in b) == (b"NaN", b"[]", False)  # NaN: bad_weight later
+
+
+def test_a_mapped_cell_over_its_cap_is_its_fields_skip_and_is_not_kept():
+    data = write_table({"jpg": [b"i", b"j"], "caption": ["short", "x" * 5000]})
+    limits = ReadLimits(member_caps=(MemberCap("caption", 100, "bad_text", "txt"),))
+    a, b = read(data, fields=frozenset(("jpg", "caption")), limits=limits)
+    assert a["caption"] == b"short"
+    assert b["__error__"].reason == "bad_text" and "caption" not in b

@@ -128,3 +128,49 @@ def test_walk_is_top_down_relative_and_prunable():
     finally:
         memory.rm("/walk-test", recursive=True)
     assert seen == [("", ["a"], ["top.txt"]), ("a", ["b"], ["1.jpg"]), ("a/b", [], ["2.jpg"])]
+
+
+def test_a_ranged_stream_asks_for_its_span_only_and_resumes_inside_it(tmp_path):
+    from shards.storage import RetryingStream
+
+    data = bytes(range(256)) * 64
+    (tmp_path / "blob").write_bytes(data)
+    server = LocalHTTPServer(tmp_path)
+    with server as base:
+        server.close_after("/blob", 100, times=1)
+        with RetryingStream(f"{base}/blob", FAST, 1000, end=3000) as stream:
+            got = b""
+            while len(got) < 2000:
+                got += stream.read(2000 - len(got))
+    assert got == data[1000:3000]
+    assert [r.range for r in server.requests] == ["bytes=1000-2999", "bytes=1100-2999"]
+
+
+@pytest.mark.parametrize("ranges", [True, False])
+def test_fetch_into_copies_a_shard_exactly_with_or_without_server_ranges(
+    tmp_path, monkeypatch, ranges
+):
+    from shards.storage import ranged
+
+    monkeypatch.setattr(ranged, "MIN_SPAN", 1000)
+    monkeypatch.setattr(ranged, "MAX_SPAN", 1000)
+    data = bytes(range(251)) * 40  # 10,040 bytes: eleven spans, the last short
+    (tmp_path / "blob").write_bytes(data)
+    server = LocalHTTPServer(tmp_path, ranges=ranges)
+    with server as base, open(tmp_path / "copy", "w+b") as out:
+        got = ranged.fetch_into(f"{base}/blob", out.fileno(), FAST, size=len(data), connections=4)
+    assert got == len(data)
+    assert (tmp_path / "copy").read_bytes() == data
+    assert len(server.requests) == 11
+
+
+def test_fetch_into_refuses_a_shard_larger_than_the_manifest_says(tmp_path):
+    from shards.storage.ranged import fetch_into
+
+    (tmp_path / "blob").write_bytes(b"x" * 5000)
+    with (
+        LocalHTTPServer(tmp_path) as base,
+        open(tmp_path / "copy", "w+b") as out,
+        pytest.raises(ShardReadError, match="more than the manifest"),
+    ):
+        fetch_into(f"{base}/blob", out.fileno(), FAST, size=4000)

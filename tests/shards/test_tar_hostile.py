@@ -724,3 +724,98 @@ def test_a_webdataset_tarwriter_shard_with_dotted_keys_counts_every_group():
     assert good == ["s0", "s2", "s4", "s6"] and dotted == ["s1", "s3", "s5"]
     assert {s["__error__"].reason for s in samples if "__error__" in s} == {"dotted_key"}
     assert count_tar_samples(io.BytesIO(data), URL) == len(keys)
+
+
+# --- members a Field maps (`caption`): read as asked, never a sample on their own ----------
+
+MAPPED = frozenset(("jpg", "caption"))
+
+
+@pytest.mark.parametrize("stream", list(STREAMS.values()), ids=list(STREAMS))
+def test_a_held_caption_goes_with_its_sample_and_a_later_bad_member_drops_it(stream):
+    data = archive(
+        member(b"a.caption", b"for a"),
+        member(b"a.jpg", HUGE),  # over the image cap below: the sample is one skip
+        member(b"b.caption", b"for b"),
+        member(b"b.jpg", b"img"),
+    )
+    limits = ReadLimits(member_bytes=1000)
+    a, b = iter_tar_samples(stream(data), URL, fields=MAPPED, limits=limits)
+    assert a["__error__"].reason == "member_too_large" and "caption" not in a
+    assert b == {"__key__": "b", "__url__": SHOWN, "caption": b"for b", "jpg": b"img"}
+
+
+def test_a_held_caption_with_a_bad_name_makes_its_sample_a_bad_name_skip():
+    data = archive(member(b"a\x1b[2J.caption", b"x"), member(b"a\x1b[2J.jpg", b"img"))
+    (sample,) = iter_tar_samples(io.BytesIO(data), URL, fields=MAPPED)
+    assert sample["__error__"].reason == "bad_name" and "\x1b" not in sample["__key__"]
+
+
+def test_a_caption_that_is_not_a_regular_file_is_never_read():
+    data = archive(member(b"a.caption", b"", kind=b"2"), member(b"a.jpg", b"img"))
+    (sample,) = iter_tar_samples(io.BytesIO(data), URL, fields=MAPPED)
+    assert sample == {"__key__": "a", "__url__": SHOWN, "jpg": b"img"}
+
+
+def test_a_caption_repeated_after_its_image_is_a_duplicate_field():
+    data = archive(member(b"a.caption", b"1"), member(b"a.jpg", b"i"), member(b"a.caption", b"2"))
+    with pytest.raises(ShardError) as caught:
+        list(iter_tar_samples(io.BytesIO(data), URL, fields=MAPPED))
+    assert caught.value.reason == "duplicate_field"
+
+
+def test_orphan_captions_are_not_samples_and_keep_counts_and_windows_unchanged():
+    members = []
+    for index in range(6):
+        members.append(member(f"o{index}.caption".encode(), b"orphan"))  # no image: no sample
+        members.append(member(f"k{index}.caption".encode(), f"c{index}".encode()))
+        members.append(member(f"k{index}.jpg".encode(), b"img"))
+    data = archive(*members)
+    assert count_tar_samples(io.BytesIO(data), URL) == 6
+    for start, stop in ((0, 6), (2, 5), (5, 6)):
+        window = list(iter_tar_samples(io.BytesIO(data), URL, start, stop, fields=MAPPED))
+        assert [(s["__key__"], s["caption"]) for s in window] == [
+            (f"k{i}", f"c{i}".encode()) for i in range(start, stop)
+        ]
+
+
+def test_mutated_archives_give_the_same_samples_and_errors_with_or_without_a_mapped_field():
+    """Reading `caption` too never changes which samples a shard holds or how it fails."""
+    import random
+
+    members = []
+    for index in range(8):
+        if index % 3 == 0:
+            members.append(member(f"o{index}.caption".encode(), b"orphan"))
+        members.append(member(f"k{index}.caption".encode(), b"c" * (index * 100)))
+        members.append(member(f"k{index}.jpg".encode(), b"j" * 700))
+        if index % 2:
+            members.append(member(f"k{index}.txt".encode(), b"t"))
+    original = archive(*members)
+    limits = ReadLimits(member_bytes=600)  # some captions and every image over it
+
+    def run(data, fields, start=0, stop=None):
+        got = []
+        try:
+            for sample in iter_tar_samples(
+                io.BytesIO(data), URL, start, stop, fields=fields, limits=limits
+            ):
+                got.append(sample)
+        except ShardError as error:
+            return got, error.reason
+        return got, None
+
+    rng = random.Random(20)
+    for _ in range(400):
+        data = bytearray(original)
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            data = data[: rng.randrange(len(data))]
+        plain, plain_error = run(bytes(data), frozenset(("jpg", "txt")))
+        mapped, mapped_error = run(bytes(data), frozenset(("jpg", "txt", "caption")))
+        assert mapped_error == plain_error
+        assert [s["__key__"] for s in mapped] == [s["__key__"] for s in plain]
+        start = rng.randrange(6)
+        window, _ = run(bytes(data), frozenset(("jpg", "caption")), start, start + 3)
+        assert [s["__key__"] for s in window] == [s["__key__"] for s in plain[start : start + 3]]

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import trainers.data
 from shards.flags import default_values, flag_specs
-from tests.trainers.conftest import REPO, subprocess_env
-from trainers.config import COMMANDS, TrainConfig, build_parser
-from trainers.train import main
+from tests.trainers.conftest import REPO, base_args, subprocess_env
+from trainers.config import COMMANDS, TrainConfig, build_parser, parse_command_line
+from trainers.metrics import PLOT_NAME
+from trainers.schedule import BatchPlan, build_schedule
+from trainers.train import CONFIG_LINE_WIDTH, config_lines, draw_plot, log_startup, main
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -289,3 +293,180 @@ def test_console_script_mistakes(tmp_path):
         else:
             lines = err.splitlines()
             assert len(lines) == 1 and fragment in lines[0], err
+
+
+# The start-up log: short lines, the whole config in the run directory
+
+
+@pytest.mark.slow
+def test_startup_log_is_short_lines_and_the_whole_config_is_in_the_run_dir(
+    train_shards, tmp_path, capsys
+):
+    """It was one line of 1,223 characters (the config dict); now config.json holds it."""
+    run_dir = tmp_path / "run"
+    argv = base_args(train_shards, run_dir, epochs=1, max_steps=1, batch_size=8, plot=False)
+    assert main(argv) == 0
+    lines = [
+        line.split(" INFO ", 1)[1]
+        for line in capsys.readouterr().err.splitlines()
+        if " INFO " in line
+    ]
+    first_batch = next(i for i, line in enumerate(lines) if line.startswith("time to first batch"))
+    startup = lines[:first_batch]
+    assert len(startup) >= 10, startup
+    assert max(len(line) for line in startup) < 200, max(startup, key=len)
+    assert (
+        f"config: every option in {run_dir / 'config.json'}; changed from the defaults:" in startup
+    )
+    groups = {line.split(":")[0].strip(): line for line in startup if line.startswith("  ")}
+    assert "--batch-size 8 --epochs 1 --max-steps 1" in groups["batch"], groups
+    assert "--no-plot" in groups["metrics"] and "--workers 0" in groups["workers"], groups
+    assert not any("{'" in line for line in startup)  # no dict repr left in the log
+    stored = json.loads((run_dir / "config.json").read_text())
+    _, config = parse_command_line(argv)
+    assert stored["config"] == config.to_dict()  # every option, resolved
+    assert stored["effective_batch"] == 8
+
+
+def test_every_startup_line_is_short_for_a_run_of_many_options(trainer_log):
+    """`log_startup` on a run with long paths and many changed options (no data read)."""
+    source = "/data/" + "long-directory-name/" * 6 + "manifest.json"
+    argv = ["--train-shards", source, "--run-dir", "/runs/" + "deep/" * 12, "--batch-size", "96"]
+    argv += ["--accum-steps", "3", "--epochs", "90", "--lr", "0.8", "--warmup-steps", "1234"]
+    argv += ["--amp", "bf16", "--workers", "7", "--clip-grad", "1.5", "--seed", "123456"]
+    _, config = parse_command_line(argv)
+    plan = BatchPlan(96, 3, 64, 12_345, 90)
+    schedule = build_schedule(plan, 0.8, 256, "linear", 0.0, 0.05, 1234)
+    source_info = SimpleNamespace(
+        total_samples=1_281_167, shards=[None] * 1024, manifest_url=source
+    )
+    run = SimpleNamespace(
+        config=config,
+        plan=plan,
+        schedule=schedule,
+        info=SimpleNamespace(world_size=64, device="cuda:0"),
+        loaders=SimpleNamespace(train=SimpleNamespace(source=source_info), val=None, classes=[]),
+        identity={"num_classes": 1000},
+        module=torch.nn.Linear(4, 2),
+        state=SimpleNamespace(step=4567, epoch=3),
+    )
+    log_startup(run)
+    lines = trainer_log.messages
+    assert len(lines) >= 15 and lines[0].startswith("config: every option in /runs/deep/")
+    assert max(len(line) for line in lines) < 200, max(lines, key=len)
+    assert any(line.startswith("  batch: --batch-size 96 --accum-steps 3") for line in lines)
+    assert "batch: 96 per device x 3 accumulation x 64 ranks = effective batch 18432" in lines
+    assert lines[-1] == f"resumed at step 4567 of {plan.total_steps}, epoch 3"
+
+
+def test_changed_options_wrap_into_short_lines_per_group():
+    secret_source = "s3://key:secret@bucket/" + "d" * 150 + "/manifest.json"
+    argv = ["--train-shards", secret_source, "--batch-size", "8", "--epochs", "3", "--lr", "0.5"]
+    argv += ["--no-progress", "--channels-last", "--probe-batches", "2,4,8", "--workers", "3"]
+    argv += ["--image-size", "96", "--shuffle-buffer", "64", "--seed", "7", "--amp", "bf16"]
+    _, config = parse_command_line(argv)
+    lines = config_lines(config)
+    assert (
+        lines[0]
+        == f"config: every option in {config.run_dir}/config.json; changed from the defaults:"
+    )
+    assert all(len(line) <= CONFIG_LINE_WIDTH for line in lines), lines
+    text = " ".join(lines)
+    assert "secret" not in text and "s3://***@bucket/ddd" in text  # redacted, shortened
+    for flag in (
+        "--batch-size 8",
+        "--epochs 3",
+        "--lr 0.5",
+        "--no-progress",
+        "--channels-last",
+        "--probe-batches 2,4,8",
+        "--workers 3",
+        "--image-size 96",
+        "--amp bf16",
+    ):
+        assert text.count(flag) == 1, flag
+    assert "--model" not in text  # at its default
+    assert config_lines(TrainConfig()) == [
+        f"config: every option in {TrainConfig().run_dir}/config.json; all at their defaults"
+    ]
+
+
+# The metrics plot
+
+
+class Lines(logging.Handler):
+    """The messages logged to `trainers` (whose handlers do not propagate to caplog's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def trainer_log() -> Lines:
+    handler = Lines()
+    logger = logging.getLogger("trainers")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def plot_run(tmp_path: Path) -> SimpleNamespace:
+    """What `draw_plot` reads of a run: its directory, metrics file and threshold."""
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {
+            "kind": "train",
+            "step": s,
+            "epoch": 0,
+            "loss": 1.0 / s,
+            "lr": 0.1,
+            "images_per_s": 100.0,
+            "data_wait_frac": 0.1,
+        }
+        for s in (1, 2)
+    ]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = SimpleNamespace(run_dir=str(tmp_path), input_bound_threshold=0.2)
+    return SimpleNamespace(config=config, metrics=SimpleNamespace(path=metrics))
+
+
+def test_plot_is_skipped_as_not_installed_only_when_matplotlib_is_missing(
+    tmp_path, monkeypatch, trainer_log
+):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what find_spec reports as absent
+    draw_plot(plot_run(tmp_path))
+    assert trainer_log.messages == [
+        "plot skipped: matplotlib is not installed; `pip install matplotlib` draws it"
+    ]
+    assert not (tmp_path / PLOT_NAME).exists()
+
+
+def test_a_broken_matplotlib_says_so_and_the_run_still_ends(tmp_path, monkeypatch, trainer_log):
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ImportError('libfreetype.so.6: cannot open shared object file')\n"
+    )
+    for name in [name for name in sys.modules if name.split(".")[0] == "matplotlib"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(fake.parent))
+    draw_plot(plot_run(tmp_path))
+    (message,) = trainer_log.messages
+    assert "matplotlib is installed but does not import (libfreetype.so.6" in message
+    assert "pip install --force-reinstall matplotlib" in message
+    assert "not installed" not in message
+
+
+def test_plot_is_drawn_with_matplotlib(tmp_path, trainer_log):
+    pytest.importorskip("matplotlib")
+    draw_plot(plot_run(tmp_path))
+    png = tmp_path / PLOT_NAME
+    assert trainer_log.messages == [f"plot: {png}"]
+    assert png.read_bytes().startswith(b"\x89PNG")

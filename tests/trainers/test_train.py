@@ -43,7 +43,7 @@ def test_loss_falls_and_val_accuracy_beats_chance(train_shards, tmp_path, capsys
     err = capsys.readouterr().err
     for figure in (
         "effective batch 16",
-        "optimizer steps per epoch",
+        "optimizer steps; drop_last leaves out",
         "warmup",
         "peak 0.4 x 16/256",
         "workers",

@@ -1,0 +1,277 @@
+"""Shards we did not build: the files a directory or glob names, and the one pass that indexes them.
+
+img2dataset and webdataset's `ShardWriter` write shards without our manifest. The loader,
+`preprocess verify`, `info` and `index` take such a directory (or a glob) through
+`list_shards`, read each shard once with `survey_shard` (its samples, bytes, sha256 and
+the members its samples hold) and, for `index`, make the surveys a `Manifest` with
+`foreign_manifest`, saved beside the shards so exact epochs and resume work as on ours.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shards.errors import ReadLimits, UsageError
+from shards.formats import FORMATS, format_of_url, get_format
+from shards.io import file_sha256
+from shards.manifest.fields import fields_entry
+from shards.manifest.model import Manifest
+from shards.manifest.names import LAYOUT_FLAT, MANIFEST_NAME
+from shards.manifest.table import FileInfo, ShardInfo, ShardTable, SplitInfo
+from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, LABEL_FIELDS
+from shards.storage import is_remote
+
+GLOB_CHARACTERS = frozenset("*?[")
+# What `foreign_manifest` records each member as (`fields.members`): the kind the loader
+# reads it as by default. `labels` is left out: a multi-label entry needs per-class counts.
+MEMBER_KINDS = {
+    **{name: "image" for name in IMAGE_FIELDS},
+    **{name: "label" for name in LABEL_FIELDS},
+    "txt": "text",
+    "json": "json",
+    "weight": "weight",
+}
+INDEXED_BY = "preprocess index"
+
+
+def is_glob(source: str) -> bool:
+    """A local path with `*`, `?` or `[` that names no file as written (`DIR/*.tar`)."""
+    return (
+        not is_remote(source)
+        and "://" not in source  # a `file://` URL names its file exactly
+        and any(char in GLOB_CHARACTERS for char in source)
+        and not os.path.exists(source)
+    )
+
+
+def expand_glob(pattern: str) -> list[str]:
+    """The regular files `pattern` matches (`**` included), sorted, as absolute paths.
+
+    Raises:
+        UsageError: nothing matches.
+    """
+    paths = sorted(
+        os.path.abspath(path) for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)
+    )
+    if not paths:
+        raise UsageError(f"no file matches {pattern!r}; check the directory and the pattern")
+    return paths
+
+
+def list_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
+    """`(format, paths)` of the shards a directory without our manifest, or a glob, holds.
+
+    A directory: its `.tar` or `.parquet` files directly under it. A glob: the files it
+    matches with a shard suffix. One format only: `fmt` chooses when both are there.
+
+    Raises:
+        UsageError: no shard, or both formats and no `fmt` (the message names both counts
+            and the `format=` to choose), or `fmt` names a format that is not there.
+    """
+    if os.path.isdir(source):
+        where = f"no manifest at {os.path.join(source, MANIFEST_NAME)}, and {source}"
+        candidates = sorted(
+            entry.path for entry in os.scandir(os.path.abspath(source)) if entry.is_file()
+        )
+    else:
+        where = repr(source)
+        candidates = expand_glob(source)
+    found: dict[str, list[str]] = {}
+    for path in candidates:
+        shard_format = shard_format_of(path)
+        if shard_format is not None:
+            found.setdefault(shard_format, []).append(path)
+    return pick_format(found, where, fmt)
+
+
+def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
+    """`(format, paths)` of a local directory without our manifest, a glob or one shard file.
+
+    What `preprocess verify`, `info` and `index` read when there is no manifest.
+
+    Raises:
+        UsageError: a remote URL or a brace pattern (both say what to pass instead), or
+            as `list_shards`.
+        FileNotFoundError: the path names nothing.
+    """
+    if is_remote(source):
+        raise UsageError(
+            f"{source}: this command reads local shards; copy them here, or read them with "
+            "the loader, which takes shard URLs"
+        )
+    if os.path.isdir(source) or is_glob(source):
+        return list_shards(source, fmt)
+    if os.path.isfile(source):
+        found = shard_format_of(source)
+        if found is None or (fmt is not None and fmt != found):
+            wanted = " or ".join(shard_format.suffix for shard_format in FORMATS.values())
+            raise UsageError(f"{source} is not a {fmt or wanted} shard file")
+        return found, [os.path.abspath(source)]
+    if "{" in source and "}" in source:
+        raise UsageError(
+            f"{source!r} is a brace pattern, which this command does not expand; pass the "
+            "shards' directory or a glob such as 'DIR/*.tar'"
+        )
+    raise FileNotFoundError(f"no such file or directory: {source}")
+
+
+def names_shards(source: str) -> bool:
+    """True when `source` is a local glob, brace pattern or shard file, or a directory
+    holding shard files: what `local_shards` reads (or explains) rather than a manifest."""
+    if is_remote(source):
+        return False
+    if os.path.isdir(source):
+        return any(
+            entry.is_file() and shard_format_of(entry.name) is not None
+            for entry in os.scandir(source)
+        )
+    if os.path.isfile(source):
+        return shard_format_of(source) is not None
+    return is_glob(source) or ("{" in source and "}" in source)
+
+
+def shard_format_of(path: str) -> str | None:
+    """The format a file's suffix names, None for other files (`_stats.json`, `.txt`)."""
+    try:
+        return format_of_url(path).name
+    except ValueError:
+        return None
+
+
+def pick_format(found: dict[str, list[str]], where: str, fmt: str | None) -> tuple[str, list[str]]:
+    """The one format of `found` (`{format: paths}`) to read, chosen by `fmt` when given."""
+    held = ", ".join(f"{len(paths)} {name}" for name, paths in sorted(found.items()))
+    if fmt is not None:
+        get_format(fmt)
+        if fmt not in found:
+            raise UsageError(
+                f"{where} holds no {fmt} shards ({held or 'no shard files'}); "
+                "pick a format it holds"
+            )
+        return fmt, found[fmt]
+    if not found:
+        suffixes = " or ".join(f"*{shard_format.suffix}" for shard_format in FORMATS.values())
+        raise UsageError(
+            f"{where} holds no {suffixes} shard files either: a build-shards output without "
+            "a manifest did not finish (rerun it); otherwise pass the shards' folder or files"
+        )
+    if len(found) > 1:
+        choices = " or ".join(f"format={name!r}" for name in sorted(found))
+        raise UsageError(
+            f"{where} holds shards that mix formats ({held}); choose one with {choices} "
+            "(`--format` on the command line)"
+        )
+    name = next(iter(found))
+    return name, found[name]
+
+
+@dataclass(frozen=True)
+class ShardSurvey:
+    """What one pass over one shard found.
+
+    Attributes:
+        path: the shard's local path.
+        fmt: its format's registry name.
+        samples: samples as the loader counts them (bad ones included).
+        bytes: the file's size.
+        sha256: the file's sha256 hex; None when not asked for.
+        members: allowlisted member (or column) -> samples holding it.
+    """
+
+    path: str
+    fmt: str
+    samples: int
+    bytes: int
+    sha256: str | None
+    members: Counter = field(default_factory=Counter)
+
+
+def survey_shard(
+    path: str, fmt: str, *, checksum: bool = True, limits: ReadLimits | None = None
+) -> ShardSurvey:
+    """Read one local shard once: its samples and the members they hold (and its sha256).
+
+    Raises:
+        ShardError: the shard is malformed (the message names it).
+        OSError: it cannot be read.
+    """
+    shard_format = get_format(fmt)
+    members: Counter = Counter()
+    samples = 0
+    options = {} if limits is None else {"limits": limits}
+    with open(path, "rb") as stream:
+        for sample in shard_format.iter_samples(stream, path, fields=ALLOWED_FIELDS, **options):
+            samples += 1
+            members.update(name for name in sample if not name.startswith("__"))
+    digest = file_sha256(path) if checksum else None
+    return ShardSurvey(path, fmt, samples, os.path.getsize(path), digest, members)
+
+
+def members_line(members: Counter, samples: int) -> str:
+    """`jpg 35, txt 35, json 35 of 35 samples`: what the samples hold, most common first."""
+    if not members:
+        return f"no readable member in {samples} samples"
+    ordered = sorted(members.items(), key=lambda item: (-item[1], item[0]))
+    held = ", ".join(f"{name} {count}" for name, count in ordered)
+    return f"{held} of {samples} samples"
+
+
+def foreign_manifest(
+    surveys: Sequence[ShardSurvey], split: str = "train", source: str = ""
+) -> Manifest:
+    """The manifest of shards we did not build, from one survey of each (in order).
+
+    Label-free unless every sample holds a class member (`cls`, `label`); the classes are
+    then unnamed, so `classes` stays empty. `config.indexed` records what was indexed
+    and the members seen; `fields.members` the kind each is read as.
+
+    Raises:
+        UsageError: no survey, or surveys of two formats.
+    """
+    if not surveys:
+        raise UsageError("no shards to index")
+    formats = {survey.fmt for survey in surveys}
+    if len(formats) != 1:
+        raise UsageError(f"cannot index shards of two formats together ({sorted(formats)})")
+    fmt = formats.pop()
+    infos = [
+        ShardInfo(index, s.samples, {fmt: FileInfo(os.path.basename(s.path), s.bytes, s.sha256)})
+        for index, s in enumerate(surveys)
+    ]
+    table = ShardTable.from_infos(split, infos, LAYOUT_FLAT)
+    members: Counter = sum((survey.members for survey in surveys), Counter())
+    total = sum(survey.samples for survey in surveys)
+    labelled = any(members[name] == total for name in LABEL_FIELDS) and total > 0
+    kinds = {
+        name: kind
+        for name, kind in MEMBER_KINDS.items()
+        if name in members and (kind != "label" or labelled)
+    }
+    images = [name for name in IMAGE_FIELDS if name in members]
+    return Manifest(
+        classes=[],
+        image_field=max(images, key=members.__getitem__) if images else IMAGE_FIELDS[0],
+        formats=[fmt],
+        splits={split: SplitInfo(split, total, table, [])},
+        config={
+            "indexed": {
+                "by": INDEXED_BY,
+                "source": source,
+                "members": dict(members.most_common()),
+            }
+        },
+        inputs=total,
+        skipped={},
+        fields=fields_entry("single" if labelled else "none", kinds, {}) if kinds else None,
+        layout=LAYOUT_FLAT,
+    )
+
+
+def is_indexed(manifest: Manifest) -> bool:
+    """True for a manifest `preprocess index` wrote for shards we did not build."""
+    indexed = manifest.config.get("indexed")
+    return isinstance(indexed, dict) and indexed.get("by") == INDEXED_BY

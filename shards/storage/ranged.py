@@ -1,0 +1,179 @@
+"""Fetch a whole remote shard into a file over parallel ranged requests.
+
+A store that caps one connection's bandwidth (or adds tens of milliseconds before
+each first byte) caps a single stream; `fetch_into` splits the object into spans
+and reads them over `connections` requests at once (HTTP `Range`, object-store
+ranged GETs through fsspec), writing each span at its offset. Every request is a
+`RetryingStream` or `RetryingFsspecFile`, so retries, stall limits, identity checks
+and redaction are those of a streamed read; the whole fetch also obeys the policy's
+per-shard deadline. The file is what the caller gives: a cache entry or a temporary
+file, never memory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shards.storage.http import RetryingStream
+from shards.storage.objectstore import RetryingFsspecFile, object_store_filesystem, secrets_in
+from shards.storage.read import open_stream
+from shards.storage.retry import RetryPolicy, ShardReadError
+from shards.storage.urls import HTTP_SCHEMES, OBJECT_STORE_SCHEMES, url_scheme, validate_url
+
+DEFAULT_PREFETCH_BYTES = 256 * 2**20  # per worker, fetched ahead and not yet read
+DEFAULT_CONNECTIONS = 4  # ranged requests in parallel per shard
+MAX_SPAN = 8 * 2**20  # one request's bytes at most (the usual S3 ranged-GET size)
+MIN_SPAN = 1 * 2**20  # ... and at least, unless the shard is smaller
+COPY_CHUNK = 1 * 2**20
+
+
+def fetch_into(
+    url: str,
+    fd: int,
+    retry: RetryPolicy,
+    *,
+    size: int | None,
+    storage_options: Mapping[str, Any] | None = None,
+    connections: int = DEFAULT_CONNECTIONS,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Write the bytes at `url` into `fd` at their offsets; return how many there were.
+
+    Args:
+        size: the manifest's byte count: the most that is fetched. Without one the
+            shard is streamed over one connection (a size is needed to split it).
+        progress: called with each chunk's byte count as it lands (for stats).
+
+    Returns:
+        The byte count written: `size`, or fewer when the server holds a shorter
+        object (the caller decides; the shard reader reports the truncation).
+
+    Raises:
+        ShardReadError: a request failed past the retry budget, the shard deadline
+            passed, or the server holds more bytes than `size`.
+        ValueError: the URL is not allowed.
+    """
+    url = validate_url(url)
+    tick = progress or (lambda count: None)
+    if size is None or url_scheme(url) not in (*HTTP_SCHEMES, *OBJECT_STORE_SCHEMES):
+        with open_stream(url, retry, storage_options=storage_options, expected_size=size) as f:
+            return _copy(f, fd, 0, None, tick)
+    if size == 0:
+        return 0
+    span = min(MAX_SPAN, max(MIN_SPAN, -(-size // connections)))
+    opener = _RangeOpener(url, retry, size, storage_options or {})
+    started = time.monotonic()
+    # The first span is read here: its response tells the object's real size.
+    first, total = opener.open(0, min(span, size))
+    total = min(size, total if total is not None else size)
+    spans = [(start, min(start + span, total)) for start in range(span, total, span)]
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def next_span() -> tuple[int, int] | None:
+        with lock:
+            if failures or not spans:
+                return None
+            if time.monotonic() - started > retry.deadline:
+                failures.append(ShardReadError(url, _deadline_reason(retry, total)))
+                return None
+            return spans.pop(0)
+
+    def run(reader: Any = None, start: int = 0, stop: int = 0) -> None:
+        try:
+            while True:
+                if reader is None:
+                    job = next_span()
+                    if job is None:
+                        return
+                    start, stop = job
+                    reader, _ = opener.open(start, stop)
+                with reader:
+                    _copy(reader, fd, start, stop - start, tick, url)
+                reader = None
+        except BaseException as exc:  # handed to the caller's thread below
+            if reader is not None:
+                reader.close()
+            with lock:
+                failures.append(exc)
+
+    helpers = [
+        threading.Thread(target=run, daemon=True, name="shard-range")
+        for _ in range(min(connections - 1, len(spans)))
+    ]
+    for thread in helpers:
+        thread.start()
+    run(first, 0, min(span, total))
+    for thread in helpers:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return total
+
+
+class _RangeOpener:
+    """Opens one retrying reader positioned at a span's start, for either transport."""
+
+    def __init__(self, url: str, retry: RetryPolicy, size: int, options: Mapping[str, Any]):
+        self.url, self.retry, self.size = url, retry, size
+        self.http = url_scheme(url) in HTTP_SCHEMES
+        if not self.http:
+            self.fs = object_store_filesystem(url_scheme(url), options, retry)
+            self.secrets = secrets_in(options)
+
+    def open(self, start: int, stop: int) -> tuple[Any, int | None]:
+        """A reader at `start` (its requests end at `stop` over http) and the object's size."""
+        if self.http:
+            reader: Any = RetryingStream(
+                self.url, self.retry, start, expected_size=self.size, end=stop
+            )
+        else:
+            # cache_type "none": each read is one ranged GET of what it asks for.
+            reader = RetryingFsspecFile(
+                self.url,
+                self.fs,
+                self.retry,
+                {"cache_type": "none"},
+                self.secrets,
+                expected_size=self.size,
+            )
+            reader.seek(start)
+        return reader, reader.size
+
+
+def _copy(
+    reader: Any,
+    fd: int,
+    offset: int,
+    count: int | None,
+    tick: Callable[[int], None],
+    url: str = "",
+) -> int:
+    """Copy `count` bytes (None: to the end) from `reader` to `fd` at `offset`."""
+    buffer = bytearray(COPY_CHUNK)
+    view = memoryview(buffer)
+    done = 0
+    while count is None or done < count:
+        want = COPY_CHUNK if count is None else min(COPY_CHUNK, count - done)
+        got = reader.readinto(view[:want])
+        if not got:
+            if count is None:
+                break
+            raise ShardReadError(url, f"the body ended at byte {offset + done}, short of its span")
+        written = 0
+        while written < got:
+            written += os.pwrite(fd, view[written:got], offset + done + written)
+        done += got
+        tick(got)
+    return done
+
+
+def _deadline_reason(retry: RetryPolicy, size: int) -> str:
+    return (
+        f"the {retry.deadline:g} s shard deadline passed while fetching its {size} bytes; "
+        "if the shard is large or the link slow, raise it with RetryPolicy(deadline=...)"
+    )

@@ -1,0 +1,311 @@
+"""The node-local shard cache: later epochs from disk, LRU under a limit, shared safely.
+
+Against the real localhost HTTP server (its per-path byte counts are what the
+server sent) and the moto S3 server behind a counting proxy.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ReadOptions
+from pipeline.fetch import ShardFetcher
+from pipeline.sources import ShardSpec
+from shards.storage import cache as cache_module
+from shards.storage.cache import PART_SUFFIX, SHARD_SUFFIX, ShardCache, cache_key
+from tests.conftest import shard_files
+from tests.httpserver import LocalHTTPServer
+from tests.pipeline.conftest import epoch_keys, loader_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def remote_loader(base: str, cache_dir, **overrides):
+    options = dict(epoch_rule="uneven", drop_last=False, cache_dir=str(cache_dir))
+    options.update(overrides)
+    return loader_for(f"{base}/manifest.json", **options)
+
+
+def epoch_counts(loader, epoch: int) -> Counter:
+    loader.set_epoch(epoch)
+    return Counter(k for batch in epoch_keys(loader) for k in batch)
+
+
+def shard_bytes_sent(server: LocalHTTPServer) -> int:
+    return sum(n for path, n in server.bytes_sent.items() if path.endswith(".tar"))
+
+
+def train_tars(shard_dir) -> list[Path]:
+    return shard_files(shard_dir, "tar", "train")
+
+
+def cached_entries(cache_dir) -> list[Path]:
+    return sorted(Path(cache_dir).glob("*" + SHARD_SUFFIX))
+
+
+@pytest.fixture(scope="module")
+def local_epoch(shard_dir) -> Counter:
+    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False)
+    return Counter(k for batch in epoch_keys(loader) for k in batch)
+
+
+def test_epoch_two_reads_nothing_from_the_server_when_the_cache_holds_the_dataset(
+    shard_dir, tmp_path, local_epoch
+):
+    cache_dir = tmp_path / "cache"
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        loader = remote_loader(base, cache_dir, num_workers=2)
+        assert epoch_counts(loader, 0) == local_epoch
+        first = shard_bytes_sent(server)
+        assert first == sum(p.stat().st_size for p in train_tars(shard_dir))
+        assert len(cached_entries(cache_dir)) == len(train_tars(shard_dir))
+        assert epoch_counts(loader, 1) == local_epoch
+        fetch = [w["fetch"] for w in loader.stats.workers.values()]
+        # A new loader (a restarted job) finds the cache too.
+        again = remote_loader(base, cache_dir)
+        assert epoch_counts(again, 2) == local_epoch
+        assert shard_bytes_sent(server) == first
+    assert sum(f["bytes_fetched"] for f in fetch) == 0
+    assert sum(f["cache_hits"] for f in fetch) == len(train_tars(shard_dir))
+
+
+def test_cache_entries_hold_exactly_the_shards_bytes(shard_dir, tmp_path):
+    cache_dir = tmp_path / "cache"
+    with LocalHTTPServer(shard_dir) as base:
+        epoch_counts(remote_loader(base, cache_dir, num_workers=2), 0)
+    digests = {hashlib.sha256(p.read_bytes()).hexdigest() for p in cached_entries(cache_dir)}
+    expected = {hashlib.sha256(p.read_bytes()).hexdigest() for p in train_tars(shard_dir)}
+    assert digests == expected
+
+
+def test_a_shard_changed_on_the_server_is_a_counted_bad_shard_and_never_cached(
+    shard_copy, tmp_path
+):
+    tar = train_tars(shard_copy)[0]
+    data = bytearray(tar.read_bytes())
+    data[600] ^= 0xFF  # same size, different bytes: only the sha256 tells
+    tar.write_bytes(bytes(data))
+    cache_dir = tmp_path / "cache"
+    with LocalHTTPServer(shard_copy) as base:
+        loader = remote_loader(base, cache_dir, max_skip_fraction=1.0)
+        epoch_counts(loader, 0)
+    assert loader.stats.bad_shards["checksum"] == 1
+    assert any(tar.name in text for text in loader.stats.bad_shard_examples)
+    assert len(cached_entries(cache_dir)) == len(train_tars(shard_copy)) - 1
+    assert not list(Path(cache_dir).glob("*" + PART_SUFFIX))
+
+
+def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
+    shard_dir, tmp_path, local_epoch
+):
+    sizes = [p.stat().st_size for p in train_tars(shard_dir)]
+    limit = sum(sizes) // 2
+    cache_dir = tmp_path / "cache"
+    seen = []
+    real_reserve = ShardCache.reserve
+
+    def watched_reserve(self, key, size):
+        part = real_reserve(self, key, size)
+        seen.append(self.usage())  # with the new part counted
+        return part
+
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        loader = remote_loader(base, cache_dir, cache_limit=limit)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ShardCache, "reserve", watched_reserve)
+            for epoch in range(3):
+                assert epoch_counts(loader, epoch) == local_epoch
+                used = sum(p.stat().st_size for p in cached_entries(cache_dir))
+                assert 0 < used <= limit
+    assert seen and max(seen) <= limit
+    # Every epoch fetched what the cache could not hold, never more than the dataset.
+    assert shard_bytes_sent(server) <= 3 * sum(sizes)
+
+
+def test_eviction_never_removes_a_shard_in_use(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), limit=300)
+    cache.prepare()
+    for key in ("old", "new"):
+        part = cache.reserve(key, 100)
+        part.file.write(b"x" * 100)
+        cache.commit(part, 100).close()
+    os.utime(cache.path("new"), (1, 1))  # "new" is now the least recently used ...
+    in_use = cache.lookup("new", 100)  # ... but open (share-locked) by a reader
+    os.utime(cache.path("new"), (1, 1))
+    part = cache.reserve("third", 200)
+    assert part is not None
+    assert os.path.exists(cache.path("new")) and not os.path.exists(cache.path("old"))
+    cache.discard(part)
+    assert cache.reserve("too-big", 250) is None  # only an in-use shard left to evict
+    in_use.close()
+    assert cache.reserve("too-big", 250) is not None
+
+
+def test_two_readers_sharing_a_cache_download_each_shard_once(shard_dir, tmp_path, local_epoch):
+    """Two loaders (as two ranks on a node) read the same shards at once through one cache."""
+    cache_dir = tmp_path / "cache"
+    server = LocalHTTPServer(shard_dir)
+    results: list[Counter] = []
+    with server as base:
+
+        def run() -> None:
+            results.append(epoch_counts(remote_loader(base, cache_dir), 0))
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert results == [local_epoch, local_epoch]
+    for tar in train_tars(shard_dir):
+        sent = [n for path, n in server.bytes_sent.items() if path.endswith("/" + tar.name)]
+        assert sent == [tar.stat().st_size]
+
+
+HOLD_CLAIM = """
+import sys, time
+from shards.storage.cache import ShardCache
+cache = ShardCache(sys.argv[1], None)
+cache.prepare()
+part = cache.reserve(sys.argv[2] + "-unrelated", 10)  # a part it never finishes
+with cache.claim(sys.argv[2], 5) as claimed:
+    assert claimed
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_holder_killed_mid_download_neither_hangs_others_nor_leaves_partials(
+    shard_dir, tmp_path, local_epoch
+):
+    cache_dir = tmp_path / "cache"
+    with LocalHTTPServer(shard_dir) as base:
+        loader = remote_loader(base, cache_dir)
+        spec = loader.dataset.shards[0]
+        key = cache_key(spec.url, spec.sha256, spec.bytes)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_CLAIM, str(cache_dir), key],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            assert list(cache_dir.glob("*" + PART_SUFFIX))
+            done: list[Counter] = []
+            reader = threading.Thread(target=lambda: done.append(epoch_counts(loader, 0)))
+            reader.start()  # waits on the claim of shard 0 (the deadline is 30 minutes)
+            holder.kill()  # SIGKILL: no cleanup runs; the kernel drops its locks
+            holder.wait()
+            reader.join(120)
+        finally:
+            holder.kill()
+    assert done == [local_epoch]
+    assert len(cached_entries(cache_dir)) == len(train_tars(shard_dir))
+    # The killed job's partial file goes at the next start, without a manual clean.
+    ShardCache(str(cache_dir), None).prepare()
+    assert not list(cache_dir.glob("*" + PART_SUFFIX))
+
+
+def test_a_full_disk_turns_the_cache_off_with_one_warning(
+    shard_dir, tmp_path, local_epoch, monkeypatch, caplog
+):
+    def full(fd, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_module, "allocate", full)
+    cache_dir = tmp_path / "cache"
+    server = LocalHTTPServer(shard_dir)
+    with server as base, caplog.at_level(logging.WARNING, logger="pipeline"):
+        loader = remote_loader(base, cache_dir)
+        assert epoch_counts(loader, 0) == local_epoch
+        assert epoch_counts(loader, 1) == local_epoch
+    warnings = [r for r in caplog.records if "shard cache" in r.getMessage()]
+    assert len(warnings) == 1 and "No space left" in warnings[0].getMessage()
+    assert loader.stats.workers[0]["fetch"]["cache_off"] == 1
+    assert not cached_entries(cache_dir) and not list(cache_dir.glob("*" + PART_SUFFIX))
+    assert shard_bytes_sent(server) == 2 * sum(p.stat().st_size for p in train_tars(shard_dir))
+
+
+def test_an_unwritable_cache_directory_turns_the_cache_off_with_one_warning(
+    shard_dir, tmp_path, local_epoch, caplog
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with LocalHTTPServer(shard_dir) as base, caplog.at_level(logging.WARNING, logger="pipeline"):
+        loader = remote_loader(base, blocker / "cache")  # a directory under a file: ENOTDIR
+        assert epoch_counts(loader, 0) == local_epoch
+    warnings = [r for r in caplog.records if "shard cache" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_local_shards_are_read_in_place_never_copied(shard_dir, tmp_path, local_epoch):
+    cache_dir = tmp_path / "cache"
+    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False, cache_dir=str(cache_dir))
+    assert epoch_counts(loader, 0) == local_epoch
+    assert not cached_entries(cache_dir)
+    assert loader.stats.workers[0]["fetch"]["bytes_fetched"] == 0
+
+
+def test_cache_entry_names_cannot_escape_the_directory(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), None)
+    for url in ("http://h/../../etc/passwd", "s3://b/" + "../" * 20 + "x", "http://h/a%2f..%2fb"):
+        key = cache_key(url, None, None)
+        assert Path(cache.path(key)).parent == tmp_path / "c"
+        assert key.isalnum()
+
+
+def test_the_fetcher_reads_a_cached_shard_after_its_cache_entry_was_damaged(shard_dir, tmp_path):
+    """An entry of the wrong size (not written by the cache) is dropped and fetched again."""
+    cache_dir = tmp_path / "cache"
+    tar = train_tars(shard_dir)[0]
+    with LocalHTTPServer(shard_dir) as base:
+        url = f"{base}/{tar.relative_to(shard_dir).as_posix()}"
+        spec = ShardSpec(url, "tar", 1, bytes=tar.stat().st_size)
+        cache = ShardCache(str(cache_dir), None)
+        cache.prepare()
+        Path(cache.path(cache_key(spec.url, None, spec.bytes))).write_bytes(b"short")
+        fetcher = ShardFetcher(ReadOptions(cache_dir=str(cache_dir)))
+        fetcher.schedule([spec])
+        with fetcher.open(spec) as stream:
+            assert stream.read() == tar.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_s3_dataset_is_read_from_the_cache_in_epoch_two(
+    shard_dir, tmp_path, local_epoch, monkeypatch
+):
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from tests.objectstore import FaultProxy, MotoS3, isolate_aws_environment
+
+    isolate_aws_environment(monkeypatch, tmp_path)
+    cache_dir = tmp_path / "cache"
+    with MotoS3() as s3, FaultProxy(s3.endpoint) as proxy:
+        s3.create_bucket("cached")
+        s3.upload_dir(shard_dir, "cached", "shards")
+        loader = loader_for(
+            "s3://cached/shards/manifest.json",
+            epoch_rule="uneven",
+            drop_last=False,
+            cache_dir=str(cache_dir),
+            storage_options=s3.storage_options(proxy.endpoint),
+        )
+        assert epoch_counts(loader, 0) == local_epoch
+        first = proxy.count(r"\.tar$")
+        assert first >= len(train_tars(shard_dir))
+        assert epoch_counts(loader, 1) == local_epoch
+        assert proxy.count(r"\.tar$") == first

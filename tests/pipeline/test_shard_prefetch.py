@@ -1,0 +1,207 @@
+"""Remote shards fetched ahead of the reader over parallel ranged requests, within a budget.
+
+Against the real localhost HTTP server, which records every request's Range header
+and the bytes it sent per path.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import LoaderConfig, ReadOptions
+from pipeline.fetch import ShardFetcher
+from pipeline.sources import ShardSpec
+from shards.flags import SettingError
+from shards.storage import RetryPolicy, ShardReadError, ranged
+from shards.storage.cache import parse_bytes
+from shards.storage.ranged import fetch_into
+from tests.conftest import shard_files
+from tests.httpserver import LocalHTTPServer
+from tests.pipeline.conftest import epoch_keys, loader_for
+
+SPAN = 4096  # small spans, so the test shards (tens of KB) take several requests
+BOUNDED = re.compile(r"^bytes=(\d+)-(\d+)$")
+
+
+@pytest.fixture
+def small_spans(monkeypatch):
+    monkeypatch.setattr(ranged, "MIN_SPAN", SPAN)
+    monkeypatch.setattr(ranged, "MAX_SPAN", SPAN)
+
+
+@pytest.fixture(scope="module")
+def local_epoch(shard_dir) -> Counter:
+    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False)
+    return Counter(k for batch in epoch_keys(loader) for k in batch)
+
+
+def one_epoch(source: str, **overrides) -> tuple[Counter, object]:
+    options = dict(epoch_rule="uneven", drop_last=False)
+    options.update(overrides)
+    loader = loader_for(source, **options)
+    return Counter(k for batch in epoch_keys(loader) for k in batch), loader
+
+
+def tar_requests(server: LocalHTTPServer, name: str) -> list:
+    return [r for r in server.requests if r.path.endswith("/" + name)]
+
+
+def spec_for(base: str, shard_dir: Path, path: Path) -> ShardSpec:
+    url = f"{base}/{path.relative_to(shard_dir).as_posix()}"
+    return ShardSpec(url, "tar", 1, bytes=path.stat().st_size)
+
+
+def test_remote_shards_arrive_over_parallel_ranges_and_the_epoch_is_exact(
+    shard_dir, small_spans, local_epoch
+):
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        keys, loader = one_epoch(f"{base}/manifest.json", num_workers=2)
+    assert keys == local_epoch
+    tars = shard_files(shard_dir, "tar", "train")
+    for tar in tars:
+        requests = tar_requests(server, tar.name)
+        size = tar.stat().st_size
+        assert len(requests) == -(-size // SPAN)  # one request per span, none repeated
+        spans = sorted(tuple(map(int, BOUNDED.match(r.range).groups())) for r in requests)
+        assert spans[0][0] == 0 and spans[-1][1] == size - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert server.bytes_sent[requests[0].path] == size  # nothing fetched twice
+    fetched = sum(w["fetch"]["bytes_fetched"] for w in loader.stats.workers.values())
+    assert fetched == sum(t.stat().st_size for t in tars)
+
+
+def test_fetch_into_writes_every_byte_at_its_offset_over_several_connections(
+    shard_dir, small_spans, tmp_path
+):
+    tar = shard_files(shard_dir, "tar", "train")[0]
+    server = LocalHTTPServer(shard_dir)
+    with server as base, open(tmp_path / "copy", "w+b") as out:
+        spec = spec_for(base, shard_dir, tar)
+        landed = []
+        got = fetch_into(
+            spec.url,
+            out.fileno(),
+            RetryPolicy(),
+            size=spec.bytes,
+            connections=3,
+            progress=landed.append,
+        )
+    assert got == tar.stat().st_size == sum(landed)
+    assert (tmp_path / "copy").read_bytes() == tar.read_bytes()
+
+
+def test_a_server_without_range_support_still_gives_the_exact_epoch(
+    shard_dir, small_spans, local_epoch
+):
+    with LocalHTTPServer(shard_dir, ranges=False) as base:
+        keys, _ = one_epoch(f"{base}/manifest.json")
+    assert keys == local_epoch
+
+
+def test_a_cut_range_is_resumed_and_the_epoch_is_exact(shard_dir, small_spans, local_epoch):
+    tar = shard_files(shard_dir, "tar", "train")[1]
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        server.close_after("/" + tar.relative_to(shard_dir).as_posix(), 1000, times=2)
+        keys, _ = one_epoch(
+            f"{base}/manifest.json",
+            retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5),
+        )
+    assert keys == local_epoch
+
+
+def test_a_shard_that_cannot_be_fetched_is_a_counted_bad_shard_naming_its_url(
+    shard_copy, small_spans
+):
+    missing = shard_files(shard_copy, "tar", "train")[2]
+    missing.unlink()  # the manifest still lists it: the server answers 404
+    with LocalHTTPServer(shard_copy) as base:
+        keys, loader = one_epoch(f"{base}/manifest.json", max_skip_fraction=1.0)
+    assert keys  # the other shards were read
+    assert loader.stats.bad_shards["shard_unreadable"] == 1
+    assert any(missing.name in text and "404" in text for text in loader.stats.bad_shard_examples)
+
+
+def test_the_next_shards_are_fetched_while_one_is_read_within_the_budget(shard_dir):
+    tars = shard_files(shard_dir, "tar", "train")[:3]
+    budget = tars[0].stat().st_size + tars[1].stat().st_size
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        specs = [spec_for(base, shard_dir, tar) for tar in tars]
+        fetcher = ShardFetcher(ReadOptions(prefetch_bytes=budget))
+        counts = fetcher.schedule(specs)
+        wait_for(lambda: all(tar_requests(server, t.name) for t in tars[:2]))
+        # Shards 0 and 1 fill the budget: shard 2 waits until shard 0 is taken.
+        assert not tar_requests(server, tars[2].name)
+        with fetcher.open(specs[0]) as stream:
+            assert stream.read() == tars[0].read_bytes()
+            wait_for(lambda: tar_requests(server, tars[2].name))  # fetched while 0 is read
+        for spec, tar in zip(specs[1:], tars[1:], strict=True):
+            with fetcher.open(spec) as stream:
+                assert stream.read() == tar.read_bytes()
+    assert 0 < counts["ahead_peak"] <= budget
+    assert counts["shards_fetched"] == 3 and counts["budget"] == budget
+    assert all(len(tar_requests(server, t.name)) == 1 for t in tars)  # each fetched once
+
+
+def wait_for(condition, limit_s: float = 30.0) -> None:
+    """Poll until `condition()` holds (a background fetch); fail past `limit_s`."""
+    until = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < until, "the background fetch never happened"
+        time.sleep(0.01)
+
+
+def test_without_prefetch_or_cache_a_remote_shard_streams_over_one_request(shard_dir, local_epoch):
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        keys, _ = one_epoch(f"{base}/manifest.json", io=ReadOptions(prefetch_bytes=0))
+    assert keys == local_epoch
+    for tar in shard_files(shard_dir, "tar", "train"):
+        assert [r.range for r in tar_requests(server, tar.name)] == [None]
+
+
+def test_parquet_shards_are_fetched_and_read_from_local_files(shard_dir, small_spans):
+    expected, _ = one_epoch(str(shard_dir), format="parquet")
+    with LocalHTTPServer(shard_dir) as base:
+        keys, loader = one_epoch(f"{base}/manifest.json", format="parquet", num_workers=2)
+    assert keys == expected
+    assert sum(w["fetch"]["shards_fetched"] for w in loader.stats.workers.values()) == len(
+        shard_files(shard_dir, "parquet", "train")
+    )
+
+
+def test_resampled_mode_fetches_each_drawn_shard_when_it_is_drawn(shard_dir):
+    with LocalHTTPServer(shard_dir) as base:
+        loader = loader_for(f"{base}/manifest.json", resampled=True, epoch_samples=64, batch_size=8)
+        batches = epoch_keys(loader)
+    assert sum(len(b) for b in batches) == 64
+    fetch = loader.stats.workers[0]["fetch"]
+    assert fetch["shards_fetched"] >= 1 and fetch["ahead_peak"] == 0
+
+
+def test_a_failed_fetch_raises_a_shard_read_error_from_open(shard_dir):
+    with LocalHTTPServer(shard_dir) as base:
+        spec = ShardSpec(f"{base}/tar/no-such-shard.tar", "tar", 1, bytes=100)
+        fetcher = ShardFetcher(ReadOptions())
+        fetcher.schedule([spec])
+        with pytest.raises(ShardReadError, match="404"), fetcher.open(spec):
+            pass
+
+
+def test_cache_and_prefetch_options_are_top_level_keywords_and_checked(tmp_path):
+    config = LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=parse_bytes("2G"))
+    assert config.io.cache_dir == str(tmp_path) and config.io.cache_limit == 2 * 2**30
+    assert parse_bytes("500M") == 500 * 2**20 and parse_bytes("1000") == 1000
+    with pytest.raises(ValueError):
+        parse_bytes("lots")
+    with pytest.raises(SettingError, match="cache_limit"):
+        LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=0)
+    with pytest.raises(SettingError, match="fetch_connections"):
+        ReadOptions(fetch_connections=0)
