@@ -1,7 +1,7 @@
 """The streaming loader: shard URLs or a manifest in, uint8 image batches out.
 
 `from pipeline import LoaderConfig, build_loader`. The names are imported
-lazily so that `pipeline.urls`, `pipeline.config` and friends stay importable
+lazily so that `pipeline.config`, `pipeline.sources` and friends stay importable
 without torch.
 """
 

@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.plan import compact_dtype
-from pipeline.urls import expand_urls
 from shards.errors import DataError, ShardError, UsageError
 from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
 from shards.manifest import (
@@ -48,6 +47,7 @@ from shards.storage import (
     open_stream,
     url_scheme,
 )
+from shards.storage.patterns import expand_urls
 
 log = logging.getLogger("pipeline")
 

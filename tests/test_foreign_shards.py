@@ -247,3 +247,15 @@ def test_index_refuses_a_manifest_away_from_the_shards(shardwriter_dir, tmp_path
     err = capsys.readouterr().err
     assert "relative to its own folder" in err and str(shardwriter_dir) in err
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_verify_and_info_expand_a_quoted_brace_pattern(shardwriter_dir, capsys):
+    pattern = str(shardwriter_dir / "shard-{000000..000002}.tar")
+    assert preprocess_main(["verify", pattern]) == 0
+    assert "3 tar shards without a manifest, 25 samples" in capsys.readouterr().out
+    assert preprocess_main(["info", str(shardwriter_dir / "shard-{000000..000001}.tar")]) == 0
+    assert "samples: 20" in capsys.readouterr().out
+    half = str(shardwriter_dir / "shard-{000000..000004}.tar")
+    assert preprocess_main(["verify", half]) == 1
+    err = capsys.readouterr().err
+    assert "2 of the 5 shards" in err and "do not exist" in err and len(err.strip().splitlines()) == 1

@@ -20,12 +20,12 @@ from pipeline.config import Batching, Mixing, Source, default_source_name
 from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
 from pipeline.mixing import ResolvedMix
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
-from pipeline.urls import expand_urls
 from shards.errors import DataError, ShardpipeError, UsageError
 from shards.manifest import MANIFEST_NAME, SplitNotFoundError
 from shards.redact import redact_url
 from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
 from shards.storage import DEFAULT_RETRY, url_scheme
+from shards.storage.patterns import expand_urls
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
 

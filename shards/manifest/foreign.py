@@ -9,7 +9,6 @@ the members its samples hold) and, for `index`, make the surveys a `Manifest` wi
 
 from __future__ import annotations
 
-import glob
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -24,8 +23,8 @@ from shards.manifest.names import LAYOUT_FLAT, MANIFEST_NAME
 from shards.manifest.table import FileInfo, ShardInfo, ShardTable, SplitInfo
 from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, LABEL_FIELDS
 from shards.storage import is_remote
+from shards.storage.patterns import expand_glob, expand_urls, is_glob
 
-GLOB_CHARACTERS = frozenset("*?[")
 # What `foreign_manifest` records each member as (`fields.members`): the kind the loader
 # reads it as by default. `labels` is left out: a multi-label entry needs per-class counts.
 MEMBER_KINDS = {
@@ -36,30 +35,6 @@ MEMBER_KINDS = {
     "weight": "weight",
 }
 INDEXED_BY = "preprocess index"
-
-
-def is_glob(source: str) -> bool:
-    """A local path with `*`, `?` or `[` that names no file as written (`DIR/*.tar`)."""
-    return (
-        not is_remote(source)
-        and "://" not in source  # a `file://` URL names its file exactly
-        and any(char in GLOB_CHARACTERS for char in source)
-        and not os.path.exists(source)
-    )
-
-
-def expand_glob(pattern: str) -> list[str]:
-    """The regular files `pattern` matches (`**` included), sorted, as absolute paths.
-
-    Raises:
-        UsageError: nothing matches.
-    """
-    paths = sorted(
-        os.path.abspath(path) for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)
-    )
-    if not paths:
-        raise UsageError(f"no file matches {pattern!r}; check the directory and the pattern")
-    return paths
 
 
 def list_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
@@ -94,8 +69,8 @@ def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
     What `preprocess verify`, `info` and `index` read when there is no manifest.
 
     Raises:
-        UsageError: a remote URL or a brace pattern (both say what to pass instead), or
-            as `list_shards`.
+        UsageError: a remote URL (the message says what to pass instead), a brace
+            pattern naming files that are not there, or as `list_shards`.
         FileNotFoundError: the path names nothing.
     """
     if is_remote(source):
@@ -112,11 +87,27 @@ def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
             raise UsageError(f"{source} is not a {fmt or wanted} shard file")
         return found, [os.path.abspath(source)]
     if "{" in source and "}" in source:
-        raise UsageError(
-            f"{source!r} is a brace pattern, which this command does not expand; pass the "
-            "shards' directory or a glob such as 'DIR/*.tar'"
-        )
+        return pattern_shards(source, fmt)
     raise FileNotFoundError(f"no such file or directory: {source}")
+
+
+def pattern_shards(pattern: str, fmt: str | None) -> tuple[str, list[str]]:
+    """`(format, paths)` of a brace pattern's shards (`shards.storage.patterns`), which
+    must all exist: a half-synced range is refused naming how many are missing."""
+    paths = expand_urls(pattern)
+    missing = [path for path in paths if not os.path.isfile(path)]
+    if missing:
+        raise UsageError(
+            f"{len(missing)} of the {len(paths)} shards {pattern!r} names do not exist "
+            f"(first: {missing[0]}); fix the pattern, or pass the shards' directory"
+        )
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        shard_format = shard_format_of(path)
+        if shard_format is None:
+            raise UsageError(f"{path} ({pattern!r}) is not a shard file")
+        found.setdefault(shard_format, []).append(path)
+    return pick_format(found, repr(pattern), fmt)
 
 
 def names_shards(source: str) -> bool:

@@ -1,7 +1,7 @@
 """Where bytes live: URL schemes, `is_remote`, and the validation every read starts with.
 
-The one place a location is parsed. The loader's shard sources (`pipeline.urls`, which
-adds brace expansion), the build's inputs and outputs and `shards.storage`'s readers
+The one place a location is parsed. Shard sources (`shards.storage.patterns`, which
+adds brace and glob expansion), the build's inputs and outputs and `shards.storage`'s readers
 all ask here whether a location is local and whether its URL is safe to hand to a
 client. Nothing here spawns a process or reads an environment variable into a URL.
 

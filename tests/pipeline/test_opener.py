@@ -10,8 +10,8 @@ import traceback
 
 import pytest
 
-from pipeline.urls import expand_urls
 from shards.storage import RetryingStream, RetryPolicy, ShardReadError, open_stream, validate_url
+from shards.storage.patterns import expand_urls
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.test_urls import HOSTILE_URLS
 

@@ -1,4 +1,4 @@
-"""Tests for pipeline.urls: brace expansion, the scheme allowlist, redaction (D1-D4)."""
+"""Tests for shards.storage.patterns: brace expansion, the scheme allowlist, redaction (D1-D4)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from pipeline.urls import expand_urls
 from shards.formats import format_of_url
 from shards.redact import redact_url
 from shards.storage import validate_url
+from shards.storage.patterns import expand_urls
 
 HOSTILE_URLS = [
     "pipe:rm -rf ~",

@@ -1,4 +1,6 @@
-"""Shard sources to URLs: bounded brace expansion, then validation: the loader's first step.
+"""Shard sources to URLs: bounded brace and glob expansion, then validation.
+
+The loader's first step, and how `preprocess verify`, `info` and `index` read a pattern.
 
 Every shard source passes through `expand_urls` before any reader sees it, so a
 hostile URL list fails here, before a byte is read. Each expanded URL is checked by
@@ -25,17 +27,25 @@ Decisions (reliability.md §10 D1-D4, §11.1):
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
 from collections.abc import Collection, Iterator, Sequence
 
 from shards.errors import UsageError
-from shards.manifest.foreign import expand_glob, is_glob
 from shards.redact import redact_url
-from shards.storage import SHARD_SCHEMES, check_characters, check_scheme, url_scheme, validate_url
+from shards.storage.urls import (
+    SHARD_SCHEMES,
+    check_characters,
+    check_scheme,
+    is_remote,
+    url_scheme,
+    validate_url,
+)
 
 MAX_SHARDS = 1_000_000
+GLOB_CHARACTERS = frozenset("*?[")
 
 _RANGE = re.compile(r"^(\d{1,18})\.\.(\d{1,18})$")
 
@@ -138,6 +148,30 @@ def _parse_group(body: str) -> list[str] | _PaddedRange | None:
     if "," in body:
         return body.split(",")
     return None
+
+
+def is_glob(source: str) -> bool:
+    """A local path with `*`, `?` or `[` that names no file as written (`DIR/*.tar`)."""
+    return (
+        not is_remote(source)
+        and "://" not in source  # a `file://` URL names its file exactly
+        and any(char in GLOB_CHARACTERS for char in source)
+        and not os.path.exists(source)
+    )
+
+
+def expand_glob(pattern: str) -> list[str]:
+    """The regular files `pattern` matches (`**` included), sorted, as absolute paths.
+
+    Raises:
+        UsageError: nothing matches.
+    """
+    paths = sorted(
+        os.path.abspath(path) for path in glob.glob(pattern, recursive=True) if os.path.isfile(path)
+    )
+    if not paths:
+        raise UsageError(f"no file matches {pattern!r}; check the directory and the pattern")
+    return paths
 
 
 def expand_urls(
