@@ -645,7 +645,7 @@ def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> in
 
     Raises:
         ShardError: the shard is malformed (named in the message).
-        ValueError: a remote tar shard: counting it would download it whole.
+        UsageError: a remote tar shard: counting it would download it whole.
     """
     shard_format = get_format(fmt)
     if not shard_format.random_access and is_remote(url):

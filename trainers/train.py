@@ -428,13 +428,13 @@ def draw_plot(run: Run) -> None:
         log.info("plot skipped: matplotlib is not installed; `pip install matplotlib` draws it")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def source_line(source: ResolvedSource | ResolvedMix) -> str:
     """What the train loader reads, for the start-up log: its manifest, or a mix's sources."""
     if isinstance(source, ResolvedMix):
         shares = ", ".join(f"{n} {q}" for n, q in zip(source.names, source.quotas, strict=True))
         return f"a mix of {len(source.names)} sources (samples an epoch: {shares})"
     return redact_url(source.manifest_url or "shard URLs")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
