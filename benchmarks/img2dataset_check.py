@@ -223,8 +223,8 @@ def check_webdataset(folder: Path, stats: dict) -> list[tuple[str, str, str, str
     rows.append((
         f"img2dataset {VERSION} webdataset",
         "`preprocess verify DIR --format tar`, `info DIR --format tar`, `index DIR --format tar`, then `verify DIR`",
-        f"verify: `{verify.split('; run')[0][:160]}`; info: `{info.split(' / ')[1]}`; "
-        f"index: `{index.split(';')[0]}`; then verify: `{after}`",
+        f"verify: `{gist(verify)}`; info: `{gist(info)}`; index: `{gist(index)}`; "
+        f"then verify: `{gist(after)}`",
         "`--format tar`",
     ))  # fmt: skip
     per_rank = []
@@ -280,17 +280,27 @@ def check_parquet(folder: Path, stats: dict) -> list[tuple[str, str, str, str]]:
         # verify counts a sample the loader skips as a decode failure and exits 1: here
         # exactly the failed downloads, by their reason, and nothing else.
         judged = (
-            name == "verify"
-            and f"samples would be skipped by the loader (null_cell: {failures})" in text
+            name == "verify" and f"would be skipped by the loader (null_cell: {failures})" in text
         )
         expect(code == 0 or judged, f"`preprocess {name} {folder}` exited {code}: {text[:300]}")
     rows.append((
         f"img2dataset {VERSION} parquet",
         "`preprocess verify DIR`, `info DIR`, `index DIR`",
-        "; ".join(f"{name}: exit {code}, `{text[:160]}`" for name, code, text in results),
+        "; ".join(f"{name}: exit {code}, `{gist(text)}`" for name, code, text in results),
         "none",
     ))  # fmt: skip
     return rows
+
+
+def gist(output: str) -> str:
+    """A command's output cut for a table cell: no examples, no closing advice."""
+    lines = output.split(" / ")
+    output = next((line for line in lines if line.startswith("samples: ")), lines[0])
+    for cut in ("; e.g.", "; run `preprocess index", "; wrote"):
+        output = output.split(cut)[0]
+    for prefix in ("preprocess verify: ", "verify: ", "index: "):
+        output = output.removeprefix(prefix)
+    return output[:200]
 
 
 def table(rows: list[tuple[str, str, str, str]]) -> str:

@@ -34,10 +34,10 @@ from shards.manifest.foreign import (
     is_indexed,
     local_shards,
     members_line,
+    survey_fields,
     survey_shard,
 )
 from shards.sample import (
-    ALLOWED_FIELDS,
     DEFAULT_FIELDS,
     IMAGE_FIELDS,
     Field,
@@ -143,7 +143,9 @@ def verify_foreign_shard(path: str, fmt: str, check_images: bool, report: Verify
     name, samples, fields = os.path.basename(path), 0, {}
     try:
         with open(path, "rb") as stream:
-            for sample in get_format(fmt).iter_samples(stream, path, fields=ALLOWED_FIELDS):
+            shard_format = get_format(fmt)
+            wanted = survey_fields(shard_format, stream, path)
+            for sample in shard_format.iter_samples(stream, path, fields=wanted):
                 samples += 1
                 held = frozenset(key for key in sample if not key.startswith("__"))
                 report.members.update(held)

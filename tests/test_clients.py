@@ -153,3 +153,22 @@ def test_open_clip_trains_on_a_build_without_train_num_samples():
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert '"samples_trained"' in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("SHARDPIPE_IMG2DATASET_CHECK") != "1",
+    reason="installs img2dataset 1.47.0 in its own environment (a minute): "
+    "SHARDPIPE_IMG2DATASET_CHECK=1",
+)
+@pytest.mark.timeout(1800)
+def test_real_img2dataset_output_is_read_with_no_glue_beyond_a_field():
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "img2dataset_check.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "60/60 successes once" in run.stdout
+    assert "counted skips `null_cell: 3`" in run.stdout

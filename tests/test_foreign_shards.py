@@ -259,3 +259,19 @@ def test_verify_and_info_expand_a_quoted_brace_pattern(shardwriter_dir, capsys):
     assert preprocess_main(["verify", half]) == 1
     err = capsys.readouterr().err
     assert "2 of the 5 shards" in err and "do not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_verify_info_and_index_read_parquet_without_a_class_column(tmp_path, capsys):
+    """img2dataset's Parquet has no `cls`/`label` column: a survey must not ask for one."""
+    from tests.pipeline.test_field_mapping import write_img2dataset_parquet
+
+    folder = tmp_path / "i2d"
+    folder.mkdir()
+    write_img2dataset_parquet(folder / "00000.parquet")
+    assert preprocess_main(["info", str(folder)]) == 0
+    assert "no classes (label-free)" in capsys.readouterr().out
+    assert preprocess_main(["index", str(folder)]) == 0
+    assert "1 parquet shards" in capsys.readouterr().out
+    # The failed downloads (null jpg cells) are what the loader would skip: verify says so.
+    assert preprocess_main(["verify", str(folder)]) == 1
+    assert "null_cell" in capsys.readouterr().err

@@ -13,9 +13,10 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
-from shards.errors import ReadLimits, UsageError
-from shards.formats import FORMATS, format_of_url, get_format
+from shards.errors import DEFAULT_LIMITS, ReadLimits, UsageError
+from shards.formats import FORMATS, ShardFormat, format_of_url, get_format
 from shards.io import file_sha256
 from shards.manifest.fields import fields_entry
 from shards.manifest.model import Manifest
@@ -181,6 +182,20 @@ class ShardSurvey:
     members: Counter = field(default_factory=Counter)
 
 
+def survey_fields(
+    shard_format: ShardFormat, stream: BinaryIO, path: str, limits: ReadLimits | None = None
+) -> frozenset[str]:
+    """What a survey asks a shard for: every allowlisted member, less the class columns a
+    Parquet shard lacks (its reader refuses a class column asked for and not there, and
+    img2dataset's Parquet has none). A tar's members are asked for as they are: its
+    first sample's need not be every sample's. Rewinds `stream`."""
+    if not shard_format.random_access:
+        return ALLOWED_FIELDS
+    held = set(shard_format.list_members(stream, path, limits or DEFAULT_LIMITS))
+    stream.seek(0)
+    return ALLOWED_FIELDS - (set(LABEL_FIELDS) - held)
+
+
 def survey_shard(
     path: str, fmt: str, *, checksum: bool = True, limits: ReadLimits | None = None
 ) -> ShardSurvey:
@@ -195,7 +210,8 @@ def survey_shard(
     samples = 0
     options = {} if limits is None else {"limits": limits}
     with open(path, "rb") as stream:
-        for sample in shard_format.iter_samples(stream, path, fields=ALLOWED_FIELDS, **options):
+        fields = survey_fields(shard_format, stream, path, limits)
+        for sample in shard_format.iter_samples(stream, path, fields=fields, **options):
             samples += 1
             members.update(name for name in sample if not name.startswith("__"))
     digest = file_sha256(path) if checksum else None
