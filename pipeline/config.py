@@ -398,9 +398,10 @@ class ReadOptions:
         cache_dir: a node-local directory where fetched shards are kept (checked against
             the manifest's sha256, else its size) for later epochs and for every
             worker and rank on the node. None: no cache.
-        cache_limit: bytes the cache may hold; least-recently-used shards not in use are
-            evicted to stay under it. None: no limit but the disk (a full disk turns the
-            cache off with one warning).
+        cache_limit: bytes the cache may hold; least-recently-used shards not in use and
+            not of this job are evicted to stay under it (a dataset larger than the
+            limit keeps what fitted first and streams the rest). None: no limit but the
+            disk (a full disk turns the cache off with one warning).
     """
 
     retry: RetryPolicy = option(

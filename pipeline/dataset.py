@@ -228,7 +228,8 @@ class ShardStream(IterableDataset):
         role = (worker + resumed) % num_workers
         stats = WorkerStats(worker=worker)
         slot = self.plan_slot(epoch, segments, part, role)
-        stats.fetch = self.fetcher.schedule(plan_shards(slot, self.shards, self.mix))
+        every = self.shards if self.mix is None else itertools.chain(*self.mix.shards)
+        stats.fetch = self.fetcher.schedule(plan_shards(slot, self.shards, self.mix), every)
         planned, batches = slot.samples, slot.batches
         stats.budget = max(10, int(planned * self.settings.max_skip_fraction))
         if isinstance(slot, MixedWorkerPlan):

@@ -125,6 +125,7 @@ class ShardFetcher:
         self._cache: ShardCache | None = None
         self._cache_ready = False
         self._cache_warned = False
+        self._keep: frozenset[str] | None = None  # cache keys of every shard of the job
         self._counts_lock = threading.Lock()
         self.counts: dict[str, Any] = new_counts(self.io.prefetch_bytes)
 
@@ -133,14 +134,23 @@ class ShardFetcher:
         """Whether remote shards go through the fetcher (prefetch or the cache is on)."""
         return self.io.prefetch_bytes > 0 or self.io.cache_dir is not None
 
-    def schedule(self, specs: Iterable[ShardSpec]) -> dict[str, Any]:
+    def schedule(
+        self, specs: Iterable[ShardSpec], job_shards: Iterable[ShardSpec] = ()
+    ) -> dict[str, Any]:
         """Set the shards the worker reads next, in order, and start fetching the first ones.
+
+        `job_shards`, every shard of the job's sources (read once per process), are the
+        cache entries it never evicts for its own fetches (`ShardCache.reserve`).
 
         Returns:
             This epoch's fetch counters, updated live (`WorkerStats.fetch`).
         """
         self._own_process()
         remote = [spec for spec in specs if is_remote(spec.url)] if self.active else []
+        if self._keep is None and self.io.cache_dir is not None:
+            self._keep = frozenset(
+                cache_key(s.url, s.sha256, s.bytes) for s in job_shards if is_remote(s.url)
+            )
         with self._lock:
             self.counts = new_counts(self.io.prefetch_bytes)
             self.counts["cache_off"] = int(self._cache_warned)
@@ -280,7 +290,8 @@ class ShardFetcher:
 
     def _fill_entry(self, cache: ShardCache, key: str, spec: ShardSpec) -> BinaryIO | None:
         """Fetch `spec` into a new cache entry, checked; None when it does not fit."""
-        part = cache.reserve(key, spec.bytes or 0)
+        keep = self._keep or frozenset()
+        part = cache.reserve(key, spec.bytes or 0, keep)
         if part is None:
             return None  # larger than the limit, or the rest is in use
         try:
@@ -291,7 +302,7 @@ class ShardFetcher:
                 self.count("uncached")
                 return cache.unpublished(part)
             self._check(spec, part.file)
-            file = cache.commit(part, got)
+            file = cache.commit(part, got, keep)
         except BaseException:
             cache.discard(part)
             raise

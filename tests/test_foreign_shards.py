@@ -258,7 +258,9 @@ def test_verify_and_info_expand_a_quoted_brace_pattern(shardwriter_dir, capsys):
     half = str(shardwriter_dir / "shard-{000000..000004}.tar")
     assert preprocess_main(["verify", half]) == 1
     err = capsys.readouterr().err
-    assert "2 of the 5 shards" in err and "do not exist" in err and len(err.strip().splitlines()) == 1
+    assert (
+        "2 of the 5 shards" in err and "do not exist" in err and len(err.strip().splitlines()) == 1
+    )
 
 
 def test_verify_info_and_index_read_parquet_without_a_class_column(tmp_path, capsys):

@@ -7,6 +7,12 @@ Layout under the cache directory:
   rebuilt shard gets a new entry. Readers hold `LOCK_SH` on it while reading; the
   evictor takes `LOCK_EX | LOCK_NB`, so a shard in use is never evicted. Its mtime is
   its last use (least-recently-used eviction).
+- Eviction is scan-resistant: a reservation names the entries its job reads (`keep`,
+  the keys of every shard of its sources), and only other entries are evicted, least
+  recently used first. A job whose data is larger than the limit fills the cache once
+  and streams the rest: under plain LRU each epoch's pass would evict exactly the
+  shards the next pass reads first, fetching the whole dataset every epoch (a cache
+  of half the data then saves nothing); this way it saves the half it holds.
 - `<key>.<pid>.<random>.part`: a download in progress, sized to the shard up front
   (so the total under `limit` counts it) and held with `LOCK_EX` by its writer. It
   becomes `<key>.shard` by an atomic rename once its bytes are checked. A part whose
@@ -158,8 +164,10 @@ class ShardCache:
             finally:
                 fcntl.flock(file, fcntl.LOCK_UN)
 
-    def reserve(self, key: str, size: int) -> Part | None:
+    def reserve(self, key: str, size: int, keep: frozenset[str] = frozenset()) -> Part | None:
         """A new `.part` file of `size` bytes, after evicting what must go; None if it cannot fit.
+
+        Entries in `keep` (the job's own shards) are never evicted for it.
 
         Raises:
             OSError: the disk refused (`is_disk_error`).
@@ -167,7 +175,7 @@ class ShardCache:
         if self.limit is not None and size > self.limit:
             return None
         with self._locked():
-            if not self._make_room(size):
+            if not self._make_room(size, keep):
                 return None
             path = os.path.join(
                 self.root, f"{key}.{os.getpid()}.{secrets.token_hex(4)}{PART_SUFFIX}"
@@ -183,7 +191,7 @@ class ShardCache:
                 raise
             return Part(key, path, file, size)
 
-    def commit(self, part: Part, size: int) -> BinaryIO | None:
+    def commit(self, part: Part, size: int, keep: frozenset[str] = frozenset()) -> BinaryIO | None:
         """Publish a fully written, checked part as its shard; return it open and share-locked.
 
         None: a part reserved without knowing its size (0) came out larger than the
@@ -196,11 +204,15 @@ class ShardCache:
         if size != part.reserved:
             with self._locked():
                 file.truncate(size)
-                if not self._make_room(0):
+                if not self._make_room(0, keep):
                     return None
         file.flush()
         os.fsync(file.fileno())
-        os.rename(part.path, self.path(part.key))
+        # Under the lock: a rename during another process's usage count could hide the
+        # entry from its directory scan (seen under neither name), and it would then
+        # reserve past the limit.
+        with self._locked():
+            os.rename(part.path, self.path(part.key))
         fcntl.flock(file, fcntl.LOCK_SH)  # from exclusive: readable, not evictable
         file.seek(0)
         return file
@@ -249,8 +261,8 @@ class ShardCache:
         for path, _, _ in self._entries(PART_SUFFIX):
             _remove_unlocked(path)
 
-    def _make_room(self, size: int) -> bool:
-        """Evict least-recently-used shards not in use until `size` more bytes fit."""
+    def _make_room(self, size: int, keep: frozenset[str]) -> bool:
+        """Evict least-recently-used shards not in use nor in `keep` until `size` more bytes fit."""
         if self.limit is None:
             return True
         self._remove_dead_parts()
@@ -258,6 +270,8 @@ class ShardCache:
         if used + size <= self.limit:
             return True
         for path, bytes_, _ in sorted(self._entries(SHARD_SUFFIX), key=lambda e: e[2]):
+            if os.path.basename(path)[: -len(SHARD_SUFFIX)] in keep:
+                continue
             if _remove_unlocked(path):
                 used -= bytes_
                 if used + size <= self.limit:

@@ -115,23 +115,53 @@ def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
     seen = []
     real_reserve = ShardCache.reserve
 
-    def watched_reserve(self, key, size):
-        part = real_reserve(self, key, size)
-        seen.append(self.usage())  # with the new part counted
+    def watched_reserve(self, key, size, keep=frozenset()):
+        part = real_reserve(self, key, size, keep)
+        with self._locked():  # the prefetch threads reserve and publish under it too
+            seen.append(self.usage())  # with the new part counted
         return part
 
     server = LocalHTTPServer(shard_dir)
+    held, sent = [], []
     with server as base:
         loader = remote_loader(base, cache_dir, cache_limit=limit)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(ShardCache, "reserve", watched_reserve)
             for epoch in range(3):
                 assert epoch_counts(loader, epoch) == local_epoch
-                used = sum(p.stat().st_size for p in cached_entries(cache_dir))
+                entries = cached_entries(cache_dir)
+                used = sum(p.stat().st_size for p in entries)
                 assert 0 < used <= limit
+                held.append({p.name for p in entries})
+                sent.append(shard_bytes_sent(server) - sum(sent))
     assert seen and max(seen) <= limit
-    # Every epoch fetched what the cache could not hold, never more than the dataset.
-    assert shard_bytes_sent(server) <= 3 * sum(sizes)
+    # Scan-resistant: the job's own shards never evict each other, so what the first
+    # epoch cached stays, and every later epoch fetches exactly the rest (plain LRU
+    # would fetch the whole dataset again each epoch).
+    assert sent[0] == sum(sizes)
+    assert held[0] == held[1] == held[2]
+    assert sent[1] == sent[2] == sum(sizes) - used
+
+
+def test_eviction_spares_the_jobs_own_shards_and_evicts_others(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), limit=300)
+    cache.prepare()
+    for key in ("other-job", "mine-1", "mine-2"):
+        part = cache.reserve(key, 100)
+        part.file.write(b"x" * 100)
+        cache.commit(part, 100).close()
+    os.utime(cache.path("mine-1"), (1, 1))  # the least recently used, but the job's own
+    keep = frozenset({"mine-1", "mine-2", "mine-3", "mine-4"})
+    part = cache.reserve("mine-3", 100, keep)
+    assert part is not None and not os.path.exists(cache.path("other-job"))
+    part.file.write(b"x" * 100)
+    cache.commit(part, 100, keep).close()
+    assert cache.reserve("mine-4", 100, keep) is None  # streamed past the cache instead
+    assert {p.name for p in cached_entries(cache.root)} == {
+        f"mine-{i}{SHARD_SUFFIX}" for i in (1, 2, 3)
+    }
+    assert cache.reserve("another-job", 100) is not None  # without keep: plain LRU
+    assert not os.path.exists(cache.path("mine-1"))
 
 
 def test_eviction_never_removes_a_shard_in_use(tmp_path):
