@@ -9,7 +9,8 @@ both trees once, in an order that rotates, and the ratio is taken within the rou
 - build: `preprocess build-shards` of each tree on the same source images, timed end to end
   (start-up included), into a fresh output; the two outputs must be byte-identical.
 
-Each tree runs under `PYTHONPATH=TREE`, which wins over the editable install (checked:
+Each tree runs in its own folder under `PYTHONPATH=TREE`, which wins over the editable
+install (`-m` and `-c` put the working folder first on `sys.path`, so it must be the tree;
 the child asserts where `pipeline` came from). Make the other tree with
 `git worktree add /tmp/before REV`.
 
@@ -40,8 +41,8 @@ import json, sys
 from pathlib import Path
 tree, shards, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, tree + "/benchmarks")
-import loader_throughput, pipeline
-assert pipeline.__file__.startswith(tree), f"pipeline imported from {pipeline.__file__}"
+import loader_throughput, pipeline, preprocess
+assert pipeline.__file__.startswith(tree) and preprocess.__file__.startswith(tree), pipeline.__file__
 m = loader_throughput.OurLoader("ours", Path(shards), workers=2).run(seed=seed, warmup=3)
 print(json.dumps({"img_s": m.images / m.seconds, "img_cpu_s": m.epoch_images / m.cpu_s}))
 """
@@ -52,6 +53,7 @@ def run_epoch(tree: Path, shards: Path, seed: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", EPOCH, str(tree), str(shards), str(seed)],
         env=env,
+        cwd=tree,
         capture_output=True,
         text=True,
         check=True,
@@ -65,7 +67,11 @@ def run_build(tree: Path, source: Path, output: Path, flags: list[str]) -> float
     command = [sys.executable, "-m", "preprocess.cli", "build-shards", "--input", str(source)]
     started = time.perf_counter()
     subprocess.run(
-        [*command, "--output", str(output), *flags], env=env, check=True, capture_output=True
+        [*command, "--output", str(output), *flags],
+        env=env,
+        cwd=tree,
+        check=True,
+        capture_output=True,
     )
     return time.perf_counter() - started
 

@@ -58,13 +58,14 @@ def resolve_executor(executor: str, ray_address: str | None) -> str:
 
 
 # `--executor auto` runs a build on Ray when Ray's start-up is at most RAY_START_SHARE of
-# the build's time, i.e. from `ray_min_inputs(cpus)` inputs to build. RAY_START_S was
-# measured here (2026-12-02, 2 busy CPUs): `import ray` 2.2 s + `ray.init()` of a local
-# Ray 17.3 s + its first tasks 1.3 s. IMAGES_PER_CPU_S is one CPU's build rate at the
-# default options (`benchmarks/executor_crossover.py` prints both to set them again).
-RAY_START_S = 21.0
+# the build's time, i.e. from `ray_min_inputs(cpus)` inputs to build. Both constants were
+# measured by `benchmarks/executor_crossover.py` on a quiet 2-CPU machine (2026-12-02):
+# a Ray build took 10.8-14.1 s longer than the local pool at 500, 2,000 and 6,000 images
+# (`import ray` + `ray.init()` alone 7.6 s; the rest is its workers' and tasks' start),
+# and the local pool built 398 images/s (199 per CPU). Rerun it to set them again.
+RAY_START_S = 12.0
 RAY_START_SHARE = 0.03
-IMAGES_PER_CPU_S = 150.0
+IMAGES_PER_CPU_S = 200.0
 
 
 def ray_min_inputs(cpus: int) -> int:
