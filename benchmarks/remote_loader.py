@@ -37,7 +37,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.httpserver, tests.objectstore: the real servers
 
-from common import describe_machine, markdown_table, median, mib, spread, tree_pids  # noqa: E402
+from common import (  # noqa: E402
+    describe_machine,
+    markdown_table,
+    median,
+    mib,
+    process_cpu_seconds,
+    spread,
+    tree_pids,
+)
 from loader_throughput import prepare_data  # noqa: E402
 from slowproxy import SlowProxy  # noqa: E402
 
@@ -73,7 +81,13 @@ def serve_stores(shards: str, delay_s: float, bytes_per_s: float, ready, stop) -
         s3.upload_dir(shards, BUCKET, PREFIX)
         with SlowProxy(http_base, **slow) as http_url, SlowProxy(s3.endpoint, **slow) as s3_url:
             ready.put(
-                {"http": http_url, "s3": s3_url, "key": s3.access_key, "secret": s3.secret_key}
+                {
+                    "http": http_url,
+                    "s3": s3_url,
+                    "key": s3.access_key,
+                    "secret": s3.secret_key,
+                    "pid": os.getpid(),
+                }
             )
             stop.wait()
 
@@ -159,15 +173,20 @@ def loader_config(run: dict, cache_dir: Path | None, workers: int, seed: int) ->
     )
 
 
-def run_contender(run: dict, cache_dir: Path | None, workers: int, seed: int) -> dict:
-    """Two epochs of one contender: per epoch its rate, longest wait and fetch counts; and
-    the peak RSS of its largest worker."""
+def run_contender(
+    run: dict, cache_dir: Path | None, workers: int, seed: int, server_pid: int
+) -> dict:
+    """Two epochs of one contender: per epoch its rate, longest wait, fetch counts and the
+    CPU seconds the store servers spent (they share this machine's cores with the
+    loader); and the peak RSS of its largest worker."""
     before = set(tree_pids(os.getpid()))
     loader = build_loader(loader_config(run, cache_dir, workers, seed))
     epochs = []
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
+        server_before = process_cpu_seconds(server_pid)
         measured = timed_epoch(loader, warmup=workers + 1)
+        measured["server_cpu_s"] = process_cpu_seconds(server_pid) - server_before
         measured["fetch"] = fetch_counts(loader)
         epochs.append(measured)
     workers_rss = [peak_rss(pid) for pid in set(tree_pids(os.getpid())) - before]
@@ -229,7 +248,9 @@ def peak_rss(pid: int) -> int:
 # --- rounds and the report -----------------------------------------------------------------
 
 
-def run_rounds(runs: list[dict], rounds: int, workers: int, scratch: Path, cache: bool) -> list:
+def run_rounds(
+    runs: list[dict], rounds: int, workers: int, scratch: Path, cache: bool, server_pid: int
+) -> list:
     """Every contender once per round, in an order rotated by one each round."""
     results = []
     for number in range(rounds):
@@ -240,7 +261,9 @@ def run_rounds(runs: list[dict], rounds: int, workers: int, scratch: Path, cache
                 scratch / f"round{number}-{run['name'].replace(', ', '-')}" if cache else None
             )
             print(f"round {number + 1}/{rounds}: {run['name']} ...", flush=True)
-            measured[run["name"]] = run_contender(run, cache_dir, workers, seed=number)
+            measured[run["name"]] = run_contender(
+                run, cache_dir, workers, seed=number, server_pid=server_pid
+            )
             if cache_dir is not None:
                 shutil.rmtree(cache_dir, ignore_errors=True)
         results.append(measured)
@@ -272,6 +295,7 @@ def report_row(name: str, rounds: list[dict]) -> list[str]:
         mib(fetch_median(runs, 1, "bytes_fetched")),
         f"{fetch_median(runs, 1, 'cache_hits'):.0f}",
         f"{wait[0]:.0f} / {wait[1]:.0f}",
+        " / ".join(f"{epoch_median(runs, e, 'server_cpu_s'):.1f}" for e in range(EPOCHS)),
         mib(median([run["worker_peak_rss"] for run in runs])),
     ]
 
@@ -295,6 +319,7 @@ def report(rounds: list[dict], dataset_bytes: int) -> str:
         "MiB fetched, epoch 2",
         "cache hits (shard opens), epoch 2",
         "longest wait ms, e1 / e2",
+        "store servers' CPU-s, e1 / e2",
         "peak worker RSS MiB",
     ]
     rows = [report_row(name, rounds) for name in rounds[0]]
@@ -332,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     total = dataset_bytes(shards)
     with SlowStores(shards, args.delay_ms / 1000, args.mb_per_s * 1e6) as stores:
         runs = contenders(shards, stores, total // 2, cache)
-        rounds = run_rounds(runs, args.rounds, args.workers, scratch, cache)
+        rounds = run_rounds(runs, args.rounds, args.workers, scratch, cache, stores["pid"])
     shutil.rmtree(scratch, ignore_errors=True)
     table = report(rounds, total)
     print(
