@@ -7,12 +7,6 @@ Layout under the cache directory:
   rebuilt shard gets a new entry. Readers hold `LOCK_SH` on it while reading; the
   evictor takes `LOCK_EX | LOCK_NB`, so a shard in use is never evicted. Its mtime is
   its last use (least-recently-used eviction).
-- Eviction is scan-resistant: a reservation names the entries its job reads (`keep`,
-  the keys of every shard of its sources), and only other entries are evicted, least
-  recently used first. A job whose data is larger than the limit fills the cache once
-  and streams the rest: under plain LRU each epoch's pass would evict exactly the
-  shards the next pass reads first, fetching the whole dataset every epoch (a cache
-  of half the data then saves nothing); this way it saves the half it holds.
 - `<key>.<pid>.<random>.part`: a download in progress, sized to the shard up front
   (so the total under `limit` counts it) and held with `LOCK_EX` by its writer. It
   becomes `<key>.shard` by an atomic rename once its bytes are checked. A part whose
@@ -22,6 +16,12 @@ Layout under the cache directory:
   holder, so nobody waits on a dead one.
 - `.lock`: held briefly around a reservation (usage count, eviction, new part), so
   the total of all processes stays under `limit`.
+
+Eviction is scan-resistant: a reservation names the entries its job reads (`keep`, the
+keys of every shard of its sources), and only other entries are evicted, least recently
+used first. A job whose data is larger than the limit fills the cache once and streams
+the rest: under plain LRU each epoch's pass would evict exactly the shards the next pass
+reads first, fetching the whole dataset every epoch; this way it saves what it holds.
 
 Disk errors (a full disk, a read-only or unwritable directory) are raised as
 `OSError` for the caller, which turns caching off (`is_disk_error`).
