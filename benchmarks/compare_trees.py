@@ -7,7 +7,8 @@ both trees once, in an order that rotates, and the ratio is taken within the rou
 - loader: one epoch of `loader_throughput.OurLoader` (the loader's defaults, 2 workers)
   from each tree's own `benchmarks/`, on the same shards, in a fresh process;
 - build: `preprocess build-shards` of each tree on the same source images, timed end to end
-  (start-up included), into a fresh output; the two outputs must be byte-identical.
+  (start-up included), into a fresh output; every file both trees write must be
+  byte-identical (a file only one writes, a new feature, is listed).
 
 Each tree runs in its own folder under `PYTHONPATH=TREE`, which wins over the editable
 install (`-m` and `-c` put the working folder first on `sys.path`, so it must be the tree;
@@ -76,13 +77,27 @@ def run_build(tree: Path, source: Path, output: Path, flags: list[str]) -> float
     return time.perf_counter() - started
 
 
-def output_digest(output: Path) -> str:
-    """sha256 over every file of a build but its scratch folder, names included."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in output.rglob("*") if p.is_file() and "_build" not in p.parts):
-        digest.update(str(path.relative_to(output)).encode())
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+def output_digests(output: Path) -> dict[str, str]:
+    """sha256 of every file of a build but its scratch folder, by relative path."""
+    return {
+        str(path.relative_to(output)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(output.rglob("*"))
+        if path.is_file() and "_build" not in path.parts
+    }
+
+
+def compare_outputs(before: dict[str, str], after: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Files both builds wrote whose bytes differ, and files only one of them wrote.
+
+    A file only one tree writes is a feature (the after tree's `sizes.json` for
+    open_clip, say), not a changed output; a shared file with other bytes is.
+    """
+    changed = sorted(name for name in before.keys() & after.keys() if before[name] != after[name])
+    only = sorted(
+        f"{name} (only {'before' if name in before else 'after'})"
+        for name in before.keys() ^ after.keys()
+    )
+    return changed, only
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {"loader img/s": [], "loader img/CPU-s": [], "build time": []}
     rates: dict[str, list[float]] = {"before": [], "after": []}
     scratch = Path(tempfile.mkdtemp(prefix="compare-trees-"))
-    digests: set[str] = set()
+    changed: set[str] = set()
+    only: set[str] = set()
     for index in range(args.rounds):
         order = list(trees) if index % 2 == 0 else list(reversed(trees))
         if args.source:
-            seconds = {}
+            seconds, digests = {}, {}
             for name in order:
                 output = scratch / name
                 seconds[name] = run_build(
                     trees[name], args.source, output, args.build_flags.split()
                 )
-                digests.add(output_digest(output))
+                digests[name] = output_digests(output)
+            round_changed, round_only = compare_outputs(digests["before"], digests["after"])
+            changed.update(round_changed)
+            only.update(round_only)
             ratios["build time"].append(seconds["after"] / seconds["before"])
         epochs = {name: run_epoch(trees[name], args.shards, index) for name in order}
         for name in trees:
@@ -129,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         f"loader before {median(rates['before']):,.0f} img/s, after {median(rates['after']):,.0f}"
     )
     if args.source:
-        same = "byte-identical" if len(digests) == 1 else "DIFFERENT"
-        print(f"build outputs of the two trees: {same}")
-        return 0 if len(digests) == 1 else 1
+        same = "DIFFERENT: " + ", ".join(sorted(changed)) if changed else "byte-identical"
+        print(f"build files both trees write: {same}")
+        if only:
+            print("files one tree alone writes: " + ", ".join(sorted(only)))
+        return 1 if changed else 0
     return 0
 
 

@@ -23,9 +23,9 @@ from typing import Any, BinaryIO
 from preprocess.images import EXTENSIONS, ImageConfig, process_image, read_source
 from preprocess.plan import PlannedSample, ShardTask
 from shards.formats import get_format
-from shards.io import OutputStore, file_sha256, open_output_store
 from shards.manifest import LAYOUT_FLAT, FileInfo, ShardInfo, shard_name
 from shards.sample import MAX_FIELD_BYTES, Sample, SampleError
+from shards.storage.write import OutputStore, file_sha256, open_output_store
 
 BUILD_DIR = "_build"
 # Skip reasons that say nothing about the input's bytes, only about the machine or the

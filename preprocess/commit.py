@@ -23,7 +23,6 @@ from preprocess.plan import Plan, manifest_fields
 from preprocess.ray_job import BuildError
 from shards.clients import write_client_files
 from shards.errors import UsageError
-from shards.io import OutputStore, open_output_store
 from shards.manifest import (
     LAYOUT_FLAT,
     MANIFEST_NAME,
@@ -34,6 +33,7 @@ from shards.manifest import (
 )
 from shards.manifest.files import missing_manifest
 from shards.manifest.foreign import foreign_manifest, survey_shard
+from shards.storage.write import OutputStore, open_output_store
 
 
 def assemble_manifest(

@@ -23,8 +23,8 @@ from preprocess.output import (
 from preprocess.plan import Plan
 from preprocess.sizing import Probe, probe_inputs
 from shards.formats import get_format
-from shards.io import OutputStore, open_output_store
 from shards.storage import is_remote
+from shards.storage.write import OutputStore, open_output_store
 
 
 @dataclass

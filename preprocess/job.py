@@ -41,9 +41,9 @@ from preprocess.ray_job import iter_ray, start_ray
 from preprocess.sizing import shard_size_for_bytes
 from preprocess.sources import stream_sources
 from shards.clients import write_client_files
-from shards.io import OutputStore, open_output_store
 from shards.manifest import LAYOUT_FLAT, MANIFEST_NAME, Manifest, write_manifest
 from shards.storage import is_remote
+from shards.storage.write import OutputStore, open_output_store
 
 
 class StoreURL(str):

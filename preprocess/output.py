@@ -20,9 +20,9 @@ from preprocess.plan import PLAN_VERSION, Plan
 from preprocess.ray_job import BuildError
 from shards.clients import is_client_file
 from shards.formats import FORMATS
-from shards.io import OutputStore
 from shards.manifest import LAYOUT_BY_FORMAT, LAYOUT_FLAT, MANIFEST_NAME
 from shards.storage import is_remote
+from shards.storage.write import OutputStore
 
 ERRORS_NAME = "errors.jsonl"
 CONFIG_NAME = "config.json"

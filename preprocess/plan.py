@@ -34,10 +34,10 @@ from typing import Any
 from preprocess.columns import MAX_MULTI_LABEL_CLASSES, InputColumns
 from preprocess.listing import InputError, SourceItem
 from shards.errors import DataError
-from shards.io import atomic_write_bytes
 from shards.manifest import fields_entry
 from shards.redact import redact_url
 from shards.sample import check_key
+from shards.storage.write import atomic_write_bytes
 
 # 1: every split listed in memory and shuffled with `random.Random(f"{seed}:{split}")`.
 # 2: the keyed-hash order below. Samples land in other shards, so a build started

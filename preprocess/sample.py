@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from shards.errors import UsageError
-from shards.io import atomic_write_bytes
+from shards.storage.write import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ _STORE_TRANSPOSE = {
 }
 _CHUNK = 64  # images per worker task: small enough to balance, large enough to amortise IPC
 _OUR_DIR = re.compile(r"^class_\d{3}$")
-# Our images, and what a killed run leaves: `shards.io` temporaries (and `.tmp` of older runs).
+# Our images, and what a killed run leaves: `shards.storage.write` temporaries (and `.tmp` of older runs).
 _OUR_FILE = re.compile(
     r"^(img_\d+\.(jpg|png|webp|bmp|tiff)(\.tmp)?"
     r"|\.img_\d+\.(jpg|png|webp|bmp|tiff)\.tmp-\d+-[0-9a-f]{8})$"

@@ -20,7 +20,6 @@ from pathlib import Path
 from shards.errors import DataError, ShardError
 from shards.formats import FORMAT_NAMES, get_format
 from shards.imagedata import check_image
-from shards.io import file_sha256
 from shards.manifest import (
     LAYOUT_FLAT,
     MANIFEST_NAME,
@@ -47,6 +46,7 @@ from shards.sample import (
     field_value,
     read_fields,
 )
+from shards.storage.write import file_sha256
 
 MAX_EXAMPLES = 5
 

@@ -30,8 +30,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from shards.io import OutputStore, atomic_write_bytes
 from shards.manifest import Manifest
+from shards.storage.write import OutputStore, atomic_write_bytes
 
 INFO_NAME = "_info.json"
 WIDS_SUFFIX = ".wids.json"

@@ -25,8 +25,8 @@ from pipeline.loader import build_loader
 from pipeline.sources import resolve_source
 from preprocess.cli import main as preprocess_main
 from shards.errors import UsageError
-from shards.io import file_sha256
 from shards.manifest import read_manifest
+from shards.storage.write import file_sha256
 from tests.pipeline.conftest import epoch_keys, loader_for
 
 SHARDWRITER_SAMPLES = 25  # 10 + 10 + 5 in three shards

@@ -3,7 +3,7 @@
 A checkpoint holds only tensors and plain Python values, so it loads with
 `torch.load(weights_only=True)`: a file that tries to run code (a pickle
 `__reduce__`) is refused, never executed. Each file is written under a
-temporary name, fsynced and renamed (`shards.io.atomic_path`); only then does
+temporary name, fsynced and renamed (`shards.storage.write.atomic_path`); only then does
 `latest` move. A run killed at any moment leaves either the previous
 checkpoint or the new one, complete, under a final name.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from shards.errors import DataError
-from shards.io import atomic_path, atomic_write_bytes, is_temp_name
+from shards.storage.write import atomic_path, atomic_write_bytes, is_temp_name
 
 log = logging.getLogger("trainers")
 

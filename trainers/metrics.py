@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shards.io import atomic_write_bytes
+from shards.storage.write import atomic_write_bytes
 
 log = logging.getLogger("trainers")
 

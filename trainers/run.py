@@ -25,8 +25,8 @@ from torch import nn
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
 from shards.errors import UsageError
-from shards.io import atomic_write_bytes
 from shards.redact import redact_url
+from shards.storage.write import atomic_write_bytes
 from trainers.checkpoint import (
     FORMAT_NAME,
     FORMAT_VERSION,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from shards.io import OutputStore, atomic_write_bytes
 from shards.manifest.errors import ManifestError
 from shards.manifest.mapped import LocalTableReader
 from shards.manifest.model import Manifest
 from shards.manifest.names import INLINE_MAX_SHARDS, MANIFEST_NAME, MAX_MANIFEST_BYTES
 from shards.storage import NotRegularFileError, open_regular_file
+from shards.storage.write import OutputStore, atomic_write_bytes
 
 
 def write_manifest(

@@ -17,7 +17,6 @@ from typing import BinaryIO
 
 from shards.errors import DEFAULT_LIMITS, ReadLimits, UsageError
 from shards.formats import FORMATS, ShardFormat, format_of_url, get_format
-from shards.io import file_sha256
 from shards.manifest.fields import fields_entry
 from shards.manifest.model import Manifest
 from shards.manifest.names import LAYOUT_FLAT, MANIFEST_NAME
@@ -25,6 +24,7 @@ from shards.manifest.table import FileInfo, ShardInfo, ShardTable, SplitInfo
 from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, LABEL_FIELDS
 from shards.storage import is_remote
 from shards.storage.patterns import expand_glob, expand_urls, is_glob
+from shards.storage.write import file_sha256
 
 # What `foreign_manifest` records each member as (`fields.members`): the kind the loader
 # reads it as by default. `labels` is left out: a multi-label entry needs per-class counts.

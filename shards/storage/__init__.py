@@ -1,12 +1,12 @@
-"""Where bytes live and how they are read: the one storage layer, torch-free.
+"""Where bytes live and how they are read and written: the one storage layer, torch-free.
 
 Sits under everything that touches a location: the loader's shards and side tables,
 `preprocess verify`, the trainer's shard listing, and a build's inputs (trees, list
 files, images) all read through `open_stream`, so a remote input gets the shards'
 retries, deadline and redaction. Split by transport: `urls` (schemes, `is_remote`,
 validation), `retry` (`RetryPolicy`, the deadline clock, the retrying read loop),
-`local`, `http`, `objectstore` (fsspec). Writing (atomic files, output stores) is
-`shards.io`.
+`local`, `http`, `objectstore` (fsspec), `ranged` (parallel ranged fetches), `cache`
+(the node-local shard cache); writing (atomic files, output stores) is `write`.
 """
 
 from shards.storage.http import HttpRangeFile, RetryingStream

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from preprocess.job import run_build
-from shards.io import is_temp_name
 from shards.manifest import read_manifest
+from shards.storage.write import is_temp_name
 from shards.tar import iter_tar_samples
 from tests.cluster.raycluster import (
     RAY_BIN,

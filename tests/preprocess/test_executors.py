@@ -24,7 +24,7 @@ from preprocess.config import BuildConfig
 from preprocess.job import PHASES, run_build
 from preprocess.pool import LocalPool, iter_local, resolve_executor
 from preprocess.ray_job import TASK_RETRIES, BuildError, build_with_options
-from shards.io import is_temp_name
+from shards.storage.write import is_temp_name
 from tests.conftest import small_build_config
 
 REPO = Path(__file__).resolve().parents[2]

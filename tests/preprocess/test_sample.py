@@ -195,7 +195,7 @@ def test_overwrite_replaces_an_earlier_sample(tmp_path):
 
 
 def test_overwrite_removes_what_a_killed_run_left(tmp_path):
-    """A run killed mid-image leaves a `shards.io` temporary: --overwrite takes it as ours."""
+    """A run killed mid-image leaves a `shards.storage.write` temporary: --overwrite takes it as ours."""
     first = make_sample(tmp_path / "out", 4, classes=1, workers=1)
     image = next(first.output.rglob("img_*"))
     (image.parent / f".{image.name}.tmp-123-0a1b2c3d").write_bytes(b"partial")

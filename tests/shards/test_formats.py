@@ -227,7 +227,7 @@ def test_truncated_tar_never_yields_a_partial_sample(fraction):
 
 def test_shards_imports_neither_torch_nor_ray():
     code = (
-        "import sys, shards.tar, shards.parquet, shards.manifest, shards.io, shards.sample;"
+        "import sys, shards.tar, shards.parquet, shards.manifest, shards.storage.write, shards.sample;"
         "bad = [m for m in ('torch', 'ray') if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from shards.io import LocalStore, open_output_store
 from shards.storage import (
     READ_SCHEMES,
     ObjectNotFoundError,
@@ -18,6 +17,7 @@ from shards.storage import (
     walk,
 )
 from shards.storage.retry import call_with_retry
+from shards.storage.write import LocalStore, open_output_store
 from tests.httpserver import LocalHTTPServer
 
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02, timeout=1.0, deadline=5.0)

@@ -1,4 +1,7 @@
-"""Atomic, checksummed file output for shards and their manifests, local or in an object store.
+"""Atomic, checksummed file output, local or in an object store: the writing half of storage.
+
+Every file this project commits goes through here: shards and manifests, the sample
+tree, the trainer's metrics and checkpoints.
 
 Every file is written under a temporary name in its final directory, flushed
 and fsynced, then renamed, so a crash never leaves a partial file under a final
