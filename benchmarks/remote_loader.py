@@ -185,13 +185,21 @@ def run_contender(
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
         server_before = process_cpu_seconds(server_pid)
+        loader_before = loader_cpu_seconds(server_pid)
         measured = timed_epoch(loader, warmup=workers + 1)
         measured["server_cpu_s"] = process_cpu_seconds(server_pid) - server_before
+        measured["loader_cpu_s"] = loader_cpu_seconds(server_pid) - loader_before
         measured["fetch"] = fetch_counts(loader)
         epochs.append(measured)
     workers_rss = [peak_rss(pid) for pid in set(tree_pids(os.getpid())) - before]
     del loader
     return {"name": run["name"], "epochs": epochs, "worker_peak_rss": max(workers_rss, default=0)}
+
+
+def loader_cpu_seconds(server_pid: int) -> float:
+    """CPU seconds of this process and its loader workers, the store servers left out."""
+    servers = set(tree_pids(server_pid))
+    return sum(process_cpu_seconds(pid) for pid in tree_pids(os.getpid()) if pid not in servers)
 
 
 def timed_epoch(loader, warmup: int) -> dict:
@@ -296,6 +304,7 @@ def report_row(name: str, rounds: list[dict]) -> list[str]:
         f"{fetch_median(runs, 1, 'cache_hits'):.0f}",
         f"{wait[0]:.0f} / {wait[1]:.0f}",
         " / ".join(f"{epoch_median(runs, e, 'server_cpu_s'):.1f}" for e in range(EPOCHS)),
+        " / ".join(f"{epoch_median(runs, e, 'loader_cpu_s'):.1f}" for e in range(EPOCHS)),
         mib(median([run["worker_peak_rss"] for run in runs])),
     ]
 
@@ -320,6 +329,7 @@ def report(rounds: list[dict], dataset_bytes: int) -> str:
         "cache hits (shard opens), epoch 2",
         "longest wait ms, e1 / e2",
         "store servers' CPU-s, e1 / e2",
+        "loader CPU-s, e1 / e2",
         "peak worker RSS MiB",
     ]
     rows = [report_row(name, rounds) for name in rounds[0]]
@@ -346,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-ms", type=float, default=50.0, help="before each first byte")
     parser.add_argument("--mb-per-s", type=float, default=20.0, help="cap per connection")
     parser.add_argument("--executor", default="local", choices=("local", "ray"))
+    parser.add_argument(
+        "--only", action="append", help="run only this contender (repeat; local disk always)"
+    )
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     shards = args.shards or prepare_data(args.workdir, args.images, args.executor)
@@ -357,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     total = dataset_bytes(shards)
     with SlowStores(shards, args.delay_ms / 1000, args.mb_per_s * 1e6) as stores:
         runs = contenders(shards, stores, total // 2, cache)
+        if args.only:
+            runs = [r for r in runs if r["name"] == "local disk" or r["name"] in args.only]
         rounds = run_rounds(runs, args.rounds, args.workers, scratch, cache, stores["pid"])
     shutil.rmtree(scratch, ignore_errors=True)
     table = report(rounds, total)

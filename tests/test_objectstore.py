@@ -137,6 +137,37 @@ def test_tar_shards_stream_in_ranged_reads_instead_of_a_whole_download(
     assert all(b[0] == a[1] + 1 for a, b in zip(bounds, bounds[1:], strict=False))
 
 
+def test_a_fetched_shard_takes_one_ranged_get_per_span(
+    moto_s3, s3_shards, built_shards, proxy, monkeypatch, tmp_path
+):
+    """Each request to a store costs a first-byte delay and the store's CPU: a span is
+    one GET of its bytes, not one GET per copy buffer."""
+    from shards.storage import ranged
+
+    span_bytes = 16 * 2**10
+    monkeypatch.setattr(ranged, "MIN_SPAN", span_bytes)
+    monkeypatch.setattr(ranged, "MAX_SPAN", span_bytes)
+    monkeypatch.setattr(ranged, "COPY_CHUNK", 1024)  # a span is many copy buffers
+    url = shard_url(s3_shards, "train", 0)
+    local = shard_path(built_shards.output, "train", 0)
+    size = local.stat().st_size
+    assert size > 4 * span_bytes
+    target = tmp_path / "fetched"
+    with target.open("wb+") as file:
+        got = ranged.fetch_into(
+            url,
+            file.fileno(),
+            FAST,
+            size=size,
+            storage_options=moto_s3.storage_options(proxy.endpoint),
+            connections=3,
+        )
+    assert got == size and target.read_bytes() == local.read_bytes()
+    ranges = sorted(span(r.range) for r in proxy.requests if r.method == "GET")
+    assert len(ranges) == -(-size // span_bytes)  # one GET per span, none repeated
+    assert sum(ranges) == size
+
+
 def test_parquet_fetches_only_the_footer_and_the_row_groups_it_reads(
     moto_s3, bucket, proxy, tmp_path
 ):

@@ -93,7 +93,10 @@ def fetch_into(
                     start, stop = job
                     reader, _ = opener.open(start, stop)
                 with reader:
-                    _copy(reader, fd, start, stop - start, tick, url)
+                    # An object-store read is one ranged GET of what it asks for, so
+                    # the span goes in one read: one request, not one per copy chunk.
+                    chunk = COPY_CHUNK if opener.http else stop - start
+                    _copy(reader, fd, start, stop - start, tick, url, chunk)
                 reader = None
         except BaseException as exc:  # handed to the caller's thread below
             if reader is not None:
@@ -152,13 +155,15 @@ def _copy(
     count: int | None,
     tick: Callable[[int], None],
     url: str = "",
+    chunk: int = COPY_CHUNK,
 ) -> int:
-    """Copy `count` bytes (None: to the end) from `reader` to `fd` at `offset`."""
-    buffer = bytearray(COPY_CHUNK)
+    """Copy `count` bytes (None: to the end) from `reader` to `fd` at `offset`, `chunk`
+    bytes a read."""
+    buffer = bytearray(chunk)
     view = memoryview(buffer)
     done = 0
     while count is None or done < count:
-        want = COPY_CHUNK if count is None else min(COPY_CHUNK, count - done)
+        want = chunk if count is None else min(chunk, count - done)
         got = reader.readinto(view[:want])
         if not got:
             if count is None:
