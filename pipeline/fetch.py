@@ -38,7 +38,11 @@ from shards.storage.ranged import fetch_into
 
 log = logging.getLogger("pipeline")
 
-FETCH_THREADS = 2  # shards fetched at once per worker (each over `fetch_connections`)
+# Shards fetched at once per worker, each over `fetch_connections`. A store capping each
+# connection (20 MB/s behind a +50 ms first byte in benchmarks/remote_loader.py) kept
+# two shards in flight behind a 2-worker loader reading 130 MB/s (epoch 1 at 0.91x local
+# disk); four keep ahead of it (0.99x). What is in flight stays within `prefetch_bytes`.
+FETCH_THREADS = 4
 
 
 def plan_shards(slot: Any, shards: Sequence[ShardSpec], mix: Any = None) -> list[ShardSpec]:

@@ -158,13 +158,18 @@ def _copy(
     chunk: int = COPY_CHUNK,
 ) -> int:
     """Copy `count` bytes (None: to the end) from `reader` to `fd` at `offset`, `chunk`
-    bytes a read."""
-    buffer = bytearray(chunk)
-    view = memoryview(buffer)
+    bytes a read: a retrying reader's own bytes are written as they come (no second
+    buffer of a span), anything else's through one buffer."""
+    read_chunk = getattr(reader, "read_chunk", None)
+    buffer = None if read_chunk else memoryview(bytearray(chunk))
     done = 0
     while count is None or done < count:
         want = chunk if count is None else min(chunk, count - done)
-        got = reader.readinto(view[:want])
+        if read_chunk:
+            view = memoryview(read_chunk(want))
+        else:
+            view = buffer[: reader.readinto(buffer[:want])]
+        got = len(view)
         if not got:
             if count is None:
                 break

@@ -262,30 +262,37 @@ class RetryingReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         """Read up to `len(buffer)` bytes of what has arrived; 0 only at the end."""
+        view = memoryview(buffer).cast("B")
+        data = self.read_chunk(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def read_chunk(self, size: int) -> bytes:
+        """Up to `size` bytes of what has arrived, as the transport handed them over (no
+        copy into a caller's buffer: a ranged fetch writes them straight to its file);
+        b"" only at the end."""
         if self.closed:
             raise ValueError(f"read from closed stream {self.url}")
-        view = memoryview(buffer).cast("B")
         with self.clock.running():
             while True:
                 if self.size is not None and self._pos >= self.size:
                     self._check_end()  # before the deadline: every byte is already in
-                    return 0
+                    return b""
                 if self.clock.remaining() <= 0:
                     raise self.clock.error(self._url, self._pos, self._failures)
                 if self._source is None:
                     self._reopen()
-                want = len(view) if self.size is None else min(len(view), self.size - self._pos)
+                want = size if self.size is None else min(size, self.size - self._pos)
                 data = self._read_some(want)
                 if data is None:  # the read failed and `_drop` counted it
                     continue
                 if not data and want and self.size is not None:
                     self._drop(ConnectionError(f"body ended at byte {self._pos} of {self.size}"))
                     continue
-                view[: len(data)] = data
                 self._pos += len(data)
                 if data:
                     self._failures = 0
-                return len(data)
+                return data
 
     def close(self) -> None:
         self._disconnect()
