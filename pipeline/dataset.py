@@ -68,6 +68,7 @@ SHARD_ERRORS = (ShardError, OSError)
 LOG_EVERY = 100
 RESERVE_SIZE = 32
 MAX_FRUITLESS_READS = 100_000
+DRAWS_AHEAD = 4  # resampled mode: shards drawn (and fetched) beyond the one being read
 MAX_SEGMENTS = 8
 MAX_EXAMPLES = 5  # bad shards named in a worker's stats (the logs name every one)
 # What the stream reads by default: the image and its label. Members no requested
@@ -236,7 +237,8 @@ class ShardStream(IterableDataset):
             shuffled = self.iter_mixed(slot, epoch, role, stats)
         else:
             if slot.pieces is None:
-                samples = self.iter_draws(self.draw_rng(epoch, len(segments), role), stats)
+                rng = self.draw_rng(epoch, len(segments), role)
+                samples = self.iter_draws(rng, stats, slot.samples)
             else:
                 samples = self.iter_pieces(slot.pieces, stats)
             rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
@@ -301,11 +303,15 @@ class ShardStream(IterableDataset):
         s = self.settings
         return random.Random(f"resample:{s.seed}:{epoch}:{resumes}:{s.rank}:{role}")
 
-    def iter_draws(self, rng: random.Random, stats: WorkerStats) -> Iterator[Sample]:
+    def iter_draws(self, rng: random.Random, stats: WorkerStats, planned: int) -> Iterator[Sample]:
         """Samples drawn with replacement, shards weighted by size, for resampled mode.
 
         With class weights, each sample is kept with a probability proportional to its
-        class weight: the streaming analogue of WeightedRandomSampler.
+        class weight: the streaming analogue of WeightedRandomSampler. Shards are drawn
+        up to `DRAWS_AHEAD` ahead of the one read, from a source of their own (so the
+        order does not depend on prefetch), and handed to the fetcher, so remote ones
+        are fetched while the current one is decoded; no more are drawn ahead than the
+        `planned` samples still need (without class weights, where each one is kept).
         """
         weights = self.settings.class_weights
         top = max(weights) if weights else 1.0
@@ -313,14 +319,23 @@ class ShardStream(IterableDataset):
         shard_ids = range(len(self.shards))
         # What rng.choices(weights=counts) computes on every call, computed once.
         cum_counts = list(itertools.accumulate(self.counts.tolist()))
+        shard_rng = random.Random(rng.getrandbits(64))
+        drawn: deque[int] = deque()
+        kept = 0
         fruitless = 0  # samples read since the last one kept: guards a dead dataset
         while True:
-            shard = rng.choices(shard_ids, cum_weights=cum_counts)[0]
+            ahead = sum(int(self.counts[i]) for i in drawn)
+            while not drawn or (len(drawn) <= DRAWS_AHEAD and (weights or kept + ahead < planned)):
+                drawn.append(shard_rng.choices(shard_ids, cum_weights=cum_counts)[0])
+                ahead += int(self.counts[drawn[-1]])
+            shard = drawn.popleft()
+            self.fetcher.plan_ahead([self.shards[i] for i in (shard, *drawn)])
             for sample in self.iter_pieces([Piece(shard, 0, int(self.counts[shard]))], stats):
                 fruitless += 1
                 if weights and rng.random() * top > balance.weight(sample, top):
                     continue
                 fruitless = 0
+                kept += 1
                 yield sample
             fruitless += 1
             if fruitless > MAX_FRUITLESS_READS:

@@ -50,8 +50,8 @@ def plan_shards(slot: Any, shards: Sequence[ShardSpec], mix: Any = None) -> list
 
     One source: its pieces in order. A mix (`parts`): each source's pieces merged by
     how far into its share of the epoch they start, which is how the interleave
-    consumes them. Resampled mode (no pieces) draws shards as it goes: nothing to
-    fetch ahead, each shard is fetched when drawn.
+    consumes them. Resampled mode (no pieces) draws its shards as it goes and hands
+    the fetcher its next draws itself (`ShardFetcher.plan_ahead`).
     """
     parts = getattr(slot, "parts", None)
     if parts is None:
@@ -158,15 +158,26 @@ class ShardFetcher:
         with self._lock:
             self.counts = new_counts(self.io.prefetch_bytes)
             self.counts["cache_off"] = int(self._cache_warned)
-            wanted = {spec.url for spec in remote}
-            for url in [url for url in self._jobs if url not in wanted]:
-                job = self._jobs.pop(url)
-                self._ahead -= job.reserved
-                job.cancel()
-            self._upcoming = deque(remote)
-            if self.io.prefetch_bytes > 0:
-                self._fill()
+            self._set_upcoming(remote)
         return self.counts
+
+    def plan_ahead(self, specs: Iterable[ShardSpec]) -> None:
+        """Replace the shards the worker reads next (resampled mode, as it draws them),
+        keeping this epoch's counters; fetches no longer wanted are cancelled."""
+        self._own_process()
+        remote = [spec for spec in specs if is_remote(spec.url)] if self.active else []
+        with self._lock:
+            self._set_upcoming(remote)
+
+    def _set_upcoming(self, remote: list[ShardSpec]) -> None:
+        wanted = {spec.url for spec in remote}
+        for url in [url for url in self._jobs if url not in wanted]:
+            job = self._jobs.pop(url)
+            self._ahead -= job.reserved
+            job.cancel()
+        self._upcoming = deque(remote)
+        if self.io.prefetch_bytes > 0:
+            self._fill()
 
     @contextlib.contextmanager
     def open(self, spec: ShardSpec) -> Iterator[BinaryIO]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import LoaderConfig, ReadOptions
+from pipeline.dataset import DRAWS_AHEAD
 from pipeline.fetch import ShardFetcher
 from pipeline.sources import ShardSpec
 from shards.flags import SettingError
@@ -177,13 +178,27 @@ def test_parquet_shards_are_fetched_and_read_from_local_files(shard_dir, small_s
     )
 
 
-def test_resampled_mode_fetches_each_drawn_shard_when_it_is_drawn(shard_dir):
+def test_resampled_mode_fetches_its_next_draws_while_it_reads_one(shard_dir, monkeypatch):
+    opened = []
+    real_open = ShardFetcher.open
+
+    def counting_open(self, spec):
+        opened.append(spec.url)
+        return real_open(self, spec)
+
+    monkeypatch.setattr(ShardFetcher, "open", counting_open)
+    options = dict(resampled=True, epoch_samples=64, batch_size=8)
     with LocalHTTPServer(shard_dir) as base:
-        loader = loader_for(f"{base}/manifest.json", resampled=True, epoch_samples=64, batch_size=8)
-        batches = epoch_keys(loader)
+        remote = loader_for(f"{base}/manifest.json", **options)
+        batches = epoch_keys(remote)
+    local = epoch_keys(loader_for(str(shard_dir), **options))
+    assert batches == local  # the same draws, whether fetched ahead or not
     assert sum(len(b) for b in batches) == 64
-    fetch = loader.stats.workers[0]["fetch"]
-    assert fetch["shards_fetched"] >= 1 and fetch["ahead_peak"] == 0
+    fetch = remote.stats.workers[0]["fetch"]
+    assert fetch["ahead_peak"] > 0  # shards were fetched before the reader opened them
+    remote_opens = len(opened) // 2  # the local run opened as many
+    # Draws stop once those ahead cover the epoch: at most DRAWS_AHEAD fetched unread.
+    assert remote_opens <= fetch["shards_fetched"] <= remote_opens + DRAWS_AHEAD
 
 
 def test_a_failed_fetch_raises_a_shard_read_error_from_open(shard_dir):
