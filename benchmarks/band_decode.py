@@ -10,10 +10,10 @@ Also reports the mean share of an image's pixels a band decodes, and the files' 
 
     python benchmarks/band_decode.py --shards /tmp/loaderbench/shards512 \
         --shards /tmp/loaderbench/shards512-rows [--images 800] [--rounds 5] \
-        [--baseline-jpegband OLD/shards/jpegband.py]
+        [--baseline-jpegband OLD/shards/image/bands.py]
 
 `--baseline-jpegband` adds a fourth case: the shipped crop with `crop_band` taken from another
-copy of `shards/jpegband.py` (say `git show HEAD~5:shards/jpegband.py > /tmp/old.py`), run in
+copy of `shards/image/bands.py` (say `git show REV:shards/image/bands.py > /tmp/old.py`), run in
 the same rounds and chunks, so a change to the band code is measured side by side.
 """
 
@@ -39,8 +39,8 @@ from loader_throughput import PlainFastCrop, load_jpegs  # noqa: E402
 import pipeline.fast_transforms as fast_transforms  # noqa: E402
 from pipeline.fast_transforms import FastRandomResizedCrop  # noqa: E402
 from pipeline.transforms import SampleRandom  # noqa: E402
-from shards.imagedata import read_jpeg_header  # noqa: E402
-from shards.jpegband import crop_band  # noqa: E402
+from shards.image.bands import crop_band  # noqa: E402
+from shards.image.policy import read_jpeg_header  # noqa: E402
 
 LIMIT = "limit: whole decode, OpenCV bilinear"
 WHOLE = "the loader's crop, whole decode"
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--baseline-jpegband", type=Path, help="another shards/jpegband.py to compare with"
+        "--baseline-jpegband", type=Path, help="another shards/image/bands.py to compare with"
     )
     args = parser.parse_args(argv)
     shipped_band = fast_transforms.crop_band
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def load_crop_band(path: Path):
-    """`crop_band` of another copy of `shards/jpegband.py`."""
+    """`crop_band` of another copy of `shards/image/bands.py`."""
     spec = importlib.util.spec_from_file_location("baseline_jpegband", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

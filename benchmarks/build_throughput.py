@@ -55,7 +55,7 @@ from common import (
 from PIL import Image
 
 from preprocess.images import ImageConfig, plan_resize, process_image
-from shards.imagedata import fast_backend_available
+from shards.image.policy import fast_backend_available
 from shards.sample import SampleError
 
 SIZE = 256

@@ -33,7 +33,7 @@ from shards.flags import (
     settings_group,
 )
 from shards.formats import FORMAT_NAMES, FORMATS
-from shards.imagedata import BACKENDS
+from shards.image.policy import BACKENDS
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 from shards.storage import RetryPolicy, is_remote

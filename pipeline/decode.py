@@ -16,8 +16,8 @@ Error reasons raised here:
                         the detail names the exception class.
 Image errors name the cause, not the sample (transforms see only bytes): the caller adds the
 sample's `__key__` and `__url__`. The rules themselves (allowlist, pixel cap, truncation, modes
-and alpha: composited onto white, as build-shards does) are `shards.imagedata`'s; this module
-keeps only the crop geometry; the filters and the DCT scale rule are `shards.geometry`'s,
+and alpha: composited onto white, as build-shards does) are `shards.image.policy`'s; this module
+keeps only the crop geometry; the filters and the DCT scale rule are `shards.image.geometry`'s,
 shared with build-shards.
 
 `open_image` turns Pillow's DecompressionBombWarning into an error with
@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageFile
 
-from shards.geometry import REDUCING_GAP, dct_scale
-from shards.imagedata import load_image, to_rgb
+from shards.image.geometry import REDUCING_GAP, dct_scale
+from shards.image.policy import load_image, to_rgb
 
 Box = tuple[float, float, float, float]  # (left, top, right, bottom), Pillow's convention
 

@@ -2,7 +2,7 @@
 
 Same arguments, crop boxes, flips and `SampleError` reasons as `pipeline.transforms`; about
 2.5x the images/s per core on 256-px shards. The decode policy (backend loading, JPEG header,
-pixel cap, strict decoding) is `shards.imagedata`'s; this module keeps the crop geometry in
+pixel cap, strict decoding) is `shards.image.policy`'s; this module keeps the crop geometry in
 OpenCV. Whatever the fast decoder does not take (non-JPEG, CMYK/YCCK, a JPEG libjpeg-turbo
 warns about) goes to the Pillow transform with the same box, per sample, counted in
 `pillow_fallbacks()` (the loader reports it as `LoaderStats.pillow_fallbacks`).
@@ -21,8 +21,9 @@ import numpy as np
 
 from pipeline.decode import Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
-from shards.geometry import RESAMPLING
-from shards.imagedata import (
+from shards.image.bands import crop_band
+from shards.image.geometry import RESAMPLING
+from shards.image.policy import (
     FAST_JPEG_COLORSPACES,
     check_pixels,
     decode_jpeg_scaled,
@@ -30,7 +31,6 @@ from shards.imagedata import (
     open_image,
     read_jpeg_header,
 )
-from shards.jpegband import crop_band
 
 # Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
@@ -225,7 +225,7 @@ class JpegCrop:
         `PLAIN_UPSAMPLING_WHEN_AVERAGED`), which reads no chroma beyond an MCU.
 
         Only JPEGs whose every MCU row starts a restart interval (build-shards writes
-        intervals of about 64 px) are cut (`shards.jpegband`). The band's pixels are
+        intervals of about 64 px) are cut (`shards.image.bands`). The band's pixels are
         bit-identical to those of the whole decode wherever the resize reads them: the cut
         keeps a guard around the box, and a fractional box is warped, which reads up to
         `_WARP_REACH` pixels beyond it, so those are in the band too. None: no usable

@@ -27,7 +27,7 @@ from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import UsageError
-from shards.imagedata import resolve_backend
+from shards.image.policy import resolve_backend
 from shards.redact import redact_url
 from shards.sample import Field, missing_field_hint, resolve_fields
 

@@ -19,8 +19,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from pipeline.decode import Box, decode_crop
-from shards.geometry import RESAMPLING
-from shards.imagedata import check_max_pixels, open_image
+from shards.image.geometry import RESAMPLING
+from shards.image.policy import check_max_pixels, open_image
 
 _ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries this often before falling back
 _WORDS = struct.Struct("<8Q")  # one 64-byte BLAKE2b digest as eight 64-bit words

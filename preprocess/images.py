@@ -4,8 +4,8 @@ Runs once per input inside a shard task (`preprocess.build`): read the bytes (`r
 local or through `shards.storage`), check the header before decoding, apply EXIF
 orientation, convert to RGB, resize (`plan_resize`) and encode (`ImageConfig`). The pixel
 policy (allowed formats, pixel cap, truncation, alpha onto `background`) is
-`shards.imagedata`'s, the same the loader applies; the filters and the DCT scale rule are
-`shards.geometry`'s. Bad data raises `SampleError(reason, detail)`, a counted skip (reasons:
+`shards.image.policy`'s, the same the loader applies; the filters and the DCT scale rule are
+`shards.image.geometry`'s. Bad data raises `SampleError(reason, detail)`, a counted skip (reasons:
 docs/SHARDS.md, "Bad input"). Only the open and decode calls are classified so, MemoryError
 included (the pixel cap bounds what a legitimate image allocates); the same exceptions from
 our own resize or encode code propagate, as bugs.
@@ -14,7 +14,7 @@ Backends write the same geometry: `pillow`, and `fast` (libjpeg-turbo + OpenCV) 
 JPEGs, which hands anything else, and any JPEG libjpeg-turbo decodes only with a warning, to
 the Pillow path (`ProcessedImage.pillow_fallback`), so skip reasons match and no cut file
 becomes a grey partial image. `auto` is resolved when the config is made
-(`shards.imagedata.resolve_backend`), so the manifest records the backend that ran. JPEG
+(`shards.image.policy.resolve_backend`), so the manifest records the backend that ran. JPEG
 output carries restart markers (`jpeg_restarts`; docs/SHARDS.md, "Restart markers"), which
 let the loader decode only the bands a crop needs. Speed and quality: docs/BENCHMARKS.md,
 "Build: per-image step and quality".
@@ -42,8 +42,9 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from shards.flags import check_at_least, check_choice, check_int_at_least, refuse
-from shards.geometry import DCT_SCALES, REDUCING_GAP, RESAMPLING, dct_scale
-from shards.imagedata import (
+from shards.image.bands import MIN_COLUMN_MCUS, restart_interval
+from shards.image.geometry import DCT_SCALES, REDUCING_GAP, RESAMPLING, dct_scale
+from shards.image.policy import (
     BACKENDS,
     FAST_HINT,
     FAST_JPEG_COLORSPACES,
@@ -61,7 +62,6 @@ from shards.imagedata import (
     resolve_backend,
     to_rgb,
 )
-from shards.jpegband import MIN_COLUMN_MCUS, restart_interval
 from shards.sample import SampleError
 from shards.storage import (
     READ_SCHEMES,
@@ -84,7 +84,7 @@ RESIZE_POLICIES = ("shorter", "longer", "center-crop", "none")
 # columns in every row; one interval per MCU row; no markers at all. Each older one is
 # what builds started before the next existed wrote, so they resume byte for byte.
 RESTART_LAYOUTS = ("columns", "columns-all", "rows", "none")
-# The filters build-shards offers (`shards.geometry.RESAMPLING`): all but `nearest`, which
+# The filters build-shards offers (`shards.image.geometry.RESAMPLING`): all but `nearest`, which
 # aliases every downscale, a poor way to store a dataset.
 RESAMPLE_CHOICES = ("bilinear", "bicubic", "lanczos")
 # encoding -> shard field name / file extension
@@ -128,9 +128,9 @@ class ImageConfig:
         jpeg_restarts: where the restart intervals of JPEG output start
             (`RESTART_LAYOUTS`; docs/SHARDS.md, "Restart markers"), so the
             loader can decode only the rows, and columns, a crop needs. `columns`
-            (default): `shards.jpegband.restart_interval(width)` MCUs (about 64 px; the
+            (default): `shards.image.bands.restart_interval(width)` MCUs (about 64 px; the
             whole row when the row's MCU count has no divisor in 4..8), and one interval
-            per row in rows of fewer than `shards.jpegband.MIN_COLUMN_MCUS` MCUs (384 px),
+            per row in rows of fewer than `shards.image.bands.MIN_COLUMN_MCUS` MCUs (384 px),
             whose bands decode faster so. `columns-all`: column intervals in those rows
             too; `rows`: one interval per MCU row; `none`: no markers. The last three
             write the files of builds made before the one above them existed.

@@ -5,7 +5,7 @@ The model that the tree walk (`preprocess.tree`), the list-file reader
 `preprocess.sources` hands to the plan, with the rule that decides which files are inputs.
 
 A tree file is an input when its suffix names a format of the decode policy
-(`IMAGE_SUFFIXES`: the suffixes Pillow registers for `shards.imagedata.INPUT_FORMATS`,
+(`IMAGE_SUFFIXES`: the suffixes Pillow registers for `shards.image.policy.INPUT_FORMATS`,
 so listing and decoding agree by construction); every other file is
 counted by its suffix in `Listing.left_out_suffixes` (`.txt: 3, .tga: 2`), and
 `NOT_DECODED` says why the image types among them are not read. A list file's
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from shards.errors import DataError
-from shards.imagedata import INPUT_FORMATS
+from shards.image.policy import INPUT_FORMATS
 
 # Formats a plugin of the decode policy opens under a name of its own: Pillow's JPEG
 # plugin reads a camera's multi-picture JPEG and calls it MPO (the first picture is used).

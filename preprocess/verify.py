@@ -2,7 +2,7 @@
 
 Verify recomputes every file's size and sha256, reads every sample of every shard
 through the same readers the loader uses, and judges each sample as the loader
-would (`shards.imagedata.check_image`: the format allowlist, the pixel cap, a full
+would (`shards.image.policy.check_image`: the format allowlist, the pixel cap, a full
 decode), so a dataset it passes is read without a skip, and one it fails lists
 exactly what the loader will skip. It also checks that the formats hold the same
 keys and labels. Shard-level problems name the first bad shard. Shards we did not
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shards.errors import DataError, ShardError
 from shards.formats import FORMAT_NAMES, get_format
-from shards.imagedata import check_image
+from shards.image.policy import check_image
 from shards.manifest import (
     LAYOUT_FLAT,
     MANIFEST_NAME,

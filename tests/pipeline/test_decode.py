@@ -22,7 +22,7 @@ from pipeline.transforms import (
     center_crop_box,
     sample_crop_box,
 )
-from shards.imagedata import open_image
+from shards.image.policy import open_image
 from shards.sample import SampleError, decode_label, image_field_of
 
 

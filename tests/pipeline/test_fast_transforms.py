@@ -21,8 +21,8 @@ from pipeline.fast_transforms import (  # noqa: E402
 )
 from pipeline.loader import LoaderConfig, build_loader  # noqa: E402
 from pipeline.transforms import CenterCrop, RandomResizedCrop, SampleRandom  # noqa: E402
-from shards import imagedata  # noqa: E402
-from shards.jpegband import restart_interval  # noqa: E402
+from shards.image import policy  # noqa: E402
+from shards.image.bands import restart_interval  # noqa: E402
 from shards.sample import SampleError  # noqa: E402
 from shards.tar import TarShardWriter  # noqa: E402
 from tests.oddimages import (  # noqa: E402
@@ -261,7 +261,7 @@ def test_grey_jpeg_becomes_rgb():
 
 def test_missing_packages_name_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)
-    monkeypatch.setattr(imagedata._FastModules, "pid", None)  # as in a fresh process
+    monkeypatch.setattr(policy._FastModules, "pid", None)  # as in a fresh process
     with pytest.raises(ImportError, match=r"pip install simplejpeg opencv-python-headless"):
         FastRandomResizedCrop()
 
@@ -295,7 +295,7 @@ def test_loader_defaults_to_the_fast_crops(shard_dir):
 
 
 def test_auto_backend_without_the_packages_uses_pillow(shard_dir, monkeypatch):
-    monkeypatch.setattr("shards.imagedata.fast_backend_available", lambda: False)
+    monkeypatch.setattr("shards.image.policy.fast_backend_available", lambda: False)
     assert type(loader_for(shard_dir).dataset.transform) is RandomResizedCrop
     with pytest.raises(ImportError, match="backend='pillow'"):
         loader_for(shard_dir, backend="fast")
@@ -420,8 +420,8 @@ def test_only_box_averaged_crops_use_plain_upsampling(monkeypatch):
 
 def test_decode_jpeg_scaled_fast_upsample_differs_from_the_exact_decode():
     data = photo_jpeg(64, 48, seed=1)
-    exact = imagedata.decode_jpeg_scaled(data, 64, 48, 1)
-    fast = imagedata.decode_jpeg_scaled(data, 64, 48, 1, fast_upsample=True)
+    exact = policy.decode_jpeg_scaled(data, 64, 48, 1)
+    fast = policy.decode_jpeg_scaled(data, 64, 48, 1, fast_upsample=True)
     assert exact.shape == fast.shape == (48, 64, 3)
     assert not np.array_equal(exact, fast) and exact_psnr(exact, fast) > 30
 
@@ -589,7 +589,7 @@ def test_a_warped_fractional_box_reads_pixels_beyond_it_and_gets_them_exact(monk
     cuts = record_band_cuts(monkeypatch)
     for box in boxes:
         size = round(box[3] - box[1])
-        args = (box, size, resample, False, True, imagedata.MAX_PIXELS)
+        args = (box, size, resample, False, True, policy.MAX_PIXELS)
         banded = JpegCrop(data, 500, 375, "YCbCr").decode(*args)
         whole = JpegCrop(data, 500, 375, "YCbCr", band_decode=False).decode(*args)
         np.testing.assert_array_equal(banded, whole)
@@ -623,7 +623,7 @@ def test_a_crop_never_shows_what_the_whole_decode_hides(monkeypatch):
     # A box above the marker is still cut: the proof ends at the band's last interval.
     cuts = record_band_cuts(monkeypatch)
     top = fast_transforms.JpegCrop(data[0], 256, 192, "YCbCr")
-    top.decode((0, 0, 256, 12), 64, "bilinear", False, False, imagedata.MAX_PIXELS)
+    top.decode((0, 0, 256, 12), 64, "bilinear", False, False, policy.MAX_PIXELS)
     assert cuts == [True]
     monkeypatch.setattr(fast_transforms, "crop_band", lambda *args: None)
     for i, (seed, crop) in enumerate(zip(seeds, crops, strict=True)):
@@ -687,6 +687,6 @@ def test_12_bit_and_arithmetic_jpegs_are_decoded_or_skipped_with_a_reason(transf
     # An arithmetic-coding frame header (SOF9): no band (never cut), decoded by libjpeg-turbo
     # or by Pillow, whichever takes it.
     data = dc_jpeg(320, 240, frame_marker=0xC9, restart=20)
-    assert imagedata.read_jpeg_header(data) is not None
+    assert policy.read_jpeg_header(data) is not None
     result = outcome(transform, data)
     assert isinstance(result, np.ndarray) and result.shape == (64, 64, 3)

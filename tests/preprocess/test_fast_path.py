@@ -16,7 +16,7 @@ import simplejpeg  # noqa: E402
 from preprocess import images  # noqa: E402
 from preprocess.cli import build_config_from_args, build_parser  # noqa: E402
 from preprocess.images import ImageConfig, ProcessedImage, process_image  # noqa: E402
-from shards import imagedata  # noqa: E402
+from shards.image import policy  # noqa: E402
 from shards.sample import SampleError  # noqa: E402
 from tests import oddimages  # noqa: E402
 from tests.oddimages import QUADRANTS  # noqa: E402
@@ -201,7 +201,7 @@ def test_config_rejects_what_the_fast_backend_cannot_do(monkeypatch: pytest.Monk
         ImageConfig(backend="fast", resample="lanczos")
     with pytest.raises(ValueError, match="backend"):
         ImageConfig(backend="turbo")
-    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    monkeypatch.setattr(policy, "fast_backend_available", lambda: False)
     with pytest.raises(ValueError, match=r"pip install simplejpeg opencv-python-headless"):
         ImageConfig(backend="fast")
 
@@ -243,7 +243,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 def test_default_backend_is_fast_and_recorded_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ImageConfig().backend == "fast"
     assert ImageConfig(resample="lanczos").backend == "pillow"  # fast resizes bilinear only
-    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    monkeypatch.setattr(policy, "fast_backend_available", lambda: False)
     assert ImageConfig().backend == "pillow"  # a platform without the wheels still builds
     args = build_parser().parse_args(["build-shards", "--input", "in", "--output", "out"])
     assert build_config_from_args(args).output_shaping()["image"]["backend"] in ("fast", "pillow")

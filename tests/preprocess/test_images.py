@@ -20,8 +20,8 @@ from preprocess.images import (
     process_image,
     read_source,
 )
-from shards import imagedata
-from shards.imagedata import INPUT_FORMATS, read_orientation, sniff_format, to_rgb
+from shards.image import policy as image_policy
+from shards.image.policy import INPUT_FORMATS, read_orientation, sniff_format, to_rgb
 from shards.sample import SampleError
 from tests import oddimages
 from tests.oddimages import BAND_X, QUADRANTS
@@ -744,9 +744,9 @@ def test_process_image_refuses_oversized_and_empty_bytes():
 
 
 def test_auto_backend_says_when_missing_packages_make_it_pillow(monkeypatch, caplog):
-    # build-shards' `auto` is the loader's rule (`shards.imagedata.resolve_backend`): without
+    # build-shards' `auto` is the loader's rule (`shards.image.policy.resolve_backend`): without
     # simplejpeg and OpenCV it builds with Pillow and says so; it used to say nothing.
-    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    monkeypatch.setattr(image_policy, "fast_backend_available", lambda: False)
     with caplog.at_level(logging.WARNING):
         assert ImageConfig().backend == "pillow"
         assert "decoding with Pillow, about half as fast" in caplog.text

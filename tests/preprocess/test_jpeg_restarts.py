@@ -27,8 +27,8 @@ from preprocess import images as preprocess_images
 from preprocess.cli import main
 from preprocess.images import ImageConfig
 from preprocess.sample import make_sample
-from shards.imagedata import load_fast_backends
-from shards.jpegband import restart_interval
+from shards.image.bands import restart_interval
+from shards.image.policy import load_fast_backends
 from shards.manifest import read_manifest
 from shards.parquet import iter_parquet_samples
 from shards.tar import iter_tar_samples

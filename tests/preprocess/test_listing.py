@@ -9,7 +9,7 @@ from PIL import Image
 from preprocess.images import ImageConfig, process_image, read_source
 from preprocess.listing import IMAGE_SUFFIXES, NOT_DECODED, Listing
 from preprocess.sources import scan_sources, stream_sources
-from shards.imagedata import INPUT_FORMATS
+from shards.image.policy import INPUT_FORMATS
 from shards.sample import SampleError
 from tests import oddimages
 

@@ -1,4 +1,4 @@
-"""Tests of the resize rules build-shards and the loader share (`shards.geometry`)."""
+"""Tests of the resize rules build-shards and the loader share (`shards.image.geometry`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from PIL import Image
 
 from pipeline.decode import draft_scale
 from preprocess.images import RESAMPLE_CHOICES, ImageConfig, draft_request
-from shards.geometry import DCT_SCALES, RESAMPLING, dct_scale
+from shards.image.geometry import DCT_SCALES, RESAMPLING, dct_scale
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from tests.trainers.conftest import (
     train_main,
 )
 from trainers.checkpoint import checkpoint_dir
+from trainers.train import main
 
 pytestmark = pytest.mark.slow
 
@@ -76,3 +77,28 @@ def test_killed_run_resumes_exactly(train_shards, tmp_path, checkpoint_every):
     assert [(r["step"], r["batch"], r["keys"]) for r in read_trace(killed, kind="batch")] == order
     digests = [r["digest"] for r in read_trace(straight, kind="params")]
     assert [r["digest"] for r in read_trace(killed, kind="params")] == digests
+
+
+def test_a_killed_run_on_a_mix_of_sources_resumes_exactly(train_shards, tmp_path):
+    """Two weighted sources: the checkpoint holds each source's place in the epoch."""
+    mix = ["--train-weights", "3,1", "--train-epoch-samples", "470"]  # 29 batches of 16
+
+    def args(run_dir, **extra):
+        command = base_args(train_shards, run_dir, **RUN, checkpoint_every=4, **extra)
+        at = command.index("--train-shards")
+        command[at + 1] = f"{train_shards}::{train_shards}"
+        return command + mix
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(args(straight)) == 0
+    step = kill_after_first_checkpoint(args(killed), killed)
+    assert step % STEPS_PER_EPOCH != 0  # killed mid-epoch
+    assert main(args(killed, resume="auto")) == 0
+    expected, resumed = read_rows(straight, "train"), read_rows(killed, "train")
+    assert [r["step"] for r in resumed] == [r["step"] for r in expected] == list(range(1, 31))
+    for want, got in zip(expected, resumed, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7)
+    order = [(r["step"], r["batch"], r["keys"]) for r in read_trace(straight, kind="batch")]
+    assert [(r["step"], r["batch"], r["keys"]) for r in read_trace(killed, kind="batch")] == order
+    keys = {k for _, _, batch in order for k in batch}
+    assert {k.split("/", 1)[0] for k in keys} == {"shards1", "shards2"}

@@ -1,4 +1,4 @@
-"""Tests of the one image-decode policy (`shards.imagedata`) that build and loader share."""
+"""Tests of the one image-decode policy (`shards.image.policy`) that build and loader share."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from PIL import Image
 
 from pipeline.transforms import RandomResizedCrop
 from preprocess.images import ImageConfig, process_image
-from shards import imagedata
-from shards.imagedata import (
+from shards.image import policy
+from shards.image.policy import (
     ALLOWED_FORMATS,
     INPUT_FORMATS,
     check_icon_frames,
@@ -144,15 +144,13 @@ def test_pixel_cap_and_its_configuration():
 def test_icon_frames_are_capped_from_their_own_headers():
     check_icon_frames(oddimages.icon_bytes(), 48 * 48)
     with pytest.raises(SampleError, match="9000x9000"):
-        check_icon_frames(oddimages.icon_with_bomb_frame(), imagedata.MAX_PIXELS)
+        check_icon_frames(oddimages.icon_with_bomb_frame(), policy.MAX_PIXELS)
     # A BMP (DIB) frame: BITMAPINFOHEADER with 20000 x (2 x 20000) for image and mask.
     dib = struct.pack("<IiiHH", 40, 20_000, 40_000, 1, 32) + bytes(24)
     icon = struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32, 64, 22)
     with pytest.raises(SampleError, match="20000x20000"):
-        check_icon_frames(icon + dib, imagedata.MAX_PIXELS)
-    assert reason(open_image, icon + dib, imagedata.MAX_PIXELS, INPUT_FORMATS) == (
-        "too_many_pixels"
-    )
+        check_icon_frames(icon + dib, policy.MAX_PIXELS)
+    assert reason(open_image, icon + dib, policy.MAX_PIXELS, INPUT_FORMATS) == ("too_many_pixels")
 
 
 # --- the fast backends: decided and imported in one place -------------------------------
@@ -160,7 +158,7 @@ def test_icon_frames_are_capped_from_their_own_headers():
 
 def test_importing_the_policy_imports_no_backend():
     code = (
-        "import sys, shards.imagedata, pipeline.decode, preprocess.images; "
+        "import sys, shards.image.policy, pipeline.decode, preprocess.images; "
         "bad = [m for m in ('cv2', 'simplejpeg', 'torch') if m in sys.modules]; "
         "print(bad); sys.exit(bool(bad))"
     )
@@ -170,33 +168,33 @@ def test_importing_the_policy_imports_no_backend():
 
 def test_missing_fast_backend_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
-    monkeypatch.setattr(imagedata._FastModules, "pid", None)  # as in a fresh process
+    monkeypatch.setattr(policy._FastModules, "pid", None)  # as in a fresh process
     with pytest.raises(ImportError, match=r"pip install simplejpeg opencv-python-headless"):
-        imagedata.load_fast_backends()
+        policy.load_fast_backends()
 
 
 def test_fast_backends_load_once_per_process():
     pytest.importorskip("simplejpeg")
     cv2 = pytest.importorskip("cv2")
-    assert imagedata.fast_backend_available()
-    first = imagedata.load_fast_backends()
-    assert imagedata.load_fast_backends() == first  # the same modules, imported once
+    assert policy.fast_backend_available()
+    first = policy.load_fast_backends()
+    assert policy.load_fast_backends() == first  # the same modules, imported once
     assert first[1] is cv2 and cv2.getNumThreads() == 1
 
 
 def test_auto_backend_is_one_rule_for_build_and_loader(monkeypatch, caplog):
     # `auto` is fast where the packages import and the caller's fast path can do the job;
     # missing packages are said (Pillow is about half as fast), a filter choice is not.
-    assert imagedata.resolve_backend("pillow") == "pillow"
-    assert imagedata.resolve_backend("auto", fast_can_run=False) == "pillow"
-    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: True)
-    assert imagedata.resolve_backend("auto") == "fast" == imagedata.resolve_backend("fast")
-    monkeypatch.setattr(imagedata, "fast_backend_available", lambda: False)
+    assert policy.resolve_backend("pillow") == "pillow"
+    assert policy.resolve_backend("auto", fast_can_run=False) == "pillow"
+    monkeypatch.setattr(policy, "fast_backend_available", lambda: True)
+    assert policy.resolve_backend("auto") == "fast" == policy.resolve_backend("fast")
+    monkeypatch.setattr(policy, "fast_backend_available", lambda: False)
     with caplog.at_level(logging.WARNING, logger="shards"):
-        assert imagedata.resolve_backend("auto") == "pillow"
+        assert policy.resolve_backend("auto") == "pillow"
         assert "about half as fast" in caplog.text and "pip install simplejpeg" in caplog.text
         caplog.clear()
-        assert imagedata.resolve_backend("auto", fast_can_run=False) == "pillow"
+        assert policy.resolve_backend("auto", fast_can_run=False) == "pillow"
         assert not caplog.records
     with pytest.raises(ImportError, match=r"backend='fast'.*or use backend='pillow'"):
-        imagedata.resolve_backend("fast")
+        policy.resolve_backend("fast")

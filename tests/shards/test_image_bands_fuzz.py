@@ -26,9 +26,9 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from shards import jpegband
-from shards.imagedata import DECODER_ERRORS, decode_jpeg_scaled
-from shards.jpegband import crop_band
+from shards.image import bands
+from shards.image.bands import crop_band
+from shards.image.policy import DECODER_ERRORS, decode_jpeg_scaled
 from tests.jpegcraft import dc_jpeg
 from tests.oddimages import photo_jpeg
 
@@ -95,7 +95,7 @@ class Jpeg:
 
     @classmethod
     def of(cls, data: bytes) -> Jpeg:
-        layout = jpegband._layout(data)
+        layout = bands._layout(data)
         assert layout is not None, "a base file must be one a band is cut from"
         end = data.rindex(b"\xff\xd9")
         markers = tuple(match.start() for match in _RST.finditer(data, layout.scan_at, end))
@@ -133,7 +133,7 @@ class Jpeg:
         band = crop_band(self.data, *box, scale)
         if band is None:
             return None
-        layout = jpegband._layout(self.data)
+        layout = bands._layout(self.data)
         per_row = layout.columns // layout.interval
         span = layout.mcu_width * layout.interval
         last_row = -(-(band.top + band.height) // layout.mcu_height)

@@ -1,4 +1,4 @@
-"""`shards.jpegband`: the restart intervals a crop needs, cut from a JPEG whose rows start intervals.
+"""`shards.image.bands`: the restart intervals a crop needs, cut from a JPEG whose rows start intervals.
 
 The oracle is the whole decode: every pixel a band is asked for must decode bit-identically,
 and any file whose structure is not exactly as expected must give None (decoded whole).
@@ -14,8 +14,8 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from shards.imagedata import decode_jpeg_scaled
-from shards.jpegband import EDGE_GUARD, crop_band, restart_interval
+from shards.image.bands import EDGE_GUARD, crop_band, restart_interval
+from shards.image.policy import decode_jpeg_scaled
 from tests.oddimages import photo_jpeg
 
 # Pillow's subsampling codes: 0 = 4:4:4, 1 = 4:2:2, 2 = 4:2:0.
@@ -259,7 +259,7 @@ def test_markers_beyond_the_first_scan_are_found_when_the_data_is_front_loaded(m
     # Noise in the top third, flat grey below: the intervals above the box hold nearly all
     # the entropy bytes, so the first scan (sized by the intervals' share) stops short and
     # the rest of the file must be scanned too.
-    from shards import jpegband
+    from shards.image import bands
 
     rng = np.random.default_rng(0)
     pixels = np.full((768, 1024, 3), 128, np.uint8)
@@ -268,13 +268,13 @@ def test_markers_beyond_the_first_scan_are_found_when_the_data_is_front_loaded(m
     Image.fromarray(pixels).save(buffer, "JPEG", quality=90, restart_marker_blocks=4)
     data = buffer.getvalue()
     scans = []
-    original = jpegband._markers
+    original = bands._markers
 
     def spy(data, start, stop, count, first=0):
         scans.append((start, stop))
         return original(data, start, stop, count, first)
 
-    monkeypatch.setattr(jpegband, "_markers", spy)
+    monkeypatch.setattr(bands, "_markers", spy)
     box = (300, 380, 500, 420)
     band = crop_band(data, *box)
     assert band is not None and len(scans) == 2  # the first stopped short of the markers
@@ -380,7 +380,7 @@ def test_a_marker_straddling_the_first_scans_end_is_found(monkeypatch):
     # The first scan stops short of the band (noise above, a flat colour below): an end
     # marker whose 0xFF is the first scan's last byte and whose code is the next is outside
     # both of its windows unless the second starts one byte back.
-    from shards import jpegband
+    from shards.image import bands
 
     rng = np.random.default_rng(1)
     pixels = np.zeros((768, 1024, 3), np.uint8)
@@ -391,13 +391,13 @@ def test_a_marker_straddling_the_first_scans_end_is_found(monkeypatch):
     data = buffer.getvalue()
     box = (300, 380, 500, 420)
     windows = []
-    original = jpegband._markers
+    original = bands._markers
 
     def spy(data, start, stop, count, first=0):
         windows.append((start, stop))
         return original(data, start, stop, count, first)
 
-    monkeypatch.setattr(jpegband, "_markers", spy)
+    monkeypatch.setattr(bands, "_markers", spy)
     assert crop_band(data, *box) is not None and len(windows) == 2
     stop = windows[0][1]
     while data[stop - 2] == 0xFF or data[stop - 1] == 0xFF or data[stop] == 0xFF:

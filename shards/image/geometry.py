@@ -1,7 +1,7 @@
 """The resize rules build-shards and the loader share: Pillow's filters by name, the reducing
 gap, and the DCT scale libjpeg may decode a JPEG at.
 
-Torch-free, beside the decode policy (`shards.imagedata`). `preprocess.images` sizes the
+Torch-free, beside the decode policy (`shards.image.policy`). `preprocess.images` sizes the
 build's resize with them; `pipeline.decode` and `pipeline.fast_transforms` the loader's crops.
 """
 
