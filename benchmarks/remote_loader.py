@@ -7,7 +7,7 @@ slow S3-compatible store, against the same shards on local disk.
 Builds (once) DIR/source and its 256-px shards DIR/shards as `loader_throughput.py` does,
 or takes `--shards`. A helper process serves them by a plain HTTP server with Range support
 (tests/httpserver.py) and by a moto S3 server (tests/objectstore.py), each behind
-`slowproxy.SlowProxy` (`--delay-ms` before the first byte of every request, each connection
+`tests.slowproxy.SlowProxy` (`--delay-ms` before the first byte of every request, each connection
 capped at `--mb-per-s`). Each round runs every contender, in an order that rotates each
 round, for two epochs with the loader's defaults (`--workers` workers, RRC 224, batches of
 256): local disk; each store with `cache_dir` (epoch 2 from the cache); each store with
@@ -47,11 +47,11 @@ from common import (  # noqa: E402
     tree_pids,
 )
 from loader_throughput import prepare_data  # noqa: E402
-from slowproxy import SlowProxy  # noqa: E402
 
 from pipeline import LoaderConfig, build_loader  # noqa: E402
 from shards.errors import UsageError  # noqa: E402
 from shards.manifest import read_manifest  # noqa: E402
+from tests.slowproxy import SlowProxy  # noqa: E402
 
 BATCH_SIZE = 256
 CROP_SIZE = 224

@@ -1,4 +1,4 @@
-"""The benchmarks' slow store (benchmarks/slowproxy.py) keeps its contract: every request on
+"""The benchmarks' slow store (tests/slowproxy.py) keeps its contract: every request on
 a keep-alive connection waits its delay before the first byte, each connection is paced at
 its rate, and request boundaries are read right (Content-Length and chunked bodies)."""
 
@@ -9,8 +9,8 @@ import os
 import time
 from urllib.parse import urlsplit
 
-from benchmarks.slowproxy import BURST_BYTES, RequestFramer, SlowProxy
 from tests.httpserver import LocalHTTPServer
+from tests.slowproxy import BURST_BYTES, RequestFramer, SlowProxy
 
 DELAY_S = 0.05
 
