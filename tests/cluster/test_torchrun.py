@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,3 +426,45 @@ def test_torchrun_max_restarts_resumes_a_killed_worker_exactly(
     steps_per_epoch = json.loads((straight / "config.json").read_text())["steps_per_epoch"]
     assert int(resumed[0]) % steps_per_epoch != 0  # from a mid-epoch checkpoint
     assert_same_run(straight, run_dir)
+
+
+def test_a_killed_mixed_run_resumes_on_one_rank_with_each_sources_exact_quota(served, tmp_path):
+    """Two weighted sources on two nodes, node 1 SIGKILLed mid-epoch, continued on 1 x 32:
+    the epoch still gives each source exactly its quota, no sample of either twice."""
+    mix = ["--train-weights", "3,1", "--train-epoch-samples", "320"]  # 10 steps of 2 x 16
+
+    def mixed(args: list[str]) -> list[str]:
+        at = args.index("--train-shards")
+        args[at + 1] = f"{served.manifest_url}::{served.manifest_url}"
+        return args + mix
+
+    run_dir = tmp_path / "run"
+    args = mixed(train_args(served, run_dir, dist_timeout_s=DIST_TIMEOUT_S))
+    with launched(two_nodes(args), tmp_path / "logs") as agents:
+        wait_for_checkpoint(run_dir, agents)
+        os.killpg(worker_pid(agents[1], 0), signal.SIGKILL)
+        wait_exit(agents, DIST_TIMEOUT_S + EXIT_MARGIN_S)
+    step = checkpoint_step(run_dir)
+    steps_per_epoch = json.loads((run_dir / "config.json").read_text())["steps_per_epoch"]
+    assert steps_per_epoch == 10 and 0 < step < steps_per_epoch  # killed mid-epoch
+    resume = train_args(
+        served, run_dir, batch_size=2 * BATCH, workers=0, resume="auto", max_steps=steps_per_epoch
+    )
+    assert main(mixed(resume)) == 0
+    before = [
+        k
+        for rank in (0, 1)
+        for r in read_trace(run_dir, rank, "batch")
+        if r["epoch"] == 0 and r["step"] < step
+        for k in r["keys"]
+    ]
+    after = [
+        k
+        for r in read_trace(run_dir, 0, "batch")
+        if r["epoch"] == 0 and r["step"] >= step
+        for k in r["keys"]
+    ]
+    seen = before + after
+    assert len(before) == step * 2 * BATCH and len(seen) == 320
+    assert len(seen) == len(set(seen))  # no sample twice: keys name their source
+    assert sorted(Counter(k.split("/", 1)[0] for k in seen).values()) == [80, 240]
