@@ -41,7 +41,7 @@ log = logging.getLogger("pipeline")
 # Shards fetched at once per worker, each over `fetch_connections`. A store capping each
 # connection (20 MB/s behind a +50 ms first byte in benchmarks/remote_loader.py) kept
 # two shards in flight behind a 2-worker loader reading 130 MB/s (epoch 1 at 0.91x local
-# disk); four keep ahead of it (0.99x). What is in flight stays within `prefetch_bytes`.
+# disk); four keep ahead of it (0.97x). What is in flight stays within `prefetch_bytes`.
 FETCH_THREADS = 4
 
 
@@ -149,8 +149,7 @@ class ShardFetcher:
         Returns:
             This epoch's fetch counters, updated live (`WorkerStats.fetch`).
         """
-        self._own_process()
-        remote = [spec for spec in specs if is_remote(spec.url)] if self.active else []
+        remote = self._remote(specs)
         if self._keep is None and self.io.cache_dir is not None:
             self._keep = frozenset(
                 cache_key(s.url, s.sha256, s.bytes) for s in job_shards if is_remote(s.url)
@@ -164,10 +163,14 @@ class ShardFetcher:
     def plan_ahead(self, specs: Iterable[ShardSpec]) -> None:
         """Replace the shards the worker reads next (resampled mode, as it draws them),
         keeping this epoch's counters; fetches no longer wanted are cancelled."""
-        self._own_process()
-        remote = [spec for spec in specs if is_remote(spec.url)] if self.active else []
+        remote = self._remote(specs)
         with self._lock:
             self._set_upcoming(remote)
+
+    def _remote(self, specs: Iterable[ShardSpec]) -> list[ShardSpec]:
+        """The remote ones of `specs`, which go through the fetcher (none when it is off)."""
+        self._own_process()
+        return [spec for spec in specs if is_remote(spec.url)] if self.active else []
 
     def _set_upcoming(self, remote: list[ShardSpec]) -> None:
         wanted = {spec.url for spec in remote}
