@@ -32,9 +32,18 @@ BUILD_DIR = "_build"
 # tree at the time: a plain rerun tries these inputs again (`retry_skips`). Every other
 # reason is a data error, tried again only once the file's size or mtime changed.
 ENVIRONMENT_REASONS = frozenset({"missing", "unreadable", "io_error", "loop", "outside_input"})
-# Read errors confined to one input file (a bad sector, a stale NFS handle); any other
-# OSError (no memory, no file descriptors, a network down) is the worker's and propagates.
-_INPUT_IO_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ENXIO})
+# OSErrors confined to one input: `(reason, what it means; what to do)`. Any other
+# OSError (no memory, no file descriptors, a full disk, a network down) is the worker's
+# or the output's and propagates: only those end a build.
+_INPUT_ERRNOS = {
+    errno.ELOOP: ("loop", "a symlink that resolves to itself; fix the link"),
+    errno.ENAMETOOLONG: ("bad_path", "shorten the name in the list (or rename the file)"),
+    errno.EILSEQ: ("bad_path", "its file system cannot hold this name; rename the file"),
+    errno.EISDIR: ("missing", "a directory, not a file; fix the path in the list"),
+    errno.EIO: ("io_error", "check the disk and rerun (it is retried)"),
+    errno.ESTALE: ("io_error", "check the disk and rerun (it is retried)"),
+    errno.ENXIO: ("io_error", "check the disk and rerun (it is retried)"),
+}
 
 
 @dataclass(frozen=True)
@@ -337,7 +346,8 @@ def read_input(
     Raises:
         SampleError: `read_source`'s reasons, `unreadable` (permission denied),
             `io_error` (EIO and kin, or a remote read failing past its retries),
-            `loop` (a symlink that resolves to itself).
+            `loop` (a symlink that resolves to itself), `bad_path` (a name the file
+            system refuses: ENAMETOOLONG, EILSEQ), `missing` (EISDIR).
         OSError: an error of the machine rather than the file; it propagates.
     """
     try:
@@ -353,16 +363,10 @@ def read_input(
             f"{planned.path}: {error.strerror}; fix its permissions and rerun (it is retried)",
         ) from error
     except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise SampleError(
-                "loop", f"{planned.path}: a symlink that resolves to itself; fix the link"
-            ) from error
-        if error.errno in _INPUT_IO_ERRNOS:
-            raise SampleError(
-                "io_error",
-                f"{planned.path}: {error.strerror}; check the disk and rerun (it is retried)",
-            ) from error
-        raise
+        if error.errno not in _INPUT_ERRNOS:
+            raise
+        reason, advice = _INPUT_ERRNOS[error.errno]
+        raise SampleError(reason, f"{planned.path}: {error.strerror}; {advice}") from error
 
 
 def build_shard_sample(

@@ -492,3 +492,41 @@ def test_listing_an_object_store_url_with_credentials_is_refused():
     ) as info:
         list(stream_sources("memory://user:s3cr3tKEY@bucket/images")[1])
     assert "s3cr3tKEY" not in str(info.value)
+
+
+# --- per-input OS errors ----------------------------------------------------------------
+
+
+def test_a_list_row_the_os_cannot_open_is_one_counted_skip_not_the_builds_end(
+    sample_dir, tmp_path, capsys
+):
+    """Issue 29: a 300-byte file name ended the build as an "environment error"."""
+    files = sorted(sample_dir.rglob("*.jpg"))[:4]
+    (tmp_path / "loop.jpg").symlink_to(tmp_path / "loop.jpg")
+    (tmp_path / "folder.jpg").mkdir()
+    (tmp_path / "n").mkdir()
+    bad = {
+        str(tmp_path / ("n" * 300 + ".jpg")): "bad_path",  # ENAMETOOLONG
+        str(tmp_path / "n" / ("n" * 300) / "a.jpg"): "bad_path",  # ENAMETOOLONG in a folder
+        str(tmp_path / "loop.jpg"): "loop",  # ELOOP
+        str(tmp_path / "folder.jpg"): "missing",  # a directory: not a regular file
+        str(files[0]) + "/a.jpg": "missing",  # ENOTDIR
+    }
+    rows = [{"path": str(f), "label": "a"} for f in files] + [
+        {"path": path, "label": "b"} for path in bad
+    ]
+    listing = tmp_path / "list.jsonl"
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    args = ["build-shards", "--input", str(listing), "--output", str(out), "--val-fraction", "0"]
+    code = main([*args, "--executor", "inline", "--no-progress", "--max-skip-fraction", "0.9"])
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["written"] == len(files)
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    # errors.jsonl names each input relative to the list's common root.
+    assert sorted((e["path"][-12:], e["reason"]) for e in errors) == sorted(
+        (path[-12:], reason) for path, reason in bad.items()
+    )
+    too_long = next(e for e in errors if e["reason"] == "bad_path")
+    assert "File name too long" in too_long["detail"]
