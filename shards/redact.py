@@ -11,32 +11,53 @@ from urllib.parse import unquote
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-# Query parameter names whose values are secrets (matched case-insensitively).
-_SECRET_PARAMS = frozenset(
-    {"sig", "signature", "key", "apikey", "api_key", "auth", "authorization", "code", "sas"}
+# A parameter is a secret by its name: any name holding one of these (case-insensitive,
+# after percent-decoding) has its value redacted, so that the next store's spelling
+# (`X-Goog-Signature`, `private_key`, `sessionid`, `pwd`) needs no new entry. A few short
+# names that are secrets but hold none of the parts are listed whole.
+_SECRET_NAME = re.compile(
+    r"key|token|secret|sig|pass|pwd|credential|auth|session|cookie|bearer|jwt|private",
+    re.IGNORECASE,
 )
-_SECRET_PARAM_PARTS = ("token", "signature", "secret", "password", "credential", "api-key")
+_SECRET_NAMES = frozenset({"code", "sas", "sid", "otp", "pin", "nonce"})
+# `name=value` in a query or fragment: `&` and `;` both separate parameters, and a
+# fragment may hold a route before its own `?` (`#/cb?access_token=...`). A value ends
+# at a `?` too, so a URL pasted unencoded into another's value (`next=https://x/?token=`)
+# has its own parameters checked.
+_PARAM = re.compile(r"(?P<name>[^&;?#=]+)=(?P<value>[^&;?#]*)")
+# `;name=value` path parameters (`/a;jsessionid=...`): only after a `;`, so a
+# partition folder such as `/key=abc/` stays as written.
+_PATH_PARAM = re.compile(r";(?P<name>[^/;?#=]+)=(?P<value>[^/;?#]*)")
 
 
 def redact_url(url: str) -> str:
-    """Return `url` with credentials removed, for logs, errors and sample metadata.
+    """Return `url` with credentials removed, for logs, errors, records and sample metadata.
 
-    `user:password@` becomes `***@`, and the values of secret query parameters
-    (`X-Amz-Signature`, `X-Amz-Credential`, `X-Amz-Security-Token`, `token`,
-    `sig`, ...) become `REDACTED`. Local paths are returned unchanged. Never
-    raises, since it is called while reporting other errors.
+    `user:password@` becomes `***@`. In the query, the fragment and `;` path
+    parameters, the value of every parameter whose name looks like a secret becomes
+    `REDACTED`: a name holding key, token, secret, sig (signature, sign), pass or
+    pwd, credential, auth, session, cookie, bearer, jwt or private, or one of
+    `code`, `sas`, `sid`, `otp`, `pin`, `nonce`; `&` and `;` both separate
+    parameters. Local paths are returned unchanged. Never raises, since it is called
+    while reporting other errors.
     """
     if not isinstance(url, str):
         return repr(url)
     if not _SCHEME.match(url):
         return url
     url = _redact_userinfo(url)
-    head, sep, rest = url.partition("?")
-    if not sep:
-        return url
-    query, hash_sep, fragment = rest.partition("#")
-    params = [_redact_param(param) for param in query.split("&")]
-    return f"{head}?{'&'.join(params)}{hash_sep}{fragment}"
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=len(url))
+    head, tail = url[:cut], url[cut:]
+    authority = head.find("/", head.find("://") + 3) if "://" in head else head.find(":") + 1
+    if authority >= 0:
+        head = head[:authority] + _PATH_PARAM.sub(_redact_path_param, head[authority:])
+    return head + _PARAM.sub(_redact_param, tail)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a URL parameter (or option) called `name` carries a credential."""
+    lowered = unquote(name).strip().lower()
+    return lowered in _SECRET_NAMES or _SECRET_NAME.search(lowered) is not None
 
 
 def _redact_userinfo(url: str) -> str:
@@ -88,11 +109,17 @@ def url_credentials_problem(url: str) -> str | None:
     )
 
 
-def _redact_param(param: str) -> str:
-    name, sep, _value = param.partition("=")
-    lowered = unquote(name).lower()
-    secret = lowered in _SECRET_PARAMS or any(part in lowered for part in _SECRET_PARAM_PARTS)
-    return f"{name}{sep}REDACTED" if secret and sep else param
+def _redact_param(match: re.Match) -> str:
+    name = match.group("name")
+    return f"{name}=REDACTED" if is_secret_name(name) else match.group(0)
+
+
+def _redact_path_param(match: re.Match) -> str:
+    return (
+        f";{match.group('name')}=REDACTED"
+        if is_secret_name(match.group("name"))
+        else match.group(0)
+    )
 
 
 def redact_text(text: str, secrets: list[str] | tuple[str, ...] = ()) -> str:

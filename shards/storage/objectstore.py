@@ -15,12 +15,11 @@ import functools
 import io
 import json
 import os
-import re
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
-from shards.redact import redact_text
+from shards.redact import is_secret_name, redact_text
 from shards.storage.retry import (
     DEFAULT_RETRY,
     ObjectNotFoundError,
@@ -45,8 +44,6 @@ FSSPEC_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "
 FSSPEC_SEQUENTIAL_CACHE = ("readahead", 8 * 2**20)
 FSSPEC_RANDOM_CACHE = ("readahead", 1 * 2**20)
 FSSPEC_BUFFER_SIZE = 64 * 2**10  # the block cache holds the data; this batches small reads
-# storage_options whose values are credentials: scrubbed from every message.
-SECRET_OPTION = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
 
 
 def open_object(
@@ -128,7 +125,7 @@ def secrets_in(options: Any) -> list[str]:
     found: list[str] = []
     if isinstance(options, Mapping):
         for name, value in options.items():
-            if isinstance(value, str) and SECRET_OPTION.search(str(name)) and len(value) >= 4:
+            if isinstance(value, str) and is_secret_name(str(name)) and len(value) >= 4:
                 found.append(value)
             elif isinstance(value, Mapping):
                 found += secrets_in(value)

@@ -262,6 +262,63 @@ def test_redact_url(url, expected):
     assert redact_url(url) == expected
 
 
+# Hostile redaction table (issue 29): each URL, the secrets that must never show, and
+# what must stay readable. The first six are the issue's findings.
+REDACTION_CASES = [
+    ("https://h/a.tar?access_key=AKIAHIDDEN1&part=3", ["AKIAHIDDEN1"], ["part=3"]),
+    ("https://h/a.tar?private_key=PKHIDDEN2", ["PKHIDDEN2"], ["a.tar"]),
+    ("https://h/a.tar?a=1;token=TOKHIDDEN3", ["TOKHIDDEN3"], ["a=1"]),
+    ("https://h/a.tar?sign=SIGNHIDDEN4&v=2", ["SIGNHIDDEN4"], ["v=2"]),
+    ("https://h/a.tar?pwd=PWDHIDDEN5", ["PWDHIDDEN5"], []),
+    ("https://h/a.tar#access_token=FRAGHIDDEN6&token_type=bearer", ["FRAGHIDDEN6"], []),
+    ("https://u:PASSHIDDEN7@h/a.tar", ["PASSHIDDEN7", "u:"], ["@h/a.tar"]),
+    ("https://GHTOKENHIDDEN8@h/a.tar", ["GHTOKENHIDDEN8"], ["@h/a.tar"]),
+    ("https://h/a.tar?X-Goog-Signature=GOOGHIDDEN9&X-Goog-Date=1", ["GOOGHIDDEN9"], ["Date=1"]),
+    ("https://h/a.tar?sv=2024&sig=AZSIGHIDDEN10&se=2030", ["AZSIGHIDDEN10"], ["sv=2024"]),
+    (
+        "https://h/a.tar?Key-Pair-Id=KPHIDDEN11&Signature=CFSIGHIDDEN12",
+        ["KPHIDDEN11", "CFSIGHIDDEN12"],
+        [],
+    ),
+    ("https://h/a.tar?apiKey=APIHIDDEN13", ["APIHIDDEN13"], []),
+    ("https://h/a.tar?API-KEY=APIHIDDEN14", ["APIHIDDEN14"], []),
+    ("https://h/a.tar?client_secret=CSHIDDEN15&client_id=app", ["CSHIDDEN15"], ["client_id=app"]),
+    ("https://h/a.tar?password=PWHIDDEN16", ["PWHIDDEN16"], []),
+    ("https://h/a.tar?passwd=PWHIDDEN17", ["PWHIDDEN17"], []),
+    ("https://h/a.tar?session_id=SESSHIDDEN18", ["SESSHIDDEN18"], []),
+    ("https://h/a.tar;jsessionid=JSESSHIDDEN19", ["JSESSHIDDEN19"], ["a.tar"]),
+    ("https://h/a.tar?auth=AUTHHIDDEN20", ["AUTHHIDDEN20"], []),
+    ("https://h/a.tar?Authorization=Bearer%20AUTHHIDDEN21", ["AUTHHIDDEN21"], []),
+    (
+        "https://h/a.tar?oauth_signature=OSIGHIDDEN22&oauth_nonce=NONCEHIDDEN23",
+        ["OSIGHIDDEN22", "NONCEHIDDEN23"],
+        [],
+    ),
+    ("https://h/a.tar?code=CODEHIDDEN24&state=s", ["CODEHIDDEN24"], ["state=s"]),
+    ("https://h/a.tar?%74oken=PCTHIDDEN25", ["PCTHIDDEN25"], []),
+    ("https://h/a.tar?TOKEN=UPPERHIDDEN26", ["UPPERHIDDEN26"], []),
+    ("https://h/a.tar?credentials=CREDHIDDEN27", ["CREDHIDDEN27"], []),
+    ("https://h/a.tar#/cb?id_token=ROUTEHIDDEN28", ["ROUTEHIDDEN28"], []),
+    ("https://h/a.tar?next=https://x/?token=NESTHIDDEN29", ["NESTHIDDEN29"], []),
+    (
+        "https://h/a.tar?jwt=JWTHIDDEN30&x=1;session=SESSHIDDEN31",
+        ["JWTHIDDEN30", "SESSHIDDEN31"],
+        ["x=1"],
+    ),
+    ("HTTPS://U:UPSCHEMEHIDDEN32@h/a.tar?Sig=SIGHIDDEN33", ["UPSCHEMEHIDDEN32", "SIGHIDDEN33"], []),
+    ("https://h/a.tar?x-amz-security-token=STSHIDDEN34==&part=1", ["STSHIDDEN34"], ["part=1"]),
+    ("https://h/data/key=abc/a.tar?v=1", [], ["key=abc", "v=1"]),  # a partition folder
+]
+
+
+@pytest.mark.parametrize(("url", "secrets", "kept"), REDACTION_CASES)
+def test_redact_url_hides_every_secret_parameter_by_its_name(url, secrets, kept):
+    shown = redact_url(url)
+    assert not [secret for secret in secrets if secret in shown], shown
+    assert all(part in shown for part in kept), shown
+    assert redact_url(shown) == shown  # redacting twice changes nothing
+
+
 def test_errors_never_show_secrets():
     url = "ftp://alice:pw123@h/a.tar?X-Amz-Signature=deadbeef"
     with pytest.raises(ValueError) as info:
