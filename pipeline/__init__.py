@@ -20,10 +20,11 @@ CONFIG_NAMES = (
     "Source",
     "Shuffle",
     "Crop",
+    "ProgressiveResize",
     "Workers",
     "ReadOptions",
 )
-__all__ = [*CONFIG_NAMES, "build_loader", "ShardLoader", "CudaPrefetcher"]
+__all__ = [*CONFIG_NAMES, "build_loader", "ShardLoader", "CudaPrefetcher", "MixupCutmix"]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from pipeline.prefetch import CudaPrefetcher
 
         return CudaPrefetcher
+    if name == "MixupCutmix":
+        from pipeline.mixup import MixupCutmix
+
+        return MixupCutmix
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from pipeline.mixup import MixupCutmix
+
 log = logging.getLogger("pipeline")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -65,6 +67,13 @@ class CudaPrefetcher:
             channels_last: output images in `torch.channels_last` memory format; otherwise in
                 the contiguous NCHW format, whatever the layout the loader delivers (its default
                 channels-last batches are transposed on the device, where it is cheap).
+            mix: a `pipeline.MixupCutmix` applied to each batch after normalisation, on the
+                device (on the side stream, in float32, before the cast to `dtype`): the
+                labels (second entry) become its soft targets. At the start of each
+                iteration it is set to the loader's epoch and position (`epoch`,
+                `len(loader) - batches_remaining()`) when the loader has them, so a resumed
+                or restarted epoch mixes each batch as before. Never give it to an
+                evaluation prefetcher.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class CudaPrefetcher:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         channels_last: bool = False,
+        mix: MixupCutmix | None = None,
     ) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
@@ -87,6 +97,7 @@ class CudaPrefetcher:
             log.warning("CUDA is not available: CudaPrefetcher normalizes on the CPU instead")
             device = torch.device("cpu")
         self.loader = loader
+        self.mix = mix
         self.device = device
         self.dtype = dtype
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -103,6 +114,7 @@ class CudaPrefetcher:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[tuple]:
+        self.align_mix()
         if self.stream is None:
             for batch in self.loader:
                 yield self.convert(batch)
@@ -154,20 +166,31 @@ class CudaPrefetcher:
         Entries that are not tensors (keys, captions, JSON documents) pass through.
         """
         moved = []
-        for position, item in enumerate(batch):
+        for item in batch:
             if isinstance(item, torch.Tensor):
                 item = item.to(self.device, non_blocking=non_blocking)
-                if position == 0 and item.dim() == 4:
-                    item = self.normalize(item)
             moved.append(item)
+        if not (moved and isinstance(moved[0], torch.Tensor) and moved[0].dim() == 4):
+            return tuple(moved)
+        moved[0] = self.normalize(moved[0])
+        if self.mix is not None and len(moved) > 1:
+            moved[0], moved[1] = self.mix(moved[0], moved[1])
+        if self.dtype != torch.float32:
+            moved[0] = moved[0].to(self.dtype)
         return tuple(moved)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """`(images / 255 - mean) / std` in float32, then cast to `dtype`."""
+        """`(images / 255 - mean) / std` in float32 (`move` casts to `dtype` after mixing)."""
         # copy=True: a float32 input must not be normalized in place under its owner.
         out = images.to(torch.float32, copy=True, memory_format=self.memory_format)
-        out.sub_(self.mean).div_(self.std)
-        return out if self.dtype == torch.float32 else out.to(self.dtype)
+        return out.sub_(self.mean).div_(self.std)
+
+    def align_mix(self) -> None:
+        """Point the mix at the batch the loader yields next: its epoch and index in it."""
+        loader = self.loader
+        if self.mix is None or not all(hasattr(loader, n) for n in ("epoch", "batches_remaining")):
+            return
+        self.mix.set_position(loader.epoch, len(loader) - loader.batches_remaining())
 
     def check_pinned(self, images) -> None:
         if not isinstance(images, torch.Tensor) or images.is_pinned() or self._warned_unpinned:
@@ -187,6 +210,8 @@ class CudaPrefetcher:
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        if self.mix is not None:
+            self.mix.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state as of the batches handed to the consumer."""
