@@ -267,6 +267,51 @@ class Shuffle:
         check_int_at_least(self, "initial", 1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProgressiveResize:
+    """Train images that grow (or shrink) with the epochs, as FFCV's ResNet recipes do.
+
+    `ProgressiveResize(start=160, end=192, last_epoch=10)`: `start` px up to `first_epoch`,
+    `end` px from `last_epoch` on, and in between the straight line from one to the other
+    rounded to the nearest multiple of `step` (FFCV's `get_resolution`), kept within
+    `start..end`. The size changes only where an epoch starts; eval keeps `Crop.image_size`.
+
+    Attributes:
+        start, end: the first and last output sides in pixels.
+        first_epoch, last_epoch: where the ramp starts and ends (0-based epochs).
+        step: sizes in between are multiples of it.
+    """
+
+    start: int
+    end: int
+    first_epoch: int = 0
+    last_epoch: int
+    step: int = 32
+
+    def __post_init__(self) -> None:
+        check_int_at_least(self, "step", 1)
+        check_int_at_least(self, "start", self.step)
+        check_int_at_least(self, "end", self.step)
+        check_int_at_least(self, "first_epoch", 0)
+        check_int_at_least(self, "last_epoch", self.first_epoch)
+
+    def size_at(self, epoch: int) -> int:
+        """The output side of `epoch`'s train images."""
+        if epoch <= self.first_epoch:
+            return self.start
+        if epoch >= self.last_epoch:
+            return self.end
+        share = (epoch - self.first_epoch) / (self.last_epoch - self.first_epoch)
+        # round() as FFCV's np.round: to the nearest multiple, halves to the even one.
+        side = round((self.start + share * (self.end - self.start)) / self.step) * self.step
+        return min(max(side, min(self.start, self.end)), self.largest)
+
+    @property
+    def largest(self) -> int:
+        """The largest side of the schedule: what a batch slot is sized for."""
+        return max(self.start, self.end)
+
+
 @dataclass(frozen=True)
 class Crop:
     """What a sample's image becomes: random-resized crop + flip (train) or center crop.
@@ -285,6 +330,8 @@ class Crop:
             (docs/LOADER.md, "Image decoding").
         transform: replaces the built-in crop; called as `transform(bytes, rng)` and
             returns uint8 HxWx3.
+        progressive: train images sized by epoch (`ProgressiveResize`) instead of
+            `image_size`, which eval keeps; the built-in crops only.
     """
 
     image_size: int = option(224, "image side in pixels", "crop")
@@ -305,6 +352,9 @@ class Crop:
     transform: Callable | None = option(
         None, "replaces the built-in crop: transform(bytes, rng) -> uint8 HxWx3", cli=False
     )
+    progressive: ProgressiveResize | None = option(
+        None, "train: image sides by epoch (ProgressiveResize); eval keeps image_size", cli=False
+    )
 
     def __post_init__(self) -> None:
         check_int_at_least(self, "image_size", 1)
@@ -320,6 +370,27 @@ class Crop:
         check_choice(self, "backend", BACKENDS)
         if self.transform is not None and not callable(self.transform):
             raise refuse(self, "transform", f" must be callable or None, got {self.transform!r}")
+        if self.progressive is not None and not isinstance(self.progressive, ProgressiveResize):
+            raise refuse(
+                self,
+                "progressive",
+                f" must be a ProgressiveResize or None, got {self.progressive!r}",
+            )
+        if self.progressive is not None and self.transform is not None:
+            raise refuse(
+                self,
+                "progressive",
+                " resizes the built-in crops, and transform= replaces them: give one of the two",
+            )
+
+    def train_size(self, epoch: int) -> int:
+        """The side of `epoch`'s train images: the progressive schedule's, else `image_size`."""
+        return self.image_size if self.progressive is None else self.progressive.size_at(epoch)
+
+    @property
+    def largest_train_size(self) -> int:
+        """The largest side a train image takes in any epoch."""
+        return self.image_size if self.progressive is None else self.progressive.largest
 
 
 def pair(value: Any) -> tuple[float, float]:
@@ -673,6 +744,7 @@ class LoaderConfig(LoaderOptions):
     seed: int = 0
     rank: int | None = None
     world_size: int | None = None
+    augment: Any = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

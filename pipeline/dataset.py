@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.batchring import BatchRing, SlotBatch
-from pipeline.config import Batching, ReadOptions, Shuffle
+from pipeline.config import Batching, ProgressiveResize, ReadOptions, Shuffle
 from pipeline.fast_transforms import pillow_fallbacks
 from pipeline.fetch import ShardFetcher, plan_shards
 from pipeline.mixing import Mix, MixedWorkerPlan, SourceSlot, source_rng
@@ -43,7 +43,7 @@ from pipeline.plan import (
 )
 from pipeline.sources import ShardSpec
 from pipeline.transforms import SampleRandom
-from shards.errors import DataError, ShardError
+from shards.errors import DataError, ShardError, UsageError
 from shards.sample import (
     DEFAULT_FIELDS,
     LABEL_FIELDS,
@@ -92,7 +92,8 @@ class WorkerStats:
     bad_shard_examples: list = field(default_factory=list)  # the first few, named
     refilled: int = 0
     unfilled: int = 0  # exactly-once epochs: planned slots left empty (their samples were bad)
-    decode_s: float = 0.0
+    decode_s: float = 0.0  # decoding every field of the samples, augmentation included
+    augment_s: float = 0.0  # the part of decode_s spent augmenting images (`LoaderConfig.augment`)
     pillow_fallbacks: int = 0  # samples the fast crops handed to Pillow (non-JPEG, CMYK, ...)
     sources: Counter = field(default_factory=Counter)  # a mix: samples delivered per source
     source_skipped: Counter = field(default_factory=Counter)  # a mix: skips per source
@@ -109,6 +110,7 @@ class WorkerStats:
             "refilled": self.refilled,
             "unfilled": self.unfilled,
             "decode_s": self.decode_s,
+            "augment_s": self.augment_s,
             "pillow_fallbacks": self.pillow_fallbacks,
             "sources": dict(self.sources),
             "source_skipped": dict(self.source_skipped),
@@ -167,6 +169,18 @@ class StreamSettings:
     # Eval with the `uneven` rule: every good sample once and none twice, so a batch the
     # stream cannot fill (its bad samples were skipped) is delivered short, never refilled.
     exactly_once: bool
+    image_size: int  # the crop's side (eval, or train without a progressive schedule)
+    progressive: ProgressiveResize | None  # train: the side by epoch
+    augment: object | None  # train with an enabled `Augment`: run after each crop
+
+
+@dataclass(frozen=True)
+class EpochImages:
+    """How one epoch's images are made: the crop at the epoch's side, then the augmenter."""
+
+    transform: Callable
+    augmenter: Callable | None
+    size: int
 
 
 class ShardStream(IterableDataset):
@@ -400,10 +414,11 @@ class ShardStream(IterableDataset):
         reserve: deque = deque(maxlen=RESERVE_SIZE)
         fallbacks = pillow_fallbacks()  # this process's count before this epoch's decodes
         sizes = iter(sizes)  # what an exactly-once epoch leaves unfilled is summed from it
+        images = self.epoch_images(epoch)
         for size in sizes:
-            target = self.image_target(size)
+            target = self.image_target(size, images)
             try:
-                rows, keys = self.fill_batch(shuffled, size, epoch, stats, reserve, target)
+                rows, keys = self.fill_batch(shuffled, size, epoch, stats, reserve, target, images)
             except BaseException:
                 if target is not None:
                     target.abandon()  # a worker's slot is free again, not leaked
@@ -423,7 +438,14 @@ class ShardStream(IterableDataset):
             yield self.collate(rows, keys, stats, target)
 
     def fill_batch(
-        self, shuffled, size: int, epoch: int, stats: WorkerStats, reserve: deque, target
+        self,
+        shuffled,
+        size: int,
+        epoch: int,
+        stats: WorkerStats,
+        reserve: deque,
+        target,
+        images: EpochImages,
     ) -> tuple[list[tuple], list[str]]:
         """Decode `size` good samples, skipping bad ones; when the stream ends, refill from
         recent good samples, or (`exactly_once`) return the batch short."""
@@ -439,7 +461,7 @@ class ShardStream(IterableDataset):
                 repeat = sample.get("__repeat__", 0)  # a mix's pass over its source
             out = None if target is None else target.arrays[len(rows)]
             try:
-                row = self.decode(sample, epoch, stats, repeat, out)
+                row = self.decode(sample, epoch, stats, repeat, out, images)
             except SampleError as error:
                 self.log_skip(sample, error, stats)
                 if "__source__" in sample:
@@ -454,11 +476,30 @@ class ShardStream(IterableDataset):
                 stats.sources[sample["__source__"]] += 1
         return rows, keys
 
-    def image_target(self, size: int) -> ImageTarget | None:
+    def epoch_images(self, epoch: int) -> EpochImages:
+        """The crop of `epoch` (at its progressive side) and the augmenter for that side.
+
+        Made where a worker starts an epoch (`set_epoch` reaches persistent workers there),
+        so a new side needs no new worker: its batches take the first bytes of slots sized
+        for the largest side (`ShardLoader.make_ring`).
+        """
+        s = self.settings
+        transform, size = self.transform, s.image_size
+        if s.progressive is not None:
+            size = s.progressive.size_at(epoch)
+            transform = dataclasses.replace(transform, size=size)
+        augmenter = None
+        if s.augment is not None:
+            from pipeline.augment import build_augmenter
+
+            augmenter = build_augmenter(s.augment, size)
+        return EpochImages(transform, augmenter, size)
+
+    def image_target(self, size: int, images: EpochImages) -> ImageTarget | None:
         """The batch buffer the transform writes into, when it can (see `direct_image_field`)."""
         if self.direct is None:
             return None
-        side = self.transform.size
+        side = images.transform.size
         return ImageTarget.allocate((size, side, side, 3), True, self.ring)
 
     def decode(
@@ -468,15 +509,18 @@ class ShardStream(IterableDataset):
         stats: WorkerStats,
         repeat: int = 0,
         out: np.ndarray | None = None,
+        images: EpochImages | None = None,
     ) -> tuple:
-        """One value per field: the transformed image, the label, text, JSON, ...
+        """One value per field: the transformed (and augmented) image, the label, text, ...
 
         Args:
             out: where the image transform writes its pixels (a slot of the batch), when
                 the stream writes images in place (`direct_image_field`).
+            images: the epoch's crop and augmenter (default: `epoch_images(epoch)`).
         """
         if "__error__" in sample:
             raise sample["__error__"]
+        images = self.epoch_images(epoch) if images is None else images
         started = time.perf_counter()
         key, seed = sample["__key__"], self.settings.seed
         parsed: dict = {}  # JSON members parsed once for all fields reading them
@@ -488,11 +532,16 @@ class ShardStream(IterableDataset):
             if spec.kind == "image":
                 rng = SampleRandom(f"aug:{seed}:{epoch}:{key}:{repeat}")
                 if out is not None and index == self.direct:
-                    value = self.transform(value, rng, out=out)
+                    value = images.transform(value, rng, out=out)
                     if value is not out:  # a transform that could not use the slot
                         out[...] = value
+                        value = out
                 else:
-                    value = self.transform(value, rng)
+                    value = images.transform(value, rng)
+                if images.augmenter is not None:
+                    # Its own draws: the crop's stay those of a loader without augmentation.
+                    rng = SampleRandom(f"augment:{seed}:{epoch}:{key}:{repeat}")
+                    value = augment_image(value, images.augmenter, rng, stats)
             else:
                 if index in self.ranged:
                     check_class_range(spec, value, self.settings.num_classes, key)
@@ -683,6 +732,29 @@ class ImageTarget:
             self.batch.shape = (count, *self.batch.shape[1:])
         else:
             self.batch = self.batch[:count]
+
+
+def augment_image(
+    pixels: np.ndarray, augmenter: Callable, rng: random.Random, stats: WorkerStats
+) -> np.ndarray:
+    """`pixels` augmented in place (a batch slot), or a writable copy of a read-only crop.
+
+    Raises:
+        UsageError: a `Crop.transform` returned something other than uint8 HxWx3.
+    """
+    started = time.perf_counter()
+    image = isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8 and pixels.ndim == 3
+    if not image or pixels.shape[2] != 3:
+        raise UsageError(
+            f"Crop.transform returned {type(pixels).__name__} "
+            f"{getattr(pixels, 'dtype', '')} {tuple(getattr(pixels, 'shape', ()))}; "
+            "LoaderConfig.augment needs uint8 HxWx3 pixels: return those, or leave augment out"
+        )
+    if not (pixels.flags.writeable and pixels.flags.c_contiguous):
+        pixels = np.array(pixels)  # Pillow's read-only bytes, a strided view: one copy
+    augmenter(pixels, rng)
+    stats.augment_s += time.perf_counter() - started
+    return pixels
 
 
 def stack_images(

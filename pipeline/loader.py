@@ -121,11 +121,19 @@ class ShardLoader:
         return crop(**options) if fast else crop(**options, writable=False)
 
     def make_ring(self) -> BatchRing:
-        """Slots for a batch of `image_size` crops: one being built, `prefetch_factor`
-        queued, one in the consumer's hands (a custom transform's other sizes allocate)."""
+        """Slots for a batch of crops: one being built, `prefetch_factor` queued, one in the
+        consumer's hands (a custom transform's other sizes allocate). Sized for the largest
+        side a progressive schedule reaches; smaller epochs use each slot's first bytes."""
         c = self.config
-        slot_bytes = c.batch.size * c.crop.image_size * c.crop.image_size * 3
+        side = c.crop.largest_train_size if c.is_train else c.crop.image_size
+        slot_bytes = c.batch.size * side * side * 3
         return BatchRing(self.num_worker_slots, c.workers.prefetch_factor + 2, slot_bytes)
+
+    @property
+    def image_size(self) -> int:
+        """The side of the current epoch's images: in train, `Crop.progressive`'s when set."""
+        crop = self.config.crop
+        return crop.train_size(self.epoch) if self.config.is_train else crop.image_size
 
     @property
     def num_worker_slots(self) -> int:
@@ -197,6 +205,8 @@ class ShardLoader:
             [Segment(self.partition(), self.consumed)] if self.consumed else []
         )
         self.shared.write(self.epoch, segments)
+        if self.settings.progressive is not None:
+            log.info("epoch %d: train images of %d px (progressive)", self.epoch, self.image_size)
         started = time.perf_counter()
         self.stats.start_epoch()
         iterator = iter(self.dataloader())
@@ -344,6 +354,11 @@ def stream_settings(
         class_weights=class_weights(source, fields) if resampled and sampling.balance else None,
         num_classes=len(source.classes) if source.classes else None,
         exactly_once=not train and rule == "uneven" and not resampled,
+        image_size=config.crop.image_size,
+        progressive=config.crop.progressive if train else None,
+        augment=config.augment
+        if train and config.augment is not None and config.augment.enabled
+        else None,
     )
 
 

@@ -36,6 +36,8 @@ def loader_for(shard_dir, **overrides):
         with_keys=True,
     )
     options.update(overrides)
+    if "crop" in overrides:  # a Crop group carries its own image_size
+        del options["image_size"]
     return build_loader(LoaderConfig(**options))
 
 
