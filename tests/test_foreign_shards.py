@@ -277,3 +277,26 @@ def test_verify_info_and_index_read_parquet_without_a_class_column(tmp_path, cap
     # The failed downloads (null jpg cells) are what the loader would skip: verify says so.
     assert preprocess_main(["verify", str(folder)]) == 1
     assert "null_cell" in capsys.readouterr().err
+
+
+def test_a_uint64_label_past_int64_costs_its_row_alone_in_the_loader_and_verify(tmp_path, capsys):
+    """Issue 29: the shard was refused whole as bad_data, its good rows lost with it."""
+    folder = tmp_path / "u64"
+    folder.mkdir()
+    labels = pa.array([1, 2, 2**64 - 1, 0, 3, 1], pa.uint64())
+    table = pa.table({"image": [jpeg_bytes(i) for i in range(6)], "label": labels})
+    features = {
+        "image": {"_type": "Image"},
+        "label": {"_type": "ClassLabel", "names": list("abcd")},
+    }
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), folder / "train.parquet")
+    loader = foreign_loader(folder, fields=("image", "label"))
+    delivered = [key for keys in epoch_keys(loader) for key in keys]
+    # The skipped row's slot is refilled with a repeat, as for any skip.
+    assert sorted({key[-1] for key in delivered}) == ["0", "1", "3", "4", "5"]
+    assert loader.stats.workers[0]["skipped"] == {"bad_label": 1}
+    assert loader.stats.workers[0]["bad_shards"] == {}
+    assert preprocess_main(["verify", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 6 samples" in err and "(bad_label: 1)" in err and "18446744073709551615" in err

@@ -110,18 +110,21 @@ def check_schema(schema: pa.Schema, url: str, fields: frozenset[str]) -> Parquet
 def metadata_classes(metadata: dict[bytes, bytes] | None) -> dict[str, int]:
     """`{label column: class count}` for the label columns whose classes a file names.
 
-    Our `shardpipe` document names them (`class_names`, for its `label_field`), and
-    HF datasets' `huggingface` features do for a `ClassLabel` column (`names`). A
-    document that is not what those writers write names nothing: the file is read,
-    its labels are not range-checked here.
+    Our `shardpipe` document names them (`class_names`, for its `label_field`, or
+    only their count, `num_classes`, past `CLASS_NAMES_IN_SHARD_BYTES`), and HF
+    datasets' `huggingface` features do for a `ClassLabel` column (`names` or
+    `num_classes`). A document that is not what those writers write names nothing:
+    the file is read, its labels are not range-checked here.
     """
     metadata = metadata or {}
     found: dict[str, int] = {}
     ours = _json_document(metadata.get(METADATA_KEY))
     if isinstance(ours, dict) and ours.get("label_field") in LABEL_COLUMNS:
-        names = ours.get("class_names")
+        names, count = ours.get("class_names"), ours.get("num_classes")
         if isinstance(names, list):
             found[ours["label_field"]] = len(names)
+        elif type(count) is int and count >= 0:
+            found[ours["label_field"]] = count
     hf = _json_document(metadata.get(HF_METADATA_KEY))
     info = hf.get("info") if isinstance(hf, dict) else None
     features = info.get("features") if isinstance(info, dict) else None

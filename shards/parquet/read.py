@@ -279,9 +279,15 @@ def _batch_values(batch: pa.RecordBatch, layout: ParquetLayout, caps: dict) -> d
 
 
 def _label_values(array: pa.Array, classes: int) -> list:
-    """A label column's ints, with `_BadLabel` for those outside `[0, classes)`."""
+    """A label column's ints, with `_BadLabel` for those outside `[0, classes)`.
+
+    Compared as float64: arrow has no common type for uint64 and a Python int (it
+    casts to int64, which 2^64 - 1 does not fit), and any integer type casts to it;
+    rounding past 2^53 cannot bring a value back inside `[0, classes)`.
+    """
     cells = array.to_pylist()
-    outside = pc.or_(pc.less(array, 0), pc.greater_equal(array, classes))
+    values = array.cast(pa.float64(), safe=False)
+    outside = pc.or_(pc.less(values, 0), pc.greater_equal(values, float(classes)))
     if not pc.any(outside).as_py():
         return cells
     return [

@@ -52,6 +52,14 @@ MEMBER_COLUMNS: dict[str, pa.DataType] = {
     "weight": pa.float64(),
 }
 DEFAULT_MEMBERS = ("cls", "json")
+# Class names are the dataset's, kept once in its manifest. A shard repeats them (in both
+# metadata documents, for pyarrow and HF datasets users who open one file alone) only
+# while their JSON takes at most this many bytes (1,000 names of 50 characters take 54 KB).
+# Past it a shard names only the class count (`num_classes`), which our reader's range
+# check needs, and HF datasets reads the label as a plain int64 (HF takes a `ClassLabel`
+# from metadata only with its names): 10,000 labels of 1,000 characters made 20 MB of
+# metadata per shard.
+CLASS_NAMES_IN_SHARD_BYTES = 64 * 2**10
 
 
 def shard_schema(image_field: str, members: Sequence[str] = DEFAULT_MEMBERS) -> pa.Schema:
@@ -89,29 +97,36 @@ def shard_metadata(
     """The file metadata of a shard: our `shardpipe` document and HF's `huggingface` one.
 
     Both are JSON with sorted keys, so equal arguments give equal bytes. Without
-    `class_names` the label column is declared a plain int64.
+    `class_names` the label column is declared a plain int64. Class names whose JSON
+    is over `CLASS_NAMES_IN_SHARD_BYTES` are left out of both (the manifest holds
+    them): `class_names` is then null, and HF's features declare the label a plain int64.
     """
+    count = None if class_names is None else len(class_names)
     names = None if class_names is None else [str(name) for name in class_names]
+    if names is not None and len(json.dumps(names).encode()) > CLASS_NAMES_IN_SHARD_BYTES:
+        names = None
     ours = {
         "format_version": FORMAT_VERSION,
         "key_field": "__key__",
         "image_field": image_field,
         "label_field": "cls" if "cls" in schema.names else None,
         "class_names": names,
+        "num_classes": count,
         "description": description,
         "split": split,
     }
+    label = None if names is None else {"_type": "ClassLabel", "names": names}
     features = {}
     for field in schema:
         if field.name == image_field:
             features[field.name] = {"_type": "Image"}
-        elif field.name == "cls" and names is not None:
-            features[field.name] = {"_type": "ClassLabel", "names": names}
+        elif field.name == "cls" and label is not None:
+            features[field.name] = label
         elif field.name == "labels":
-            ids = {"_type": "Value", "dtype": "int64"}
-            if names is not None:
-                ids = {"_type": "ClassLabel", "names": names}
-            features[field.name] = {"_type": "List", "feature": ids}
+            features[field.name] = {
+                "_type": "List",
+                "feature": label or {"_type": "Value", "dtype": "int64"},
+            }
         else:
             features[field.name] = {"_type": "Value", "dtype": _HF_VALUE_TYPES[field.type]}
     hf = {"info": {"description": description or "", "features": features}}

@@ -16,6 +16,8 @@ from preprocess.job import run_build
 from preprocess.listing import InputError
 from preprocess.plan import sample_key
 from preprocess.ray_job import BuildError
+from shards.formats import get_format
+from shards.parquet.layout import metadata_classes
 from tests.conftest import shard_files, small_build_config
 from tests.oddimages import make_odd_images
 
@@ -530,3 +532,40 @@ def test_a_list_row_the_os_cannot_open_is_one_counted_skip_not_the_builds_end(
     )
     too_long = next(e for e in errors if e["reason"] == "bad_path")
     assert "File name too long" in too_long["detail"]
+
+
+def test_long_distinct_labels_are_not_copied_into_every_parquet_shard(sample_dir, tmp_path):
+    """Issue 29: 10,000 distinct 1,000-character labels made 1,033 MB of shards.
+
+    Every Parquet shard carried every class name twice. Past `CLASS_NAMES_IN_SHARD_BYTES`
+    the names live in the manifest alone; a shard names its class count, which our
+    reader's label check needs (HF datasets reads the label as an int64).
+    """
+    image = next(sample_dir.rglob("*.jpg"))
+    labels = [f"{index:04d}" + "x" * 996 for index in range(240)]
+    rows = []
+    for index, label in enumerate(labels):
+        path = tmp_path / "images" / f"{index}.jpg"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(image.read_bytes())
+        rows.append({"path": str(path), "label": label})
+    listing = tmp_path / "list.jsonl"
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    summary = run_build(small_build_config(listing, out, val_fraction=0.0, formats=("parquet",)))
+    assert summary.manifest.classes == labels and summary.manifest.written == 240
+    files = shard_files(out, "parquet")
+    # Before: each of the 8 shards carried 2 x 240 KB of names (4.4 MB of shards in all,
+    # 0.55 MB now).
+    assert len(files) == 8 and sum(path.stat().st_size for path in files) < 2**20
+    for path in files:
+        metadata = pq.read_schema(path).metadata
+        assert sum(len(value) for value in metadata.values()) < 4096
+        assert metadata_classes(metadata) == {"cls": 240}
+        ours = json.loads(metadata[b"shardpipe"])
+        assert ours["class_names"] is None and ours["num_classes"] == 240
+        features = json.loads(metadata[b"huggingface"])["info"]["features"]
+        assert features["cls"] == {"_type": "Value", "dtype": "int64"}
+    samples = [s for path in files for s in get_format("parquet").iter_samples(path, str(path))]
+    assert not any("__error__" in sample for sample in samples)
+    assert sorted(int(sample["cls"]) for sample in samples) == list(range(240))

@@ -90,6 +90,7 @@ def test_every_parquet_shard_carries_our_metadata_and_hf_features(built):
             "image_field": "jpg",
             "label_field": "cls",
             "class_names": classes,
+            "num_classes": len(classes),
             "description": DESCRIPTION,
             "split": split,
         }
@@ -199,6 +200,30 @@ def test_same_samples_and_metadata_give_the_same_bytes():
     # Without class names the label column is declared a plain integer.
     plain = json.loads(pq.read_schema(io.BytesIO(write_ours(samples))).metadata[b"huggingface"])
     assert plain["info"]["features"]["cls"] == {"_type": "Value", "dtype": "int64"}
+
+
+def test_class_names_past_the_cap_leave_the_shard_and_hf_reads_it_alone():
+    """Issue 29: every shard carried every class name twice, however many and long."""
+    import datasets
+
+    from shards.parquet.schema import CLASS_NAMES_IN_SHARD_BYTES
+
+    sample = {"__key__": "k", "jpg": b"x", "cls": b"299", "json": b"{}"}
+    names = [f"{index:03d}" + "x" * 997 for index in range(300)]
+    assert len(json.dumps(names)) > CLASS_NAMES_IN_SHARD_BYTES
+    data = write_ours([sample], class_names=names)
+    assert len(data) < 4096
+    schema = pq.read_schema(io.BytesIO(data))
+    feature = datasets.Features.from_arrow_schema(schema)["cls"]
+    assert feature == datasets.Value("int64")  # the names: the manifest's `classes`
+    read = list(PARQUET.iter_samples(io.BytesIO(data), "mem.parquet"))
+    assert read[0]["cls"] == b"299" and "__error__" not in read[0]
+    over = list(
+        PARQUET.iter_samples(
+            io.BytesIO(write_ours([{**sample, "cls": b"300"}], class_names=names)), "m"
+        )
+    )
+    assert over[0]["__error__"].reason == "bad_label"
 
 
 # --- Parquet written by Hugging Face datasets ------------------------------------------------
