@@ -1,0 +1,247 @@
+"""The pixel operations of the augmentation policies, on a uint8 HxWx3 array, in place.
+
+Each one gives the pixels of the Pillow call timm (or torchvision) makes, computed with
+numpy and OpenCV on the uint8 crop: lookup tables through `cv2.LUT`, Pillow's blends with
+its own float32 arithmetic and truncation, affine warps with the matrix Pillow's
+`Image.transform` uses. Arrays must be C-contiguous (`pipeline.augment.Augmenter`
+ensures it). None raises on a valid image; one that cannot apply leaves it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+RESAMPLE = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
+
+_LEVELS = np.arange(256, dtype=np.int32)
+# Pillow's RGB -> L: (R * 19595 + G * 38470 + B * 7471 + 0x8000) >> 16 (ITU-R 601-2 luma).
+# In float32 every product and partial sum is an integer below 2**24 times 2**-16, so
+# exact, and truncating the result is Pillow's shift (checked on all 2**24 colours).
+_LUMA = np.array([[19595, 38470, 7471, 0x8000]], dtype=np.float64) / 65536
+_LUMA3 = np.repeat(_LUMA, 3, axis=0)  # the same luma in each of three channels
+# Pillow's ImageFilter.SMOOTH, the degenerate image of ImageEnhance.Sharpness.
+_SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13
+
+
+def apply_lut(pixels: np.ndarray, lut: np.ndarray) -> None:
+    """Map every value through `lut`: 256 values, or (256, 1, 3) for one table a channel."""
+    cv2.LUT(pixels, np.ascontiguousarray(lut, dtype=np.uint8), dst=pixels)
+
+
+def posterize(pixels: np.ndarray, bits: int) -> None:
+    """`ImageOps.posterize`: keep the top `bits` bits; 0 bits (or fewer) is black, as timm means."""
+    if bits >= 8:
+        return
+    if bits <= 0:  # Pillow 13 raises here; timm's level functions ask for it at full severity
+        pixels[...] = 0
+        return
+    apply_lut(pixels, _LEVELS & ~(2 ** (8 - bits) - 1))
+
+
+def solarize(pixels: np.ndarray, threshold: float) -> None:
+    """`ImageOps.solarize`: invert every value at or above `threshold`."""
+    apply_lut(pixels, np.where(threshold > _LEVELS, _LEVELS, 255 - _LEVELS))
+
+
+def solarize_add(pixels: np.ndarray, add: int, threshold: int = 128) -> None:
+    """timm's `solarize_add`: add `add` (capped at 255) to every value below `threshold`."""
+    apply_lut(pixels, np.where(threshold > _LEVELS, np.minimum(255, _LEVELS + add), _LEVELS))
+
+
+def invert(pixels: np.ndarray) -> None:
+    """`ImageOps.invert`."""
+    np.subtract(255, pixels, out=pixels)
+
+
+def autocontrast(pixels: np.ndarray) -> None:
+    """`ImageOps.autocontrast()`: stretch each channel's [min, max] to [0, 255]."""
+    flat = pixels.reshape(-1, 3)
+    lows, highs = flat.min(axis=0).astype(int), flat.max(axis=0).astype(int)
+    luts = []
+    for low, high in zip(lows, highs, strict=True):
+        if high <= low:
+            luts.append(_LEVELS)
+            continue
+        scale = 255.0 / (high - low)  # Pillow's float64 arithmetic, then int() truncation
+        luts.append(np.clip((_LEVELS * scale + (-low * scale)).astype(np.int64), 0, 255))
+    apply_lut(pixels, np.stack(luts, axis=-1).reshape(256, 1, 3))
+
+
+def equalize(pixels: np.ndarray) -> None:
+    """`ImageOps.equalize()`: each channel's histogram spread evenly, Pillow's integer steps."""
+    luts = []
+    for channel in range(3):
+        counts = cv2.calcHist([pixels], [channel], None, [256], [0, 256]).ravel().astype(np.int64)
+        present = counts[counts > 0]
+        step = (int(present.sum()) - int(present[-1])) // 255 if len(present) > 1 else 0
+        if not step:
+            luts.append(_LEVELS)
+            continue
+        before = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        luts.append(np.minimum(255, (step // 2 + before) // step))
+    apply_lut(pixels, np.stack(luts, axis=-1).reshape(256, 1, 3))
+
+
+def blend(first: np.ndarray | float, second: np.ndarray, alpha: float) -> np.ndarray:
+    """Pillow's `Image.blend(first, second, alpha)` as float32: first + alpha * (second - first).
+
+    Pillow computes this in C `float` and truncates (clipping to 0..255 when `alpha` is
+    outside [0, 1]); the same float32 steps here give the same bytes. Returns float32
+    values in 0..255 whose truncation is Pillow's result.
+    """
+    first = np.asarray(first, dtype=np.float32)
+    out = second.astype(np.float32)  # contiguous: numpy's broadcasting loops are slow
+    out -= first
+    out *= np.float32(alpha)
+    out += first
+    return np.clip(out, 0, 255, out=out)
+
+
+def blend_constant(pixels: np.ndarray, degenerate: int, factor: float) -> None:
+    """`ImageEnhance`'s blend from a one-colour image: a lookup table."""
+    if factor != 1.0:
+        apply_lut(pixels, blend(float(degenerate), _LEVELS, factor).astype(np.uint8))
+
+
+def blend_pixels(pixels: np.ndarray, degenerate: np.ndarray, factor: float) -> None:
+    """`ImageEnhance`'s blend from a per-pixel degenerate image of the same shape."""
+    if factor != 1.0:
+        np.copyto(pixels, blend(degenerate, pixels, factor), casting="unsafe")  # truncates
+
+
+def luma(pixels: np.ndarray) -> np.ndarray:
+    """Pillow's `convert("L")`: HxW uint8, integer ITU-R 601-2 luma rounded as Pillow does."""
+    return cv2.transform(pixels.astype(np.float32), _LUMA).astype(np.uint8)
+
+
+def luma3(pixels: np.ndarray) -> np.ndarray:
+    """Pillow's `convert("L").convert("RGB")` as HxWx3 float32 (whole numbers)."""
+    gray = cv2.transform(pixels.astype(np.float32), _LUMA3)
+    return np.floor(gray, out=gray)
+
+
+def brightness(pixels: np.ndarray, factor: float) -> None:
+    """`ImageEnhance.Brightness(img).enhance(factor)`: a blend from black."""
+    blend_constant(pixels, 0, factor)
+
+
+def contrast(pixels: np.ndarray, factor: float) -> None:
+    """`ImageEnhance.Contrast(img).enhance(factor)`: a blend from the mean grey."""
+    if factor != 1.0:
+        gray = luma(pixels)
+        mean = int(int(gray.sum(dtype=np.int64)) / gray.size + 0.5)  # ImageStat's mean, rounded
+        blend_constant(pixels, mean, factor)
+
+
+def color(pixels: np.ndarray, factor: float) -> None:
+    """`ImageEnhance.Color(img).enhance(factor)`: a blend from the greyscale image."""
+    if factor != 1.0:
+        blend_pixels(pixels, luma3(pixels), factor)
+
+
+def grayscale(pixels: np.ndarray) -> None:
+    """`img.convert("L")` back to three equal channels (torchvision's `RandomGrayscale`)."""
+    pixels[...] = luma(pixels)[..., None]
+
+
+def smooth(pixels: np.ndarray) -> np.ndarray:
+    """Pillow's `filter(ImageFilter.SMOOTH)`: a 3x3 kernel, the outermost pixels kept.
+
+    The kernel's sum over integers divided by 13 is never halfway between integers, so
+    OpenCV's rounded float result equals Pillow's.
+    """
+    height, width = pixels.shape[:2]
+    if height < 3 or width < 3:
+        return pixels.copy()
+    out = cv2.filter2D(pixels, -1, _SMOOTH, borderType=cv2.BORDER_REPLICATE)
+    out[[0, -1]] = pixels[[0, -1]]
+    out[:, [0, -1]] = pixels[:, [0, -1]]
+    return out
+
+
+def sharpness(pixels: np.ndarray, factor: float) -> None:
+    """`ImageEnhance.Sharpness(img).enhance(factor)`: a blend from the smoothed image."""
+    if factor != 1.0:
+        blend_pixels(pixels, smooth(pixels), factor)
+
+
+def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Sequence[int]) -> None:
+    """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`.
+
+    Pillow maps output pixel (x, y) to input point `(a, b, c, d, e, f)` applied to the
+    pixel's centre (x + 0.5, y + 0.5) in a frame whose pixels span [i, i + 1); OpenCV
+    samples at integer centres, so the offsets shift by a half pixel each way.
+    """
+    a, b, c, d, e, f = matrix
+    inverse = np.array(
+        [[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]], dtype=np.float64
+    )
+    height, width = pixels.shape[:2]
+    cv2.warpAffine(
+        pixels.copy(),
+        inverse,
+        (width, height),
+        dst=pixels,
+        flags=RESAMPLE[resample] | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=tuple(int(v) for v in fill),
+    )
+
+
+def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:
+    """The matrix Pillow's `img.rotate(degrees)` hands to `transform` (about the centre)."""
+    angle = -math.radians(degrees)
+    matrix = [
+        round(math.cos(angle), 15),
+        round(math.sin(angle), 15),
+        0.0,
+        round(-math.sin(angle), 15),
+        round(math.cos(angle), 15),
+        0.0,
+    ]
+    cx, cy = width / 2, height / 2
+    a, b, _, d, e, _ = matrix
+    matrix[2] = a * -cx + b * -cy + cx
+    matrix[5] = d * -cx + e * -cy + cy
+    return matrix
+
+
+def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int]) -> None:
+    """`img.rotate(degrees, resample, fillcolor=fill)`: counter-clockwise, size kept."""
+    degrees %= 360.0
+    if degrees == 0:
+        return
+    height, width = pixels.shape[:2]
+    affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
+
+
+def gaussian_blur(pixels: np.ndarray, sigma: float, kernel: int | None = None) -> None:
+    """A Gaussian blur of standard deviation `sigma`.
+
+    Without `kernel`: Pillow's `ImageFilter.GaussianBlur(radius=sigma)` (edges repeated;
+    Pillow approximates the Gaussian with three box blurs). With `kernel`: torchvision's
+    `GaussianBlur(kernel)`, edges reflected.
+    """
+    if sigma <= 0:
+        return
+    size = (kernel, kernel) if kernel else (0, 0)
+    border = cv2.BORDER_REFLECT_101 if kernel else cv2.BORDER_REPLICATE
+    cv2.GaussianBlur(pixels, size, sigma, dst=pixels, borderType=border)
+
+
+def hue(pixels: np.ndarray, factor: float) -> None:
+    """torchvision's `adjust_hue` on a PIL image: the HSV hue (0..255) shifted, wrapping.
+
+    OpenCV's full-range HSV stands in for Pillow's; they round differently.
+    """
+    shift = int(factor * 255) % 256
+    if shift == 0:
+        return
+    hsv = cv2.cvtColor(pixels, cv2.COLOR_RGB2HSV_FULL)
+    hues = hsv[..., 0]
+    np.add(hues, shift, out=hues, casting="unsafe")
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB_FULL, dst=pixels)
