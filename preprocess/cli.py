@@ -427,6 +427,7 @@ def rewrite_index(output: str) -> int:
 def index_foreign(options: IndexOptions) -> int:
     """`index` of shards another tool wrote: one pass, then a manifest and client files."""
     from preprocess.commit import index_shards
+    from preprocess.verify import repeated_keys_note
     from shards.manifest.foreign import local_shards
 
     fmt, paths = local_shards(options.source, options.format)
@@ -436,6 +437,7 @@ def index_foreign(options: IndexOptions) -> int:
         f"index: {len(split.shards)} {fmt} shards, {split.samples} samples; wrote "
         f"{summary.manifest_path}"
         + (f" and {', '.join(summary.client_files)}" if summary.client_files else "")
+        + repeated_keys_note(summary.repeated_keys)
     )
     return 0
 

@@ -173,6 +173,8 @@ class IndexSummary:
     manifest: Manifest
     manifest_path: str
     client_files: list[str]
+    # Parquet rows read under a made key (their own repeats an earlier row's): file -> rows.
+    repeated_keys: Counter
 
 
 def index_shards(
@@ -215,4 +217,5 @@ def index_shards(
     surveys = [survey_shard(path, fmt) for path in paths]
     manifest = foreign_manifest(surveys, split, source)
     written = write_manifest(folder, manifest)
-    return IndexSummary(manifest, str(written), write_client_files(folder, manifest))
+    repeated = Counter({os.path.basename(s.path): s.repeated_keys for s in surveys})
+    return IndexSummary(manifest, str(written), write_client_files(folder, manifest), repeated)

@@ -66,22 +66,40 @@ class VerifyReport:
     foreign: str | None = None
     folder: str = ""
     members: Counter = field(default_factory=Counter)
+    # Parquet rows read under a made key (`{key}-{row:09d}`): file name -> rows.
+    repeated_keys: Counter = field(default_factory=Counter)
 
     def summary(self) -> str:
         """The one line `preprocess verify` prints when nothing would be skipped."""
+        repeats = repeated_keys_note(self.repeated_keys)
         if self.foreign is None:
-            return f"{self.shards} shards, {self.files} files, {self.samples} samples"
+            return f"{self.shards} shards, {self.files} files, {self.samples} samples{repeats}"
         return (
             f"{self.shards} {self.foreign} shards without a manifest, {self.samples} samples; "
             f"members: {members_line(self.members, self.samples)}; decode failures: "
-            f"{sum(self.skipped.values()) or 'none'}; run `preprocess index {self.folder}` "
-            "to save the counts"
+            f"{sum(self.skipped.values()) or 'none'}{repeats}; run `preprocess index "
+            f"{self.folder}` to save the counts"
         )
 
     def record_skip(self, file_name: str, key: str, error: SampleError) -> None:
         self.skipped[error.reason] += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(f"{file_name} sample {key}: {error}")
+
+
+def repeated_keys_note(repeated: Counter) -> str:
+    """`; 3 rows repeat the key of an earlier row (a.parquet 3): ...`, or "" when none do.
+
+    `repeated`: file name -> its Parquet rows read under a made key.
+    """
+    total = sum(repeated.values())
+    if not total:
+        return ""
+    files = ", ".join(f"{name} {n}" for name, n in repeated.most_common(MAX_EXAMPLES) if n)
+    return (
+        f"; {total} rows repeat the key of an earlier row ({files}): each is read as its own "
+        "sample under the key KEY-ROW (its row index, 9 digits)"
+    )
 
 
 def manifest_directory(source: str) -> Path | None:
@@ -147,6 +165,7 @@ def verify_foreign_shard(path: str, fmt: str, check_images: bool, report: Verify
             wanted = survey_fields(shard_format, stream, path)
             for sample in shard_format.iter_samples(stream, path, fields=wanted):
                 samples += 1
+                report.repeated_keys[name] += "__repeated_key__" in sample
                 held = frozenset(key for key in sample if not key.startswith("__"))
                 report.members.update(held)
                 if held not in fields:
@@ -279,6 +298,7 @@ def read_shard_index(
             members = read_fields(fields)
             ranged = class_ranged_fields(fields, num_classes)
             for sample in reader(stream, str(path), fields=members, declared=declared):
+                report.repeated_keys[path.name] += "__repeated_key__" in sample
                 judged = judge_sample(sample, check_images, fields, ranged, num_classes)
                 entries.append((sample["__key__"], judged))
     except ShardError as error:

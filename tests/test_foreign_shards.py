@@ -300,3 +300,25 @@ def test_a_uint64_label_past_int64_costs_its_row_alone_in_the_loader_and_verify(
     assert preprocess_main(["verify", str(folder)]) == 1
     err = capsys.readouterr().err
     assert "1 of 6 samples" in err and "(bad_label: 1)" in err and "18446744073709551615" in err
+
+
+def test_a_parquet_file_repeating_keys_is_read_row_by_row_and_counted(tmp_path, capsys):
+    """Issue 29: `k1, k1, k2, k2, k1, k3` lost 5 of its 6 rows as `non_adjacent_key`."""
+    folder = tmp_path / "repeats"
+    folder.mkdir()
+    keys = ["k1", "k1", "k2", "k2", "k1", "k3"]
+    images = [jpeg_bytes(i) for i in range(6)]
+    table = pa.table({"__key__": keys, "image": images, "txt": [f"row {i}" for i in range(6)]})
+    pq.write_table(table, folder / "a.parquet")
+    assert preprocess_main(["verify", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "6 samples" in out and "3 rows repeat the key of an earlier row" in out
+    assert "a.parquet" in out
+    assert preprocess_main(["index", str(folder)]) == 0
+    assert "3 rows repeat the key of an earlier row" in capsys.readouterr().out
+    assert read_manifest(folder).config["indexed"]["repeated_keys"] == 3
+    loader = foreign_loader(folder, batch_size=6)
+    delivered = [key for keys in epoch_keys(loader) for key in keys]
+    wanted = ["k1", "k1-000000001", "k2", "k2-000000003", "k1-000000004", "k3"]
+    assert sorted(delivered) == sorted(wanted)
+    assert loader.stats.workers[0]["skipped"] == {} and loader.stats.workers[0]["bad_shards"] == {}

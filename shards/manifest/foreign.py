@@ -172,6 +172,8 @@ class ShardSurvey:
         bytes: the file's size.
         sha256: the file's sha256 hex; None when not asked for.
         members: allowlisted member (or column) -> samples holding it.
+        repeated_keys: Parquet rows read under a made key, their own repeating an
+            earlier row's (`shards.parquet.iter_parquet_samples`).
     """
 
     path: str
@@ -180,6 +182,7 @@ class ShardSurvey:
     bytes: int
     sha256: str | None
     members: Counter = field(default_factory=Counter)
+    repeated_keys: int = 0
 
 
 def survey_fields(
@@ -207,15 +210,16 @@ def survey_shard(
     """
     shard_format = get_format(fmt)
     members: Counter = Counter()
-    samples = 0
+    samples = repeated = 0
     options = {} if limits is None else {"limits": limits}
     with open(path, "rb") as stream:
         fields = survey_fields(shard_format, stream, path, limits)
         for sample in shard_format.iter_samples(stream, path, fields=fields, **options):
             samples += 1
+            repeated += "__repeated_key__" in sample
             members.update(name for name in sample if not name.startswith("__"))
     digest = file_sha256(path) if checksum else None
-    return ShardSurvey(path, fmt, samples, os.path.getsize(path), digest, members)
+    return ShardSurvey(path, fmt, samples, os.path.getsize(path), digest, members, repeated)
 
 
 def members_line(members: Counter, samples: int) -> str:
@@ -252,6 +256,7 @@ def foreign_manifest(
     table = ShardTable.from_infos(split, infos, LAYOUT_FLAT)
     members: Counter = sum((survey.members for survey in surveys), Counter())
     total = sum(survey.samples for survey in surveys)
+    repeated = sum(survey.repeated_keys for survey in surveys)
     labelled = any(members[name] == total for name in LABEL_FIELDS) and total > 0
     kinds = {
         name: kind
@@ -269,6 +274,7 @@ def foreign_manifest(
                 "by": INDEXED_BY,
                 "source": source,
                 "members": dict(members.most_common()),
+                **({"repeated_keys": repeated} if repeated else {}),
             }
         },
         inputs=total,

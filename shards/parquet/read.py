@@ -12,9 +12,8 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from itertools import islice
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -85,18 +84,18 @@ def iter_parquet_samples(
     Raises:
         ShardError: the shard is not Parquet (`not_parquet`, `bad_footer`,
             `bad_data`), breaks the schema contract (`schema`), has a row group over
-            the cap (`row_group_too_large`), repeats a key among the rows read
-            (`non_adjacent_key`, as a tar, after the rows before it), ends before
-            `stop` (`shard_short`), or holds more rows than `declared` (`shard_long`,
-            once the declared ones are out). Exceptions of the stream itself
-            (network, disk) propagate as they are.
+            the cap (`row_group_too_large`), ends before `stop` (`shard_short`), or
+            holds more rows than `declared` (`shard_long`, once the declared ones are
+            out). Exceptions of the stream itself (network, disk) propagate as they are.
 
     A null key, image or label cell (an HF image struct without bytes too), a key
     that is not UTF-8, a label outside the classes the file's metadata names and a
     cell over its column's cap (`limits.cap_for`) make their row a sample with
     `__error__` set to a `SampleError` (`null_cell`, `bad_name`, `bad_label`, the
     cap's reason: `member_too_large`, `bad_text`, ...), without that cell. A shard
-    without `__key__` gets `synthetic_key_prefix(url)-{row:09d}` keys.
+    without `__key__` gets `synthetic_key_prefix(url)-{row:09d}` keys. A row repeating
+    the key of a row read before it is its own sample all the same, yielded under
+    `{key}-{row:09d}` with `__repeated_key__` set to the key the file gave it.
     """
     _check_window(start, stop, declared)
     with open_source(source) as stream:
@@ -105,10 +104,11 @@ def iter_parquet_samples(
         counts = row_counts(parquet, stream, url)
         rows = sum(counts)
         end = stop if stop is not None else declared if declared is not None else rows
-        # The keys of the rows read so far: a repeat is `non_adjacent_key`, as in a tar.
+        # The keys of the rows read so far: a row repeating one is still its own sample
+        # (a columnar file has no member grouping to break), read under a made key.
         # Only the window's rows are seen (row groups outside it stay unread, which is
-        # what lets a loader split a shard): a whole read, as `preprocess verify` does,
-        # sees every repeat.
+        # what lets a loader split a shard): a whole read, as the loader's of a whole
+        # shard and `preprocess verify`'s, sees every repeat.
         seen: set[bytes] | None = set() if layout.has_key else None
         first = 0
         for group, count in enumerate(counts):
@@ -169,8 +169,8 @@ def _iter_group(
 ) -> Iterator[Sample]:
     """Rows `[lo, hi)` of a row group, converted a batch at a time.
 
-    `seen` holds the keys of the rows read before; a key met twice stops the shard
-    with `non_adjacent_key` after the rows before it, as in a tar.
+    `seen` holds the keys of the rows read before; a row repeating one is read under
+    a made key (`_distinct_keys`).
     """
     size = check_row_group(parquet, group.index, url, limits)
     count = parquet.metadata.row_group(group.index).num_rows
@@ -202,43 +202,39 @@ def _iter_group(
             pa.default_memory_pool().release_unused()
         first_index = group.first_row + offset
         if values is not None:
-            repeat = None if seen is None else _first_repeat(seen, values["__key__"])
             where = _Where(first_index + a, safe_url, key_prefix)
-            good = b - a if repeat is None else repeat
-            yield from islice(_row_samples(values, b - a, where, layout), good)
-            if repeat is not None:
-                raise _repeated_key(values["__key__"][repeat], first_index + a + repeat, safe_url)
+            if seen is not None:
+                where.repeated.update(_distinct_keys(seen, values["__key__"], where.first_index))
+            yield from _row_samples(values, b - a, where, layout)
         offset += rows
 
 
-def _first_repeat(seen: set[bytes], keys: list) -> int | None:
-    """Add `keys` to `seen`; the position of the first key already there, else None.
+def _distinct_keys(seen: set[bytes], keys: list, first_index: int) -> dict[int, bytes]:
+    """Make `keys` distinct from each other and from `seen`, in place, and add them to it.
 
-    One set build and one disjointness test a batch (C loops); the Python loop runs
-    only for a batch that holds a repeat. Null and oversized cells are not keys.
+    A key already read becomes `{key}-{row:09d}` (`row` the file's row index; `_` added
+    while that too was read): every row of a columnar file is its own sample, so a
+    repeat is delivered, under a key that is the same on every whole read. Returns
+    `{position: the key the file gave}` of the renamed ones. One set build and one
+    disjointness test a batch (C loops); the Python loop runs only for a batch that
+    holds a repeat. Null and oversized cells are not keys.
     """
     present = [key for key in keys if type(key) is bytes]
     fresh = set(present)
     if len(fresh) == len(present) and seen.isdisjoint(fresh):
         seen |= fresh
-        return None
+        return {}
+    renamed = {}
     for position, key in enumerate(keys):
-        if type(key) is bytes:
-            if key in seen:
-                return position
-            seen.add(key)
-    return None
-
-
-def _repeated_key(raw_key: bytes, index: int, url: str) -> ShardError:
-    key = _row_key(raw_key, index, url)[0]
-    return ShardError(
-        "non_adjacent_key",
-        url,
-        f"row {index} has the key {key} of an earlier row: a key names one sample; "
-        f"run `preprocess verify` on the dataset to list the bad shards, then rebuild them",
-        key,
-    )
+        if type(key) is not bytes:
+            continue
+        if key in seen:
+            made = b"%s-%09d" % (key, first_index + position)
+            while made in seen:
+                made += b"_"
+            keys[position], renamed[position] = made, key
+        seen.add(keys[position])
+    return renamed
 
 
 @dataclass(frozen=True)
@@ -395,11 +391,13 @@ def synthetic_key_prefix(url: str) -> str:
 
 @dataclass(frozen=True)
 class _Where:
-    """Where a batch's rows are: the first one's row index, the shard, the key prefix."""
+    """Where a batch's rows are: the first one's row index, the shard, the key prefix,
+    and the keys the file gave the rows read under a made key (by position in the batch)."""
 
     first_index: int
     url: str
     key_prefix: str | None  # None: the shard has a `__key__` column
+    repeated: dict[int, bytes] = field(default_factory=dict)
 
 
 def _row_samples(values: dict, rows: int, where: _Where, layout: ParquetLayout) -> Iterator[Sample]:
@@ -408,7 +406,10 @@ def _row_samples(values: dict, rows: int, where: _Where, layout: ParquetLayout) 
     for offset, row in enumerate(cells):
         index = where.first_index + offset
         key = None if where.key_prefix is None else f"{where.key_prefix}-{index:09d}"
-        yield _sample(dict(zip(names, row, strict=True)), index, where.url, key, layout)
+        sample = _sample(dict(zip(names, row, strict=True)), index, where.url, key, layout)
+        if offset in where.repeated:
+            sample["__repeated_key__"] = _row_key(where.repeated[offset], index, where.url)[0]
+        yield sample
 
 
 def _sample(cells: dict, index: int, url: str, key: str | None, layout: ParquetLayout) -> Sample:

@@ -58,3 +58,40 @@ def test_a_label_cell_past_int64_is_one_bad_label_skip_and_the_good_rows_are_del
     error = samples[2]["__error__"]
     assert error.reason == "bad_label" and f"class {bad}," in str(error)
     assert "label" not in samples[2]
+
+
+# --- a repeated key ----------------------------------------------------------------------------
+
+
+def keyed(keys: list, row_group_size: int | None = None) -> bytes:
+    images = [bytes([row]) * 4 for row in range(len(keys))]
+    table = pa.table({"__key__": keys, "jpg": images, "cls": [0] * len(keys)})
+    return parquet_bytes(table, row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize("row_group_size", [None, 1, 2, 4])
+def test_every_row_of_a_file_repeating_keys_is_delivered_under_a_distinct_key(row_group_size):
+    """Issue 29: `k1, k1, k2, k2, k1, k3` lost 5 of its 6 rows as `non_adjacent_key`."""
+    samples = read(keyed(["k1", "k1", "k2", "k2", "k1", "k3"], row_group_size))
+    assert [s["jpg"][0] for s in samples] == [0, 1, 2, 3, 4, 5]
+    assert [s["__key__"] for s in samples] == [
+        "k1",
+        "k1-000000001",
+        "k2",
+        "k2-000000003",
+        "k1-000000004",
+        "k3",
+    ]
+    assert [s.get("__repeated_key__") for s in samples] == [None, "k1", None, "k2", "k1", None]
+    assert not any("__error__" in s for s in samples)
+
+
+def test_a_made_key_never_takes_a_key_already_read_and_a_window_renames_what_it_sees():
+    samples = read(keyed(["a", "a", "a-000000001", None, "a-000000001"]))
+    got = [s["__key__"] for s in samples]
+    assert got == ["a", "a-000000001", "a-000000001-000000002", "<row 3>", "a-000000001-000000004"]
+    assert samples[3]["__error__"].reason == "null_cell"  # a null key is no repeat
+    assert len(set(got)) == len(got)
+    # A window reads only its own rows: a repeat of a key before it keeps its key there.
+    window = read(keyed(["k1", "k1", "k2", "k2", "k1", "k3"], 2), start=2, stop=6)
+    assert [s["__key__"] for s in window] == ["k2", "k2-000000003", "k1", "k3"]
