@@ -174,22 +174,29 @@ def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Seq
 
     Pillow maps output pixel (x, y) to input point `(a, b, c, d, e, f)` applied to the
     pixel's centre (x + 0.5, y + 0.5) in a frame whose pixels span [i, i + 1); OpenCV
-    samples at integer centres, so the offsets shift by a half pixel each way.
+    samples at integer centres, so the offsets shift by a half pixel each way. Pillow
+    fills exactly the pixels whose point falls outside the image and samples the rest
+    with the edge repeated; a nearest-neighbour warp of an all-zero image (its border 1)
+    finds those pixels, so the border band matches too (52 dB where OpenCV's own
+    constant border, which blends the fill into the edge, gives 34).
     """
     a, b, c, d, e, f = matrix
     inverse = np.array(
         [[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]], dtype=np.float64
     )
     height, width = pixels.shape[:2]
-    cv2.warpAffine(
-        pixels.copy(),
+    size, flags = (width, height), RESAMPLE[resample] | cv2.WARP_INVERSE_MAP
+    source = pixels.copy()
+    cv2.warpAffine(source, inverse, size, dst=pixels, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    outside = cv2.warpAffine(
+        np.zeros((height, width), np.uint8),
         inverse,
-        (width, height),
-        dst=pixels,
-        flags=RESAMPLE[resample] | cv2.WARP_INVERSE_MAP,
+        size,
+        flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_CONSTANT,
-        borderValue=tuple(int(v) for v in fill),
+        borderValue=1,
     )
+    pixels[outside.view(bool)] = fill
 
 
 def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:

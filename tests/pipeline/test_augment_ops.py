@@ -1,0 +1,339 @@
+"""Each augmentation op against the Pillow call timm (or torchvision) makes, at magnitudes 0, 5, 10.
+
+Lookup-table ops and Pillow's blends (brightness, contrast, colour, sharpness) must match
+byte for byte; geometric ops and blurs, which OpenCV resamples with other filters, within a
+PSNR bound set from the value measured here minus a margin. Then robustness: no op raises on
+tiny, constant, black or white images.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from io import BytesIO
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+
+pytest.importorskip("cv2")
+
+from pipeline.augment import ops  # noqa: E402
+from pipeline.augment.color import ColorJitter  # noqa: E402
+from pipeline.augment.levels import OPS, AugmentOp, Hparams, op_argument  # noqa: E402
+from pipeline.augment.policies import TRIVIAL_BINS, TRIVIAL_OPS, apply_trivial  # noqa: E402
+from tests.oddimages import photo_jpeg  # noqa: E402
+
+# A decoded photo-like JPEG, not square (a swapped x/y shows), with real JPEG texture.
+PHOTO = np.asarray(Image.open(BytesIO(photo_jpeg(160, 120, seed=3))).convert("RGB")).copy()
+HPARAMS = Hparams(translate_const=int(160 * 0.45), fill=(124, 116, 104))  # timm's, 160 px
+MAGNITUDES = (0, 5, 10)
+
+
+class FixedSign(random.Random):
+    """An rng whose `random()` is fixed: 0.0 keeps timm's sign, 0.9 negates (`> 0.5`)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+# timm's level functions worked by hand: (op, magnitude) -> argument without negation.
+TIMM_ARGUMENTS = {
+    "Posterize": (0, 2, 4),
+    "PosterizeIncreasing": (4, 2, 0),
+    "PosterizeOriginal": (4, 6, 8),
+    "Solarize": (0, 128, 256),
+    "SolarizeIncreasing": (256, 128, 0),
+    "SolarizeAdd": (0, 55, 110),
+    **dict.fromkeys(("Color", "Contrast", "Brightness", "Sharpness"), (0.1, 1.0, 1.9)),
+    **dict.fromkeys(
+        ("ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing"),
+        (1.0, 1.45, 1.9),
+    ),
+    "Rotate": (0.0, 15.0, 30.0),
+    "ShearX": (0.0, 0.15, 0.3),
+    "ShearY": (0.0, 0.15, 0.3),
+    "TranslateX": (0.0, 36.0, 72.0),  # translate_const = int(160 * 0.45) = 72
+    "TranslateY": (0.0, 36.0, 72.0),
+    "TranslateXRel": (0.0, 0.225, 0.45),
+    "TranslateYRel": (0.0, 0.225, 0.45),
+    "Desaturate": (0.5, 0.75, 1.0),
+    "GaussianBlur": (0.1, 1.05, 2.0),
+    "GaussianBlurRand": (0.0, 0.5, 1.0),
+}
+SIGNED = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel"}
+SIGNED |= {"TranslateYRel"} | {name for name in TIMM_ARGUMENTS if name.endswith("Increasing")}
+SIGNED -= {"PosterizeIncreasing", "SolarizeIncreasing"}
+LUT_OPS = {"AutoContrast", "Equalize", "Invert"} | {
+    name for name in TIMM_ARGUMENTS if name.startswith(("Posterize", "Solarize"))
+}
+BLEND_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Color", "Contrast", "Bright"))}
+BLEND_OPS |= {name for name in TIMM_ARGUMENTS if name.startswith("Sharpness")} | {"Desaturate"}
+GEOMETRIC_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Rotate", "Shear", "Trans"))}
+
+# PSNR floors in dB against Pillow: the lowest value measured on PHOTO over the ops,
+# signs and magnitudes 5 and 10 (bilinear 51.6, bicubic 50.9, TrivialAugment's bilinear
+# with black fill 52.1), less about 3.5 dB so another OpenCV build passes. What the gap
+# allows: OpenCV's bilinear weighs with 5-bit fixed point, and its bicubic kernel is
+# a = -0.75 where Pillow's is -0.5. A shift, shear or rotation of the wrong sign gives
+# 10-16 dB on this image (`test_geometry_in_the_wrong_direction_...`), far below.
+GEOMETRY_FLOOR = {"bilinear": 48.0, "bicubic": 47.0}
+# Pillow's GaussianBlur runs three box blurs (an approximation) where OpenCV convolves a
+# true Gaussian: measured 54.1 dB at radius 1.05, 54.9 at 2.0; at 0.1 both are the identity.
+BLUR_FLOOR = 50.0
+HUE_FLOOR = 39.0  # OpenCV's and Pillow's HSV conversions round differently: measured 42.8 dB
+
+
+def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
+    error = np.mean((ours.astype(np.float64) - reference.astype(np.float64)) ** 2)
+    return math.inf if error == 0 else 10 * math.log10(255**2 / error)
+
+
+def pillow(name: str, argument, image: np.ndarray, resample: str = "bilinear", fill=None):
+    """The pixels of the Pillow call timm's op `name` makes with `argument`."""
+    img = Image.fromarray(image)
+    fill = HPARAMS.fill if fill is None else fill
+    kwargs = dict(resample=getattr(Image.Resampling, resample.upper()), fillcolor=fill)
+    size = img.size
+    if name in ("AutoContrast", "Equalize", "Invert"):
+        out = getattr(ImageOps, name.lower().replace("autocontrast", "autocontrast"))(img)
+    elif name.startswith("Posterize"):
+        # timm returns the image unchanged for 8 bits; Pillow 13 refuses 0 bits, which timm
+        # means as black (Pillow before 13 returned black)
+        out = img if argument >= 8 else ImageOps.posterize(img, argument) if argument else None
+        if out is None:
+            return np.zeros_like(image)
+    elif name.startswith("SolarizeAdd"):
+        lut = [min(255, i + argument) if i < 128 else i for i in range(256)]
+        out = img.point(lut * 3)
+    elif name.startswith("Solarize"):
+        out = ImageOps.solarize(img, argument)
+    elif name.startswith(("Color", "Contrast", "Brightness", "Sharpness")):
+        enhancer = name.removesuffix("Increasing")
+        out = getattr(ImageEnhance, enhancer)(img).enhance(argument)
+    elif name == "Desaturate":
+        out = ImageEnhance.Color(img).enhance(min(1.0, max(0.0, 1.0 - argument)))
+    elif name == "Rotate":
+        out = img.rotate(argument, **kwargs)
+    elif name in ("ShearX", "ShearY"):
+        matrix = (1, argument, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, argument, 1, 0)
+        out = img.transform(size, Image.Transform.AFFINE, matrix, **kwargs)
+    elif name.startswith("Translate"):
+        shift = argument * (size[0] if name == "TranslateXRel" else size[1])
+        shift = shift if name.endswith("Rel") else argument
+        matrix = (1, 0, shift, 0, 1, 0) if "X" in name else (1, 0, 0, 0, 1, shift)
+        out = img.transform(size, Image.Transform.AFFINE, matrix, **kwargs)
+    elif name == "GaussianBlur":
+        out = img.filter(ImageFilter.GaussianBlur(radius=argument))
+    else:
+        raise AssertionError(name)
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("name", sorted(TIMM_ARGUMENTS))
+def test_level_functions_give_timms_arguments(name):
+    for magnitude, expected in zip(MAGNITUDES, TIMM_ARGUMENTS[name], strict=True):
+        assert op_argument(name, magnitude, HPARAMS, FixedSign(0.0)) == pytest.approx(expected)
+        negated = op_argument(name, magnitude, HPARAMS, FixedSign(0.9))
+        if name in SIGNED and name.endswith("Increasing"):
+            assert negated == pytest.approx(max(0.1, 2.0 - expected))  # 1 - level, kept >= 0.1
+        elif name in SIGNED:
+            assert negated == pytest.approx(-expected)
+        else:
+            assert negated == pytest.approx(expected)
+
+
+def _ours(name: str, argument, image: np.ndarray, resample: str = "bilinear") -> np.ndarray:
+    pixels = image.copy()
+    hparams = Hparams(HPARAMS.translate_const, fill=HPARAMS.fill, resample=(resample,))
+    OPS[name][1](pixels, argument, hparams, random.Random(0))
+    return pixels
+
+
+@pytest.mark.parametrize("name", sorted((LUT_OPS | BLEND_OPS) - {"GaussianBlur"}))
+def test_lookup_and_blend_ops_match_pillow_exactly(name):
+    """Lookup tables and Pillow's float32 blends with truncation: identical bytes."""
+    for sign in (0.0, 0.9):
+        for magnitude in MAGNITUDES if name in TIMM_ARGUMENTS else (0,):
+            argument = op_argument(name, magnitude, HPARAMS, FixedSign(sign))
+            ours = _ours(name, argument, PHOTO)
+            reference = pillow(name, argument, PHOTO)
+            assert np.array_equal(ours, reference), (name, magnitude, argument)
+
+
+def test_blends_match_pillow_across_factors_and_images():
+    """Extrapolation (factor > 1) clips like Pillow; small and odd-shaped images too."""
+    factors = (0.0, 0.01, 0.3, 0.7, 0.99, 1.2, 1.55, 1.99, 2.5)
+    images = [PHOTO, PHOTO[:3, :5].copy(), PHOTO[:2, :2].copy(), PHOTO[:1, :1].copy()]
+    for image in images:
+        for factor in factors:
+            for name in ("Color", "Contrast", "Brightness", "Sharpness"):
+                ours = _ours(name, factor, image)
+                assert np.array_equal(ours, pillow(name, factor, image)), (name, factor)
+
+
+def test_grayscale_is_pillows_luma_on_every_colour():
+    """All 2**24 colours once: Pillow's convert("L") to the byte."""
+    colours = np.arange(1 << 24, dtype=np.uint32)
+    image = np.stack([colours >> 16, (colours >> 8) & 255, colours & 255], -1).astype(np.uint8)
+    image = image.reshape(4096, 4096, 3)
+    reference = np.asarray(Image.fromarray(image).convert("L"))
+    assert np.array_equal(ops.luma(image), reference)
+    pixels = PHOTO.copy()
+    ops.grayscale(pixels)
+    assert np.array_equal(pixels, np.asarray(Image.fromarray(PHOTO).convert("L").convert("RGB")))
+
+
+def test_posterize_to_zero_bits_is_black_where_pillow_13_raises():
+    """timm's `rand-m9-mstd0.5-inc1` asks for 0 bits about once in 1,000 images."""
+    pixels = PHOTO.copy()
+    ops.posterize(pixels, 0)
+    assert not pixels.any()
+    if tuple(int(part) for part in Image.__version__.split(".")[:1]) >= (13,):
+        with pytest.raises(ValueError, match="bits"):
+            ImageOps.posterize(Image.fromarray(PHOTO), 0)
+
+
+@pytest.mark.parametrize("resample", sorted(GEOMETRY_FLOOR))
+@pytest.mark.parametrize("name", sorted(GEOMETRIC_OPS))
+def test_geometric_ops_match_pillow_within_psnr(name, resample):
+    for sign in (0.0, 0.9):
+        for magnitude in MAGNITUDES:
+            argument = op_argument(name, magnitude, HPARAMS, FixedSign(sign))
+            ours = _ours(name, argument, PHOTO, resample)
+            reference = pillow(name, argument, PHOTO, resample)
+            if magnitude == 0:  # no motion: both copy the image
+                assert np.array_equal(ours, reference)
+            assert psnr(ours, reference) > GEOMETRY_FLOOR[resample], (name, magnitude, sign)
+
+
+def test_geometry_in_the_wrong_direction_is_far_below_the_floor():
+    """The floors can fail: a shear or rotation of the wrong sign lands far under them."""
+    for name, argument in (("ShearX", 0.15), ("Rotate", 15.0), ("TranslateXRel", 0.225)):
+        ours = _ours(name, argument, PHOTO)
+        assert psnr(ours, pillow(name, -argument, PHOTO)) < 20
+
+
+@pytest.mark.parametrize("magnitude", MAGNITUDES)
+def test_gaussian_blur_matches_pillow_within_psnr(magnitude):
+    radius = op_argument("GaussianBlur", magnitude, HPARAMS, FixedSign(0.0))
+    ours = _ours("GaussianBlur", radius, PHOTO)
+    assert psnr(ours, pillow("GaussianBlur", radius, PHOTO)) > BLUR_FLOOR
+
+
+def test_hue_matches_torchvisions_pil_path_within_psnr():
+    """torchvision's adjust_hue on PIL: HSV, hue byte shifted with wraparound, back to RGB."""
+    for factor in (-0.5, -0.1, 0.05, 0.3):
+        h, s, v = Image.fromarray(PHOTO).convert("HSV").split()
+        shifted = (np.asarray(h).astype(np.int64) + int(factor * 255)) % 256
+        hue = Image.fromarray(shifted.astype(np.uint8), "L")
+        reference = np.asarray(Image.merge("HSV", (hue, s, v)).convert("RGB"))
+        pixels = PHOTO.copy()
+        ops.hue(pixels, factor)
+        assert psnr(pixels, reference) > HUE_FLOOR, factor
+
+
+def test_color_jitter_factors_match_pillows_enhancers():
+    """A jitter range of one value is that ImageEnhance call (torchvision's PIL path)."""
+    for field, enhancer in (("brightness", "Brightness"), ("contrast", "Contrast")):
+        pixels = PHOTO.copy()
+        ColorJitter(**{field: (1.3, 1.3)})(pixels, random.Random(0))
+        reference = getattr(ImageEnhance, enhancer)(Image.fromarray(PHOTO)).enhance(1.3)
+        assert np.array_equal(pixels, np.asarray(reference))
+    pixels = PHOTO.copy()
+    ColorJitter(saturation=(0.6, 0.6))(pixels, random.Random(0))
+    assert np.array_equal(
+        pixels, np.asarray(ImageEnhance.Color(Image.fromarray(PHOTO)).enhance(0.6))
+    )
+
+
+def _trivial_reference(name: str, magnitude: float, image: np.ndarray) -> np.ndarray:
+    """torchvision's `_apply_op` on a PIL image (bilinear, fill 0), through Pillow."""
+    img, fill = Image.fromarray(image), (0, 0, 0)
+    kwargs = dict(resample=Image.Resampling.BILINEAR, fillcolor=fill)
+    if name in ("ShearX", "ShearY"):  # F.affine(shear=degrees(atan(m))), matrix entry tan(...)
+        factor = math.tan(math.radians(math.degrees(math.atan(magnitude))))
+        matrix = (1, factor, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, factor, 1, 0)
+        return np.asarray(img.transform(img.size, Image.Transform.AFFINE, matrix, **kwargs))
+    if name in ("TranslateX", "TranslateY"):  # F.affine(translate=[int(m), 0]): inverse -m
+        shift = -int(magnitude)
+        matrix = (1, 0, shift, 0, 1, 0) if name == "TranslateX" else (1, 0, 0, 0, 1, shift)
+        return np.asarray(img.transform(img.size, Image.Transform.AFFINE, matrix, **kwargs))
+    if name == "Rotate":
+        return np.asarray(img.rotate(magnitude, **kwargs))
+    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
+        return np.asarray(getattr(ImageEnhance, name)(img).enhance(1.0 + magnitude))
+    if name == "Posterize":
+        return np.asarray(ImageOps.posterize(img, int(magnitude)))
+    if name == "Solarize":
+        return np.asarray(ImageOps.solarize(img, magnitude))
+    if name == "Identity":
+        return image
+    return np.asarray(getattr(ImageOps, name.lower())(img))
+
+
+@pytest.mark.parametrize("name", sorted(TRIVIAL_OPS))
+def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
+    space = TRIVIAL_OPS[name]
+    for index in (0, TRIVIAL_BINS // 2, TRIVIAL_BINS - 1):
+        magnitude = 0.0
+        if space is not None:
+            low, high, _ = space
+            magnitude = low + (high - low) * index / (TRIVIAL_BINS - 1)
+        for value in {magnitude, -magnitude} if space and space[2] else {magnitude}:
+            pixels = PHOTO.copy()
+            apply_trivial(pixels, name, value, "bilinear", (0, 0, 0))
+            reference_magnitude = 8 - round(value) if name == "Posterize" else value
+            reference = _trivial_reference(name, reference_magnitude, PHOTO)
+            if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+                assert psnr(pixels, reference) > GEOMETRY_FLOOR["bilinear"], (name, value)
+            else:
+                assert np.array_equal(pixels, reference), (name, value)
+
+
+ODD_IMAGES = {
+    "1x1": np.full((1, 1, 3), 77, np.uint8),
+    "2x2": PHOTO[:2, :2].copy(),
+    "1x5": PHOTO[:1, :5].copy(),
+    "5x1": PHOTO[:5, :1].copy(),
+    "constant": np.full((9, 7, 3), 128, np.uint8),
+    "black": np.zeros((8, 8, 3), np.uint8),
+    "white": np.full((8, 8, 3), 255, np.uint8),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_IMAGES))
+def test_no_op_raises_on_tiny_or_flat_images(kind):
+    image = ODD_IMAGES[kind]
+    hparams = Hparams(translate_const=3, fill=(124, 116, 104))
+    for name in OPS:
+        for magnitude in MAGNITUDES:
+            for sign in (0.0, 0.9):
+                pixels = image.copy()
+                AugmentOp(name, 1.0, magnitude, hparams).apply(pixels, magnitude, FixedSign(sign))
+                assert pixels.shape == image.shape and pixels.dtype == np.uint8
+    for name in TRIVIAL_OPS:
+        for magnitude in (-135.0, -0.99, 0.0, 0.99, 6.0, 255.0):
+            pixels = image.copy()
+            apply_trivial(pixels, name, magnitude, "bilinear", (0, 0, 0))
+    pixels = image.copy()
+    ops.gaussian_blur(pixels, 2.0, 23)
+    ops.hue(pixels, 0.3)
+
+
+def test_ops_that_cannot_apply_leave_flat_images_unchanged():
+    """Autocontrast and equalize of one colour, sharpness of a tiny image: the identity."""
+    for kind in ("constant", "black", "white", "1x1"):
+        image = ODD_IMAGES[kind]
+        for op in (ops.autocontrast, ops.equalize):
+            pixels = image.copy()
+            op(pixels)
+            assert np.array_equal(pixels, image)
+    for kind in ("2x2", "1x5"):
+        pixels = ODD_IMAGES[kind].copy()
+        ops.sharpness(pixels, 1.9)
+        assert np.array_equal(pixels, ODD_IMAGES[kind])
