@@ -5,12 +5,15 @@
     with server as base_url:
         ...  # GET f"{base_url}/a.tar" gets 503 twice, then the file
 
-It serves files under one directory with `Range`, `ETag` and `Content-Length`
-support, binds 127.0.0.1 on an ephemeral port, and records every request.
+It serves files under one directory with `Range`, `ETag`, `Last-Modified`,
+`If-Match`/`If-Unmodified-Since` and `Content-Length` support, binds 127.0.0.1 on
+an ephemeral port, and records every request. `change` rewrites a file between
+requests, as a store whose object is replaced while it is read.
 """
 
 from __future__ import annotations
 
+import email.utils
 import os
 import re
 import socket
@@ -35,11 +38,12 @@ class Fault:
     body and hang until `release()`, then send the rest; with `after_bytes=None`,
     hang before the headers and close without answering), or "redirect" (answer
     `status` with `Location: location`), "drip" (send the headers, then one
-    byte of the body every `interval` seconds; with `headers=True`, drip the
-    status line and a long header too), "endless" (200 with no
+    `chunk` bytes of the body (of the requested range) every `interval` seconds;
+    with `headers=True`, drip the status line and a long header too), "endless" (200 with no
     Content-Length, then the file's bytes over and over until the client goes
     away), or "length" (the file's body under `Content-Length: length`, a lie).
-    A "status" fault with `retry_after` sends `Retry-After` too.
+    A "status" fault with `retry_after` sends `Retry-After` too. The first `after`
+    requests of the path pass untouched before the fault's `times` begin.
     """
 
     kind: str
@@ -52,6 +56,8 @@ class Fault:
     length: int = 0
     retry_after: float | None = None
     headers: bool = False
+    after: int = 0
+    chunk: int = 1
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,19 @@ class Request:
 class LocalHTTPServer:
     """A threaded HTTP server over `root`; a context manager returning its base URL."""
 
-    def __init__(self, root: str | os.PathLike[str], *, ranges: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        ranges: bool = True,
+        etags: bool = True,
+        conditions: bool = True,
+    ) -> None:
         self.root = Path(root).resolve()
         self.ranges = ranges  # False: ignore Range headers, as some servers do
+        self.etags = etags  # False: send Last-Modified only
+        self.conditions = conditions  # False: ignore If-Match / If-Unmodified-Since
+        self._changes: dict[str, list] = {}  # path -> [requests left before, versions]
         self.requests: list[Request] = []
         self.bytes_sent: dict[str, int] = {}
         self._faults: dict[str, list[Fault]] = {}
@@ -83,12 +99,29 @@ class LocalHTTPServer:
         """Answer the first `count` requests for `path` with `status` (and `Retry-After`)."""
         self._add(path, Fault("status", count, status=status, retry_after=retry_after))
 
-    def drip(self, path: str, interval: float, times: int = 1, headers: bool = False) -> None:
-        """Send the body (and the headers too, if `headers`) one byte every `interval` s.
+    def drip(
+        self,
+        path: str,
+        interval: float,
+        times: int = 1,
+        headers: bool = False,
+        *,
+        after: int = 0,
+        chunk: int = 1,
+    ) -> None:
+        """Send the body (and the headers too, if `headers`) `chunk` bytes every `interval` s,
+        after `after` untouched requests; a `Range` is honoured (206 of that range).
 
         No single read stalls; the whole crawls.
         """
-        self._add(path, Fault("drip", times, interval=interval, headers=headers))
+        fault = Fault("drip", times, interval=interval, headers=headers, after=after, chunk=chunk)
+        self._add(path, fault)
+
+    def change(self, path: str, versions: list[bytes], after: int = 1) -> None:
+        """Rewrite the file at `path` with the next of `versions` before each request
+        once `after` requests were served: the object changes under its reader (a new
+        ETag and Last-Modified each time)."""
+        self._changes[path] = [after, list(versions)]
 
     def endless(self, path: str, times: int = 1) -> None:
         """Answer 200 without Content-Length and repeat the file's bytes forever."""
@@ -140,6 +173,9 @@ class LocalHTTPServer:
     def _take_fault(self, path: str) -> Fault | None:
         with self._lock:
             for fault in self._faults.get(path, []):
+                if fault.after > 0:
+                    fault.after -= 1
+                    return None
                 if fault.times > 0:
                     fault.times -= 1
                     return fault
@@ -149,6 +185,25 @@ class LocalHTTPServer:
         with self._lock:
             self.requests.append(request)
 
+    def _apply_change(self, path: str) -> None:
+        """Write the next version of `path` if its change is due (before serving it)."""
+        with self._lock:
+            change = self._changes.get(path)
+            if change is None:
+                return
+            if change[0] > 0:
+                change[0] -= 1
+                return
+            if not change[1]:
+                return
+            data = change[1].pop(0)
+            target = self.root / path.lstrip("/")
+            previous = target.stat().st_mtime_ns
+            target.write_bytes(data)
+            # A new Last-Modified (whole seconds) and ETag, however fast the rewrite.
+            stamp = max(previous, target.stat().st_mtime_ns) + 2_000_000_000
+            os.utime(target, ns=(stamp, stamp))
+
     def _count_sent(self, path: str, count: int) -> None:
         with self._lock:
             self.bytes_sent[path] = self.bytes_sent.get(path, 0) + count
@@ -157,6 +212,7 @@ class LocalHTTPServer:
 class _Handler(QuietHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         path = unquote(urlsplit(self.path).path)
+        self.owner._apply_change(path)
         fault = self.owner._take_fault(path)
         if fault is not None and fault.kind == "stall" and fault.after_bytes is None:
             self._record(path, 0)  # recorded on arrival: the test may look before release
@@ -176,10 +232,56 @@ class _Handler(QuietHandler):
             padding = b"X-Padding: " + b"a" * 60_000 + b"\r\n"  # under http.client's line cap
             self._drip(path, b"HTTP/1.1 200 OK\r\n" + padding, fault.interval)
             return
-        if fault is not None and fault.kind in ("drip", "endless", "length"):
+        if self._precondition_failed(file_path):
+            self._send_empty(path, 412)
+            return
+        if fault is not None and fault.kind == "drip":
+            data = file_path.read_bytes()
+            start, end, status = self._span(len(data))
+            self._record(path, status)
+            self._send_head(file_path, status, start, end, len(data))
+            self.close_connection = True
+            self._drip(path, data[start:end], fault.interval, fault.chunk)
+            return
+        if fault is not None and fault.kind in ("endless", "length"):
             self._send_hostile(path, file_path.read_bytes(), fault)
             return
         self._send_file(path, file_path, fault)
+
+    def _validators(self, file_path: Path) -> dict[str, str]:
+        stat = file_path.stat()
+        found = {"Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True)}
+        if self.owner.etags:
+            found["ETag"] = f'"{stat.st_size}-{stat.st_mtime_ns}"'
+        return found
+
+    def _precondition_failed(self, file_path: Path) -> bool:
+        if not self.owner.conditions:
+            return False
+        validators = self._validators(file_path)
+        match = self.headers.get("If-Match")
+        if match is not None and match.strip() != validators.get("ETag"):
+            return True
+        since = self.headers.get("If-Unmodified-Since")
+        return since is not None and since.strip() != validators["Last-Modified"]
+
+    def _span(self, size: int) -> tuple[int, int, int]:
+        """(start, end, status) of the requested range of a `size`-byte body."""
+        match = _RANGE.match(self.headers.get("Range") or "")
+        if not (match and self.owner.ranges):
+            return 0, size, 200
+        end = min(size, int(match.group(2)) + 1) if match.group(2) else size
+        return int(match.group(1)), end, 206
+
+    def _send_head(self, file_path: Path, status: int, start: int, end: int, size: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        for name, value in self._validators(file_path).items():
+            self.send_header(name, value)
+        self.send_header("Accept-Ranges", "bytes" if self.owner.ranges else "none")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
 
     def _record(self, path: str, status: int) -> None:
         self.owner._record(Request(path, self.headers.get("Range"), status))
@@ -198,21 +300,9 @@ class _Handler(QuietHandler):
 
     def _send_file(self, path: str, file_path: Path, fault: Fault | None) -> None:
         data = file_path.read_bytes()
-        stat = file_path.stat()
-        start, end, status = 0, len(data), 200
-        match = _RANGE.match(self.headers.get("Range") or "")
-        if match and self.owner.ranges:
-            start = int(match.group(1))
-            end = min(len(data), int(match.group(2)) + 1) if match.group(2) else len(data)
-            status = 206
+        start, end, status = self._span(len(data))
         self._record(path, status)
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("ETag", f'"{stat.st_size}-{stat.st_mtime_ns}"')
-        self.send_header("Accept-Ranges", "bytes" if self.owner.ranges else "none")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
-        self.end_headers()
+        self._send_head(file_path, status, start, end, len(data))
         body = data[start:end]
         if fault is None or fault.kind not in ("close", "stall"):
             self._write(path, body)
@@ -233,29 +323,26 @@ class _Handler(QuietHandler):
         self._send_bytes(body)
 
     def _send_hostile(self, path: str, data: bytes, fault: Fault) -> None:
-        """A drip, an endless body or a lying Content-Length; ends when the client leaves."""
+        """An endless body or a lying Content-Length; ends when the client leaves."""
         self._record(path, 200)
         self.send_response(200)
-        if fault.kind != "endless":
-            length = fault.length if fault.kind == "length" else len(data)
-            self.send_header("Content-Length", str(length))
+        if fault.kind == "length":
+            self.send_header("Content-Length", str(fault.length))
         self.end_headers()
         self.close_connection = True
         if fault.kind == "length":
             self._write(path, data)
-        elif fault.kind == "drip":
-            self._drip(path, data, fault.interval)
         else:
             while data and not self.owner._release.is_set():
                 if not self._write_or_stop(path, data):
                     return
 
-    def _drip(self, path: str, data: bytes, interval: float) -> None:
+    def _drip(self, path: str, data: bytes, interval: float, chunk: int = 1) -> None:
         # `_release` is set when the server stops, so no handler outlives it.
-        for position in range(len(data)):
+        for position in range(0, len(data), chunk):
             if self.owner._release.wait(interval):
                 return
-            if not self._write_or_stop(path, data[position : position + 1]):
+            if not self._write_or_stop(path, data[position : position + chunk]):
                 return
 
     def _write_or_stop(self, path: str, chunk: bytes) -> bool:

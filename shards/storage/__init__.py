@@ -15,6 +15,7 @@ from shards.storage.objectstore import RetryingFsspecFile, object_store_filesyst
 from shards.storage.read import open_stream, read_bytes
 from shards.storage.retry import (
     DEFAULT_RETRY,
+    ObjectChangedError,
     ObjectNotFoundError,
     RetryPolicy,
     ShardReadError,
@@ -43,6 +44,7 @@ __all__ = [
     "SHARD_SCHEMES",
     "HttpRangeFile",
     "NotRegularFileError",
+    "ObjectChangedError",
     "ObjectNotFoundError",
     "RetryPolicy",
     "RetryingFsspecFile",

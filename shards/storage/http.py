@@ -23,6 +23,8 @@ from shards.storage.retry import (
     DEFAULT_RETRY,
     RETRY_STATUSES,
     TRANSIENT_ERRORS,
+    ObjectChangedError,
+    ObjectIdentity,
     ObjectNotFoundError,
     RetryableStatus,
     RetryingReader,
@@ -107,9 +109,13 @@ class RetryingStream(RetryingReader):
 
     After a mid-body failure it re-requests with `Range: bytes=<offset>-`; a
     server that ignores ranges is re-read from the start and the first `offset`
-    bytes are skipped. If the `ETag` or size changed between requests, it stops
-    with `ShardReadError` rather than splice two versions of a shard. Every
-    socket wait is at most `min(retry.timeout, time left to the deadline)`.
+    bytes are skipped. Every response must show the version `identity` pinned
+    (size, and ETag, else Last-Modified; shared with the other requests of a
+    ranged fetch or a random-access file), and every request after the first
+    sends it as `If-Match` (a strong ETag) or `If-Unmodified-Since`: a changed
+    object stops it with `ObjectChangedError` rather than splice two versions of
+    a shard. Every socket wait is at most `min(retry.timeout, time left to the
+    deadline)`.
 
     Attributes:
         url: the redacted URL.
@@ -128,9 +134,12 @@ class RetryingStream(RetryingReader):
         expected_size: int | None = None,
         clock: StreamClock | None = None,
         end: int | None = None,
+        identity: ObjectIdentity | None = None,
     ) -> None:
         self._end = end  # a ranged fetch's stop: requests ask for no byte at or past it
-        super().__init__(url, retry, offset, expected_size=expected_size, clock=clock)
+        super().__init__(
+            url, retry, offset, expected_size=expected_size, clock=clock, identity=identity
+        )
         self.resumes = 0
         with self.clock.running():
             self._connect()  # open eagerly so that 404 and friends surface at open time
@@ -177,7 +186,8 @@ class RetryingStream(RetryingReader):
             if self.clock.remaining() <= 0:
                 raise self.clock.error(self._url, self._pos, self._failures)
             try:
-                response = _request(self._url, self._pos, self.clock, self._end)
+                conditions = self.identity.conditions()
+                response = _request(self._url, self._pos, self.clock, self._end, conditions)
                 self._source = self._position(response)
                 return
             except ShardReadError:
@@ -192,13 +202,12 @@ class RetryingStream(RetryingReader):
         """Check that `response` is the same object, and skip to `self._pos`."""
         start, size = _body_span(response)
         try:
-            same = self._same_object(size, response.getheader("ETag"))
+            self._check_object(
+                size, response.getheader("ETag"), response.getheader("Last-Modified")
+            )
         except ShardReadError:
             response.close()
             raise
-        if not same:
-            response.close()
-            raise ShardReadError(self._url, "the shard changed on the server while being read")
         if start > self._pos:
             response.close()
             raise ShardReadError(self._url, f"server resumed at byte {start}, not {self._pos}")
@@ -212,7 +221,8 @@ class HttpRangeFile(io.RawIOBase):
     Parquet readers jump to the footer, then to each row group's column chunks;
     this opens one `RetryingStream` at each new position (so every read keeps
     the retry and resume behaviour) and keeps it while reads stay sequential.
-    All of them share one `StreamClock`: the deadline covers the whole file.
+    All of them share one `StreamClock` (the deadline covers the whole file) and
+    one `ObjectIdentity` (every byte comes from the version the first request saw).
     Needs a server that honours ranges, which object stores and CDNs do.
     """
 
@@ -222,6 +232,7 @@ class HttpRangeFile(io.RawIOBase):
         super().__init__()
         self._url, self.url, self.retry = url, redact_url(url), retry
         self.clock = StreamClock(retry)
+        self.identity = ObjectIdentity()
         self.expected_size = expected_size
         self._stream: RetryingStream | None = self._open_at(0)
         self._pos = 0
@@ -269,20 +280,36 @@ class HttpRangeFile(io.RawIOBase):
 
     def _open_at(self, offset: int) -> RetryingStream:
         return RetryingStream(
-            self._url, self.retry, offset, expected_size=self.expected_size, clock=self.clock
+            self._url,
+            self.retry,
+            offset,
+            expected_size=self.expected_size,
+            clock=self.clock,
+            identity=self.identity,
         )
 
 
 def _request(
-    url: str, offset: int, clock: StreamClock, end: int | None = None
+    url: str,
+    offset: int,
+    clock: StreamClock,
+    end: int | None = None,
+    conditions: dict[str, str] | None = None,
 ) -> http.client.HTTPResponse:
-    """GET `url` from byte `offset` (up to `end` when given), following up to
-    MAX_REDIRECTS http(s) redirects."""
+    """GET `url` from byte `offset` (up to `end` when given) under the `conditions`
+    headers, following up to MAX_REDIRECTS http(s) redirects."""
     current = url
     for _ in range(MAX_REDIRECTS + 1):
-        response = _get(current, offset, clock, send_auth=_same_origin(current, url), end=end)
+        response = _get(
+            current,
+            offset,
+            clock,
+            send_auth=_same_origin(current, url),
+            end=end,
+            conditions=conditions,
+        )
         if response.status not in (301, 302, 303, 307, 308):
-            _check_status(url, response, bool(offset) or end is not None)
+            _check_status(url, response, bool(offset) or end is not None, bool(conditions))
             return response
         location = response.getheader("Location") or ""
         response.close()
@@ -291,7 +318,13 @@ def _request(
 
 
 def _get(
-    url: str, offset: int, clock: StreamClock, *, send_auth: bool, end: int | None = None
+    url: str,
+    offset: int,
+    clock: StreamClock,
+    *,
+    send_auth: bool,
+    end: int | None = None,
+    conditions: dict[str, str] | None = None,
 ) -> http.client.HTTPResponse:
     parts = urlsplit(url)
     connection_class = (
@@ -303,7 +336,7 @@ def _get(
     # resolution cannot be bounded without a thread and is left to the resolver.
     connection = connection_class(parts.hostname, parts.port, timeout=clock.socket_timeout())
     # `Connection: close` hands the socket to the response: closing it frees everything.
-    headers = {"Connection": "close", "User-Agent": "shardpipe"}
+    headers = {"Connection": "close", "User-Agent": "shardpipe", **(conditions or {})}
     if offset or end is not None:
         headers["Range"] = f"bytes={offset}-" + ("" if end is None else str(end - 1))
     if send_auth and parts.username is not None:
@@ -320,13 +353,17 @@ def _get(
         raise
 
 
-def _check_status(url: str, response: http.client.HTTPResponse, ranged: bool) -> None:
+def _check_status(
+    url: str, response: http.client.HTTPResponse, ranged: bool, conditional: bool = False
+) -> None:
     status = response.status
     if status == 200 or (status == 206 and ranged):
         return
     reason = response.reason
     retry_after = _retry_after(response)
     response.close()
+    if status == 412 and conditional:
+        raise ObjectChangedError(url, f"HTTP 412 {reason} to the first response's validators")
     if status in RETRY_STATUSES:
         raise RetryableStatus(status, reason, retry_after)
     hint = {

@@ -22,10 +22,12 @@ from typing import Any, BinaryIO
 from shards.redact import is_secret_name, redact_text
 from shards.storage.retry import (
     DEFAULT_RETRY,
+    ObjectIdentity,
     ObjectNotFoundError,
     RetryingReader,
     RetryPolicy,
     ShardReadError,
+    StreamClock,
     call_with_retry,
     describe,
 )
@@ -166,9 +168,12 @@ class RetryingFsspecFile(RetryingReader):
 
     A failed open or read (503, a cut or stalled body) is retried after the
     policy's backoff: the broken file is dropped and reopened at the current
-    offset, so no byte is skipped or read twice. If the object's size or ETag
-    changed between opens, it stops rather than splice two versions. The
-    deadline is checked before every open, read and backoff; one read inside
+    offset, so no byte is skipped or read twice. Every open must find the
+    version `identity` pinned (size, and ETag, else last-modified; shared with the
+    other spans of a ranged fetch), or it stops with `ObjectChangedError` rather
+    than splice two versions; within one open s3fs sends the ETag as `If-Match`
+    on each ranged GET, and a 412 there is a failed read that reopens and finds
+    the change. The deadline is checked before every open, read and backoff; one read inside
     fsspec (at most a cache block, 8 MiB) is bounded only by the client's
     socket timeouts (`retry.timeout`), as fsspec offers no per-call deadline.
 
@@ -188,8 +193,10 @@ class RetryingFsspecFile(RetryingReader):
         secrets: list[str] | None = None,
         *,
         expected_size: int | None = None,
+        clock: StreamClock | None = None,
+        identity: ObjectIdentity | None = None,
     ) -> None:
-        super().__init__(url, retry, expected_size=expected_size)
+        super().__init__(url, retry, expected_size=expected_size, clock=clock, identity=identity)
         self._fs = fs
         self._open_options = dict(open_options or {})
         self._secrets = list(secrets or [])
@@ -239,16 +246,11 @@ class RetryingFsspecFile(RetryingReader):
             except self._transient as exc:
                 self._fail(exc, self._reason(exc))
                 continue
-            details = getattr(file, "details", None) or {}
-            etag = details.get("ETag") or details.get("etag")
             try:
-                same = self._same_object(getattr(file, "size", None), etag)
+                self._check_object(getattr(file, "size", None), *_validators(file))
             except ShardReadError:
                 file.close()
                 raise
-            if not same:
-                file.close()
-                raise ShardReadError(self._url, "the shard changed in the store while being read")
             file.seek(self._pos)
             self._source = file
             return
@@ -277,6 +279,15 @@ class RetryingFsspecFile(RetryingReader):
     def _error(self, exc: BaseException) -> ShardReadError:
         error = ObjectNotFoundError if isinstance(exc, FileNotFoundError) else ShardReadError
         return error(self._url, self._reason(exc), max(1, self._failures))
+
+
+def _validators(file: Any) -> tuple[str | None, str | None]:
+    """(ETag, last-modified) of an open fsspec file, as its backend names them."""
+    details = getattr(file, "details", None) or {}
+    etag = details.get("ETag") or details.get("etag")
+    stamps = [details.get(name) for name in ("LastModified", "last_modified", "updated", "mtime")]
+    modified = next((stamp for stamp in stamps if stamp), None)
+    return (str(etag) if etag else None), (str(modified) if modified else None)
 
 
 def walk(

@@ -4,10 +4,13 @@ A store that caps one connection's bandwidth (or adds tens of milliseconds befor
 each first byte) caps a single stream; `fetch_into` splits the object into spans
 and reads them over `connections` requests at once (HTTP `Range`, object-store
 ranged GETs through fsspec), writing each span at its offset. Every request is a
-`RetryingStream` or `RetryingFsspecFile`, so retries, stall limits, identity checks
-and redaction are those of a streamed read; the whole fetch also obeys the policy's
-per-shard deadline. The file is what the caller gives: a cache entry or a temporary
-file, never memory.
+`RetryingStream` or `RetryingFsspecFile`, so retries, stall limits and redaction are
+those of a streamed read. All the requests of one fetch share two things: one
+`ObjectIdentity`, pinned by the first response (size, and ETag, else Last-Modified), so
+an object replaced between spans is never spliced (the fetch starts over once from the
+new version, then fails with `ObjectChangedError`), and one wall clock started with
+the fetch, so the policy's deadline covers all the spans together. The file is what
+the caller gives: a cache entry or a temporary file, never memory.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from typing import Any
 from shards.storage.http import RetryingStream
 from shards.storage.objectstore import RetryingFsspecFile, object_store_filesystem, secrets_in
 from shards.storage.read import open_stream
-from shards.storage.retry import RetryPolicy, ShardReadError
+from shards.storage.retry import (
+    ObjectChangedError,
+    ObjectIdentity,
+    RetryPolicy,
+    ShardReadError,
+    StreamClock,
+)
 from shards.storage.urls import HTTP_SCHEMES, OBJECT_STORE_SCHEMES, url_scheme, validate_url
 
 DEFAULT_PREFETCH_BYTES = 256 * 2**20  # per worker, fetched ahead and not yet read
@@ -53,8 +62,11 @@ def fetch_into(
         object (the caller decides; the shard reader reports the truncation).
 
     Raises:
+        ObjectChangedError: the object was replaced during the fetch, and again
+            during its one restart.
         ShardReadError: a request failed past the retry budget, the shard deadline
-            passed, or the server holds more bytes than `size`.
+            (one clock for the whole fetch) passed, or the server holds more bytes
+            than `size`.
         ValueError: the URL is not allowed.
     """
     url = validate_url(url)
@@ -64,9 +76,30 @@ def fetch_into(
             return _copy(f, fd, 0, None, tick)
     if size == 0:
         return 0
+    clock = StreamClock(retry, started=time.monotonic())
+    try:
+        return _fetch_spans(url, fd, retry, size, storage_options, connections, tick, clock)
+    except ObjectChangedError:
+        # Replaced mid-fetch: start over from the new version, under the same deadline,
+        # leaving nothing of the old in the file. A second change is the shard's error.
+        os.ftruncate(fd, 0)
+        return _fetch_spans(url, fd, retry, size, storage_options, connections, tick, clock)
+
+
+def _fetch_spans(
+    url: str,
+    fd: int,
+    retry: RetryPolicy,
+    size: int,
+    storage_options: Mapping[str, Any] | None,
+    connections: int,
+    tick: Callable[[int], None],
+    clock: StreamClock,
+) -> int:
+    """One try of `fetch_into`'s ranged fetch: spans over `connections` threads, each
+    request pinned to the first response's version and timed by `clock`."""
     span = min(MAX_SPAN, max(MIN_SPAN, -(-size // connections)))
-    opener = _RangeOpener(url, retry, size, storage_options or {})
-    started = time.monotonic()
+    opener = _RangeOpener(url, retry, size, storage_options or {}, clock)
     # The first span is read here: its response tells the object's real size.
     first, total = opener.open(0, min(span, size))
     total = min(size, total if total is not None else size)
@@ -78,7 +111,7 @@ def fetch_into(
         with lock:
             if failures or not spans:
                 return None
-            if time.monotonic() - started > retry.deadline:
+            if clock.remaining() <= 0:
                 failures.append(ShardReadError(url, _deadline_reason(retry, total)))
                 return None
             return spans.pop(0)
@@ -114,15 +147,27 @@ def fetch_into(
     for thread in helpers:
         thread.join()
     if failures:
-        raise failures[0]
+        # A change anywhere means the other failures are its consequence (412s, short
+        # bodies): the caller restarts on it.
+        changed = [exc for exc in failures if isinstance(exc, ObjectChangedError)]
+        raise (changed or failures)[0]
     return total
 
 
 class _RangeOpener:
-    """Opens one retrying reader positioned at a span's start, for either transport."""
+    """Opens one retrying reader positioned at a span's start, for either transport; all
+    its readers share one deadline clock and one pinned object identity."""
 
-    def __init__(self, url: str, retry: RetryPolicy, size: int, options: Mapping[str, Any]):
-        self.url, self.retry, self.size = url, retry, size
+    def __init__(
+        self,
+        url: str,
+        retry: RetryPolicy,
+        size: int,
+        options: Mapping[str, Any],
+        clock: StreamClock,
+    ):
+        self.url, self.retry, self.size, self.clock = url, retry, size, clock
+        self.identity = ObjectIdentity()
         self.http = url_scheme(url) in HTTP_SCHEMES
         if not self.http:
             self.fs = object_store_filesystem(url_scheme(url), options, retry)
@@ -132,7 +177,13 @@ class _RangeOpener:
         """A reader at `start` (its requests end at `stop` over http) and the object's size."""
         if self.http:
             reader: Any = RetryingStream(
-                self.url, self.retry, start, expected_size=self.size, end=stop
+                self.url,
+                self.retry,
+                start,
+                expected_size=self.size,
+                end=stop,
+                clock=self.clock,
+                identity=self.identity,
             )
         else:
             # cache_type "none": each read is one ranged GET of what it asks for.
@@ -143,6 +194,8 @@ class _RangeOpener:
                 {"cache_type": "none"},
                 self.secrets,
                 expected_size=self.size,
+                clock=self.clock,
+                identity=self.identity,
             )
             reader.seek(start)
         return reader, reader.size

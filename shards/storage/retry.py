@@ -2,8 +2,9 @@
 
 `shards.storage.http` and `shards.storage.objectstore` read through `RetryingReader`:
 bounded retries with jittered backoff, a stall limit per socket wait, an overall
-deadline per stream (`RetryPolicy`), and an identity check (size, ETag) on every
-reconnection, so no byte is skipped, read twice or taken from another version.
+deadline per stream (`RetryPolicy`), and an identity check (`ObjectIdentity`: size and
+ETag, else Last-Modified) on every response, shared by all the requests of one read, so
+no byte is skipped, read twice or taken from another version.
 Every failure ends in a `ShardReadError` naming the redacted URL.
 """
 
@@ -14,6 +15,7 @@ import http.client
 import io
 import math
 import random
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -123,22 +125,99 @@ class ObjectNotFoundError(ShardReadError):
     """
 
 
+class ObjectChangedError(ShardReadError):
+    """The object at the URL was replaced while it was read (another ETag, Last-Modified
+    or size than its first response): no byte of the new version is taken."""
+
+    def __init__(self, url: str, reason: str, attempts: int = 1) -> None:
+        prefix = "the object changed while it was read: "
+        if not reason.startswith(prefix):
+            reason = (
+                f"{prefix}{reason}; it was rewritten on the server meanwhile: read it again "
+                "once it stays put (rebuild the manifest if the shard was replaced on purpose)"
+            )
+        super().__init__(url, reason, attempts)
+
+
+class ObjectIdentity:
+    """The version of an object one read is pinned to, shared by all its requests.
+
+    The first response pins it: the size, and the ETag, else the Last-Modified date.
+    Every later response (a resume, another span of a ranged fetch, a seek of a
+    random-access file) must show the same, or the read fails with
+    `ObjectChangedError`; http(s) requests also send it as a precondition
+    (`conditions`). Thread-safe: the spans of one fetch run in parallel.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pinned = False
+        self.size: int | None = None
+        self.etag: str | None = None
+        self.modified: str | None = None
+
+    def check(self, url: str, size: int | None, etag: str | None, modified: str | None) -> None:
+        """Pin the first response's validators; raise if a later one differs.
+
+        Raises:
+            ObjectChangedError: the size, the ETag or (without one) Last-Modified differs
+                from the first response's; a validator the first had and this lacks counts.
+        """
+        with self._lock:
+            if not self.pinned:
+                self.pinned = True
+                self.size, self.etag, self.modified = size, etag, modified
+                return
+            # The ETag, else Last-Modified; a first response with neither pins the size only.
+            what, then, now = (
+                ("ETag", self.etag, etag)
+                if self.etag
+                else ("Last-Modified", self.modified, modified)
+            )
+            if self.size is not None and size != self.size:
+                problem = f"{self.size} bytes at first, {size} now"
+            elif then is not None and now != then:
+                problem = f"{what} {then} at first, {now} now"
+            else:
+                return
+        raise ObjectChangedError(url, problem)
+
+    def conditions(self) -> dict[str, str]:
+        """http(s) preconditions for a later request: `If-Match` on a strong ETag, else
+        `If-Unmodified-Since` on the Last-Modified date; none before the first response."""
+        with self._lock:
+            if self.etag and not self.etag.startswith("W/"):
+                return {"If-Match": self.etag}
+            if self.modified and not self.etag:
+                return {"If-Unmodified-Since": self.modified}
+            return {}
+
+
 class StreamClock:
     """The time one shard stream has spent waiting on its server, against `retry.deadline`.
 
     Only time inside `running()` counts: the reader's own connects, reads and
     backoff sleeps, never the caller's work between reads. Re-entrant, so a
     seekable reader and the streams it opens share one clock and count once.
+
+    With `started` (a `time.monotonic()` instant) it is a wall clock instead: all the
+    time since then counts, whatever runs, so the parallel requests of one ranged
+    fetch share one deadline from the fetch's start (no caller works between their
+    reads). Then it may be shared by threads.
     """
 
-    def __init__(self, retry: RetryPolicy) -> None:
+    def __init__(self, retry: RetryPolicy, started: float | None = None) -> None:
         self.retry = retry
+        self._started = started
         self._spent = 0.0
         self._since = 0.0
         self._depth = 0
 
     @contextlib.contextmanager
     def running(self) -> Any:
+        if self._started is not None:  # a wall clock runs anyway
+            yield
+            return
         if self._depth == 0:
             self._since = time.monotonic()
         self._depth += 1
@@ -151,6 +230,8 @@ class StreamClock:
 
     def spent(self) -> float:
         """Seconds spent waiting so far."""
+        if self._started is not None:
+            return time.monotonic() - self._started
         return self._spent + (time.monotonic() - self._since if self._depth else 0.0)
 
     def remaining(self) -> float:
@@ -239,15 +320,16 @@ class RetryingReader(io.RawIOBase):
         *,
         expected_size: int | None = None,
         clock: StreamClock | None = None,
+        identity: ObjectIdentity | None = None,
     ) -> None:
         super().__init__()
         self._url, self.url = url, redact_url(url)
         self.retry = retry
         self.clock = clock or StreamClock(retry)
+        self.identity = identity or ObjectIdentity()
         self.expected_size = expected_size
         self.size: int | None = expected_size
         self._reported: int | None = None  # the size the first connection reported
-        self._etag: str | None = None
         self._first = True
         self._source: Any = None  # the open response or file; None between connections
         self._pos = offset
@@ -339,25 +421,22 @@ class RetryingReader(io.RawIOBase):
             raise self.clock.error(self._url, self._pos, self._failures, last) from exc
         time.sleep(delay)
 
-    def _same_object(self, size: int | None, etag: str | None) -> bool:
-        """Whether a new connection reads the object the first one did, which fixes it.
+    def _check_object(self, size: int | None, etag: str | None, modified: str | None) -> None:
+        """A new connection must read the version `identity` pins (the first response's).
 
         Raises:
-            ShardReadError: the first connection reports a size larger than
+            ShardReadError: this reader's first connection reports a size larger than
                 `expected_size`.
+            ObjectChangedError: the object is another version than the one pinned.
         """
         if self._first:
             if self.expected_size is not None and size is not None and size > self.expected_size:
                 raise ShardReadError(self._url, size_mismatch(size, self.expected_size))
             self._first = False
-            self._reported, self._etag = size, etag
+            self._reported = size
             if size is not None:
                 self.size = size
-            return True
-        return not (
-            (self._etag and etag != self._etag)
-            or (self._reported is not None and size != self._reported)
-        )
+        self.identity.check(self._url, size, etag, modified)
 
 
 def size_mismatch(size: int, expected: int) -> str:

@@ -6,7 +6,9 @@ and the bytes it sent per path.
 
 from __future__ import annotations
 
+import io
 import re
+import tarfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,6 +19,7 @@ from pipeline.config import LoaderConfig, ReadOptions
 from pipeline.dataset import DRAWS_AHEAD
 from pipeline.fetch import ShardFetcher
 from pipeline.sources import ShardSpec
+from shards.errors import ShardpipeError
 from shards.flags import SettingError
 from shards.storage import RetryPolicy, ShardReadError, ranged
 from shards.storage.cache import parse_bytes
@@ -220,3 +223,99 @@ def test_cache_and_prefetch_options_are_top_level_keywords_and_checked(tmp_path)
         LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=0)
     with pytest.raises(SettingError, match="fetch_connections"):
         ReadOptions(fetch_connections=0)
+
+
+# Hostile servers under default prefetch (issue 29) ------------------------------------------
+
+
+def tar_labels(data: bytes) -> dict[str, bytes]:
+    """Each sample key's `.cls` payload in a tar shard's bytes."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {
+            m.name.rsplit(".", 1)[0]: data[m.offset_data : m.offset_data + m.size]
+            for m in tar.getmembers()
+            if m.name.endswith(".cls")
+        }
+
+
+def relabelled(data: bytes) -> bytes:
+    """The same tar, every label moved to the next class: same size, other labels."""
+    out = bytearray(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.name.endswith(".cls"):
+                label = int(data[member.offset_data : member.offset_data + member.size])
+                new = str((label + 1) % 10).encode()
+                assert len(new) == member.size
+                out[member.offset_data : member.offset_data + member.size] = new
+    return bytes(out)
+
+
+def labels_by_key(loader) -> dict[str, int]:
+    return {
+        key: int(label)
+        for _, labels, keys in loader
+        for key, label in zip(keys, labels, strict=True)
+    }
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_replaced_between_spans_is_never_spliced_under_default_prefetch(
+    shard_copy, small_spans
+):
+    tar = shard_files(shard_copy, "tar", "train")[1]
+    old = tar.read_bytes()
+    old_labels, new_labels = tar_labels(old), tar_labels(relabelled(old))
+    path = "/" + tar.relative_to(shard_copy).as_posix()
+    server = LocalHTTPServer(shard_copy, conditions=False)  # a server ignoring If-Match
+    server.change(path, [relabelled(old)], after=1)
+    with server as base:
+        loader = loader_for(f"{base}/manifest.json", epoch_rule="uneven", drop_last=False)
+        seen = labels_by_key(loader)
+    mine = {key: str(label).encode() for key, label in seen.items() if key in old_labels}
+    # Started over from the new version: every label delivered is the new one.
+    assert mine and mine == {key: new_labels[key] for key in mine}
+    assert loader.stats.bad_shards == {}
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_that_keeps_changing_is_a_counted_bad_shard_naming_its_url(shard_copy, small_spans):
+    tar = shard_files(shard_copy, "tar", "train")[1]
+    old = tar.read_bytes()
+    path = "/" + tar.relative_to(shard_copy).as_posix()
+    server = LocalHTTPServer(shard_copy)
+    server.change(path, [relabelled(old), old] * 20, after=1)
+    with server as base:
+        loader = loader_for(
+            f"{base}/manifest.json", epoch_rule="uneven", drop_last=False, max_skip_fraction=1.0
+        )
+        seen = labels_by_key(loader)
+    assert not set(seen) & set(tar_labels(old))  # nothing of it delivered
+    assert loader.stats.bad_shards["shard_unreadable"] == 1
+    (example,) = loader.stats.bad_shard_examples
+    assert tar.name in example and "the object changed while it was read" in example
+
+
+@pytest.mark.timeout(60)
+def test_dripping_spans_with_two_workers_end_in_a_named_error_before_the_watchdog(
+    shard_copy, small_spans
+):
+    """Late spans of every shard take 2.2 s each: the 2.5 s deadline covers them all, so a
+    worker fails its first shard at ~2.5 s, inside the 3.5 s watchdog (deadline + 2 x 0.5 s
+    stall limit); with a clock per span a fetch ran ~4.4 s and the watchdog, naming no
+    shard, fired first."""
+    server = LocalHTTPServer(shard_copy)
+    for tar in shard_files(shard_copy, "tar", "train"):
+        path = "/" + tar.relative_to(shard_copy).as_posix()
+        server.drip(path, interval=2.2 / 16, times=1000, after=1, chunk=SPAN // 16)
+    policy = RetryPolicy(attempts=1, timeout=0.5, deadline=2.5)
+    with server as base:
+        loader = loader_for(f"{base}/manifest.json", num_workers=2, retry=policy)
+        started = time.monotonic()
+        with pytest.raises(ShardpipeError) as info:
+            epoch_keys(loader)
+        took = time.monotonic() - started
+    text = str(info.value)
+    assert "DataLoader timed out" not in text
+    assert re.search(r"train-\d+\.tar", text), text
+    assert took < 2.5 + 2.0, f"{took:.1f} s"
