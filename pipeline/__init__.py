@@ -21,6 +21,7 @@ CONFIG_NAMES = (
     "Shuffle",
     "Crop",
     "ProgressiveResize",
+    "Augment",
     "Workers",
     "ReadOptions",
 )

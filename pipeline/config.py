@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from pipeline.augment import Augment
 from shards.errors import ReadLimits, UsageError
 from shards.flags import (
     SettingError,
@@ -730,6 +731,9 @@ class LoaderConfig(LoaderOptions):
         mixing: `Mixing`: a mix's epoch length and batch make-up.
         seed: shard order and buffers come from `seed + epoch`.
         rank, world_size: default from `torch.distributed` when initialised.
+        augment: `Augment`: what each training crop gets after crop and flip
+            (RandAugment, colour jitter, random erasing, your own ops), in the workers;
+            eval never augments, and an eval loader given an enabled one is refused.
         format, shuffle, crop, workers, io, max_skip_fraction: see `LoaderOptions`.
     """
 
@@ -744,7 +748,7 @@ class LoaderConfig(LoaderOptions):
     seed: int = 0
     rank: int | None = None
     world_size: int | None = None
-    augment: Any = None
+    augment: Augment = field(default_factory=Augment)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -761,6 +765,7 @@ class LoaderConfig(LoaderOptions):
         check_flag(self, "with_keys")
         check_int_at_least(self, "seed", 0)
         self.check_ranks()
+        self.check_augment()
         resolved = resolve_fields(self.fields)  # a mistake fails before any shard is opened
         balance = isinstance(self.sampling, Resampled) and self.sampling.balance
         if balance and not any(s.kind in ("label", "multi_label") for s in resolved):
@@ -789,6 +794,18 @@ class LoaderConfig(LoaderOptions):
                 "sampling",
                 " must be Exact() for a mix of sources (each gives its declared samples); "
                 "declare shares with Source(weight=...) and Mixing(epoch_samples=...)",
+            )
+
+    def check_augment(self) -> None:
+        """An `Augment`, enabled only where the loader trains (eval pixels stay the crop's)."""
+        if not isinstance(self.augment, Augment):
+            raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
+        if self.augment.enabled and not self.is_train:
+            raise refuse(
+                self,
+                "augment",
+                f" is for training, and this loader evaluates (split {self.split!r}, "
+                f"train={self.train}): eval never augments, so leave augment out of it",
             )
 
     @property

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from pipeline.augment import Augment, build_augmenter
 from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.config import Batching, ProgressiveResize, ReadOptions, Shuffle
 from pipeline.fast_transforms import pillow_fallbacks
@@ -171,7 +172,7 @@ class StreamSettings:
     exactly_once: bool
     image_size: int  # the crop's side (eval, or train without a progressive schedule)
     progressive: ProgressiveResize | None  # train: the side by epoch
-    augment: object | None  # train with an enabled `Augment`: run after each crop
+    augment: Augment | None  # train with an enabled `Augment`: run after each crop
 
 
 @dataclass(frozen=True)
@@ -488,11 +489,7 @@ class ShardStream(IterableDataset):
         if s.progressive is not None:
             size = s.progressive.size_at(epoch)
             transform = dataclasses.replace(transform, size=size)
-        augmenter = None
-        if s.augment is not None:
-            from pipeline.augment import build_augmenter
-
-            augmenter = build_augmenter(s.augment, size)
+        augmenter = build_augmenter(s.augment, size) if s.augment is not None else None
         return EpochImages(transform, augmenter, size)
 
     def image_target(self, size: int, images: EpochImages) -> ImageTarget | None:
@@ -750,8 +747,8 @@ def augment_image(
             f"{getattr(pixels, 'dtype', '')} {tuple(getattr(pixels, 'shape', ()))}; "
             "LoaderConfig.augment needs uint8 HxWx3 pixels: return those, or leave augment out"
         )
-    if not (pixels.flags.writeable and pixels.flags.c_contiguous):
-        pixels = np.array(pixels)  # Pillow's read-only bytes, a strided view: one copy
+    if not pixels.flags.writeable:
+        pixels = np.array(pixels)  # a transform's read-only output (Pillow's bytes): one copy
     augmenter(pixels, rng)
     stats.augment_s += time.perf_counter() - started
     return pixels

@@ -356,9 +356,7 @@ def stream_settings(
         exactly_once=not train and rule == "uneven" and not resampled,
         image_size=config.crop.image_size,
         progressive=config.crop.progressive if train else None,
-        augment=config.augment
-        if train and config.augment is not None and config.augment.enabled
-        else None,
+        augment=config.augment if train and config.augment.enabled else None,
     )
 
 

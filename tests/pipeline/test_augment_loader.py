@@ -1,0 +1,174 @@
+"""Per-sample augmentation in the loader's workers: the same pixels for a sample on any
+worker, rank or resume; in place on the batch slot, on every decode path; never in eval."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import Augment, Crop, LoaderConfig
+from pipeline.transforms import SampleRandom
+from shards.errors import UsageError
+from tests.pipeline.conftest import loader_for
+
+DEIT = Augment(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
+
+
+def invert(pixels: np.ndarray, rng) -> None:
+    """A user op: every pixel inverted, in place."""
+    np.subtract(255, pixels, out=pixels)
+
+
+def stamp(pixels: np.ndarray, rng) -> None:
+    """A user op that writes its first draw into the top-left pixel."""
+    pixels[0, 0, 0] = int(rng.random() * 256)
+
+
+def read_only_crop(data: bytes, rng) -> np.ndarray:
+    """A user transform returning a read-only array (as Pillow's bytes are)."""
+    pixels = np.full((32, 32, 3), 100, np.uint8)
+    pixels.flags.writeable = False
+    return pixels
+
+
+def float_crop(data: bytes, rng) -> np.ndarray:
+    return np.zeros((32, 32, 3), np.float32)
+
+
+def pixels_by_key(loader, limit=None) -> dict[str, torch.Tensor]:
+    """Each delivered sample's image, by key (clones: the ring's slots are reused)."""
+    out = {}
+    for images, _, keys in itertools.islice(loader, limit):
+        for key, image in zip(keys, images, strict=True):
+            out[key] = image.clone()
+    return out
+
+
+def same_pixels(got: dict, want: dict) -> bool:
+    return got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+@pytest.fixture(scope="module")
+def reference(shard_dir) -> dict[str, torch.Tensor]:
+    """Every train sample once, augmented, read in the main process."""
+    return pixels_by_key(loader_for(shard_dir, augment=DEIT, epoch_rule="uneven", drop_last=False))
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_a_sample_gets_the_same_augmentation_on_any_number_of_workers(
+    shard_dir, reference, workers
+):
+    loader = loader_for(
+        shard_dir,
+        augment=DEIT,
+        num_workers=workers,
+        persistent_workers=False,
+        epoch_rule="uneven",
+        drop_last=False,
+    )
+    assert same_pixels(pixels_by_key(loader), reference)
+    plain = pixels_by_key(loader_for(shard_dir, epoch_rule="uneven", drop_last=False))
+    changed = sum(not torch.equal(plain[key], reference[key]) for key in plain)
+    assert changed > len(plain) / 2  # RandAugment and erasing did change most images
+
+
+@pytest.mark.parametrize("rule", ["pad", "uneven"])
+def test_ranks_split_the_epoch_exactly_and_augment_alike(shard_dir, reference, rule):
+    seen: Counter = Counter()
+    merged, counts = {}, []
+    for rank in range(2):
+        loader = loader_for(
+            shard_dir,
+            augment=DEIT,
+            rank=rank,
+            world_size=2,
+            num_workers=2,
+            epoch_rule=rule,
+            drop_last=rule == "pad",
+        )
+        batches = list(loader)
+        counts.append(len(batches))
+        assert len(batches) == len(loader)
+        if rule == "pad":  # equal batches: every one full, as many on each rank
+            assert {len(keys) for *_, keys in batches} == {8}
+        for images, _, keys in batches:
+            seen.update(keys)
+            merged.update({k: image.clone() for k, image in zip(keys, images, strict=True)})
+    if rule == "pad":
+        assert counts[0] == counts[1]
+    else:  # exactly once: the whole split, no sample twice
+        assert seen == Counter(reference.keys())
+    assert all(torch.equal(merged[key], reference[key]) for key in merged)
+
+
+def test_a_mid_epoch_resume_delivers_the_same_augmented_batches(shard_dir):
+    def build():
+        return loader_for(shard_dir, augment=DEIT, num_workers=2, persistent_workers=False)
+
+    full = [(images.clone(), keys) for images, _, keys in build()]
+    interrupted = build()
+    head = [(images.clone(), keys) for images, _, keys in itertools.islice(interrupted, 5)]
+    resumed = build()
+    resumed.load_state_dict(interrupted.state_dict())
+    rest = [(images.clone(), keys) for images, _, keys in resumed]
+    assert len(head + rest) == len(full)
+    for (images, keys), (want, want_keys) in zip(head + rest, full, strict=True):
+        assert keys == want_keys and torch.equal(images, want)
+
+
+def test_user_ops_run_in_place_after_the_crop_with_the_samples_own_draws(shard_dir):
+    plain = pixels_by_key(loader_for(shard_dir), limit=4)
+    inverted = pixels_by_key(loader_for(shard_dir, augment=Augment(ops=(invert,))), limit=4)
+    # The crop draws from its own rng: augmenting leaves the crop boxes and flips alone.
+    assert same_pixels(inverted, {k: 255 - v for k, v in plain.items()})
+    stamped = pixels_by_key(loader_for(shard_dir, augment=Augment(ops=(stamp,))), limit=2)
+    for key, image in stamped.items():
+        draw = SampleRandom(f"augment:11:0:{key}:0").random()
+        assert int(image[0, 0, 0]) == int(draw * 256)  # seed 11, epoch 0, repeat 0
+
+
+def test_pillow_crops_are_augmented_in_place_too(shard_dir):
+    plain = pixels_by_key(loader_for(shard_dir, backend="pillow"), limit=4)
+    augment = Augment(ops=(invert,))
+    inverted = pixels_by_key(loader_for(shard_dir, backend="pillow", augment=augment), limit=4)
+    assert same_pixels(inverted, {k: 255 - v for k, v in plain.items()})
+
+
+def test_nchw_batches_hold_the_same_augmented_pixels(shard_dir, reference):
+    loader = loader_for(
+        shard_dir, augment=DEIT, channels_last=False, epoch_rule="uneven", drop_last=False
+    )
+    assert same_pixels(pixels_by_key(loader), reference)
+
+
+def test_a_custom_transforms_read_only_output_is_augmented_on_a_copy(shard_dir):
+    loader = loader_for(shard_dir, transform=read_only_crop, augment=Augment(ops=(invert,)))
+    images, _, _ = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and set(images.unique().tolist()) == {155}
+    bad = loader_for(shard_dir, transform=float_crop, augment=Augment(ops=(invert,)))
+    with pytest.raises(UsageError, match="Crop.transform returned ndarray float32"):
+        next(iter(bad))
+
+
+def test_augment_time_is_counted_and_nothing_runs_without_it(shard_dir):
+    loader = loader_for(shard_dir, augment=DEIT, num_workers=2)
+    list(loader)
+    assert all(w["augment_s"] > 0 for w in loader.stats.workers.values())
+    plain = loader_for(shard_dir, augment=Augment(), num_workers=2)
+    assert plain.settings.augment is None  # not enabled: no per-sample call at all
+    list(plain)
+    assert all(w["augment_s"] == 0 for w in plain.stats.workers.values())
+
+
+def test_eval_never_augments(shard_dir):
+    with pytest.raises(UsageError, match="LoaderConfig.augment.*eval"):
+        LoaderConfig(source=str(shard_dir), split="val", augment=DEIT)
+    with pytest.raises(UsageError, match="LoaderConfig.augment.*eval"):
+        LoaderConfig(source=str(shard_dir), split="train", train=False, augment=DEIT)
+    # A disabled group is the default, for eval too.
+    evaluation = loader_for(shard_dir, split="val", augment=Augment(), crop=Crop(image_size=32))
+    assert evaluation.settings.augment is None
