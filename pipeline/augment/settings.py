@@ -101,7 +101,8 @@ class Augment:
         if jitter is None:
             return
         if isinstance(jitter, list):
-            object.__setattr__(self, "color_jitter", tuple(jitter))
+            jitter = tuple(jitter)
+            object.__setattr__(self, "color_jitter", jitter)
         strengths = self.jitter_strengths if _is_number(jitter) or isinstance(jitter, tuple) else ()
         if len(strengths) not in (3, 4) or not all(
             _is_number(v) and 0 <= v < math.inf for v in strengths
