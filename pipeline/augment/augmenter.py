@@ -8,10 +8,12 @@ sample's `rng`, so a sample gets the same augmentation on any worker, rank or re
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 
 from pipeline.augment.color import ColorJitter, RandomGaussianBlur, RandomGrayscale
@@ -22,6 +24,22 @@ from pipeline.augment.policies import build_policy
 from pipeline.augment.settings import Augment
 
 
+class _OneThread:
+    """OpenCV set to one thread, once per process (as `shards.image.policy.fast_modules`).
+
+    The loader runs a worker per CPU, each on one image at a time, so OpenCV's own pool
+    would oversubscribe the CPUs, and a pool inherited through fork is not safe to use.
+    """
+
+    pid: int | None = None
+
+    @classmethod
+    def ensure(cls) -> None:
+        if cls.pid != os.getpid():
+            cv2.setNumThreads(1)
+            cls.pid = os.getpid()
+
+
 @dataclass(frozen=True)
 class Augmenter:
     """Runs `steps` in order on one crop, in place: `augmenter(pixels, rng)`."""
@@ -30,6 +48,7 @@ class Augmenter:
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
         """Augment `pixels` (HxWx3 uint8, may be a view into a batch slot) in place."""
+        _OneThread.ensure()
         if pixels.flags.c_contiguous:
             for step in self.steps:
                 step(pixels, rng)

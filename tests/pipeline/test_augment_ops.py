@@ -8,13 +8,12 @@ tiny, constant, black or white images.
 
 from __future__ import annotations
 
-import math
 import random
 from io import BytesIO
 
 import numpy as np
 import pytest
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from PIL import Image, ImageEnhance, ImageOps
 
 pytest.importorskip("cv2")
 
@@ -23,22 +22,12 @@ from pipeline.augment.color import ColorJitter  # noqa: E402
 from pipeline.augment.levels import OPS, AugmentOp, Hparams, op_argument  # noqa: E402
 from pipeline.augment.policies import TRIVIAL_BINS, TRIVIAL_OPS, apply_trivial  # noqa: E402
 from tests.oddimages import photo_jpeg  # noqa: E402
+from tests.pillow_ops import FixedSign, psnr, timm_pillow_op, torchvision_pillow_op  # noqa: E402
 
 # A decoded photo-like JPEG, not square (a swapped x/y shows), with real JPEG texture.
 PHOTO = np.asarray(Image.open(BytesIO(photo_jpeg(160, 120, seed=3))).convert("RGB")).copy()
 HPARAMS = Hparams(translate_const=int(160 * 0.45), fill=(124, 116, 104))  # timm's, 160 px
 MAGNITUDES = (0, 5, 10)
-
-
-class FixedSign(random.Random):
-    """An rng whose `random()` is fixed: 0.0 keeps timm's sign, 0.9 negates (`> 0.5`)."""
-
-    def __init__(self, value: float) -> None:
-        super().__init__(0)
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
 
 
 # timm's level functions worked by hand: (op, magnitude) -> argument without negation.
@@ -88,50 +77,11 @@ BLUR_FLOOR = 50.0
 HUE_FLOOR = 39.0  # OpenCV's and Pillow's HSV conversions round differently: measured 42.8 dB
 
 
-def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
-    error = np.mean((ours.astype(np.float64) - reference.astype(np.float64)) ** 2)
-    return math.inf if error == 0 else 10 * math.log10(255**2 / error)
-
-
-def pillow(name: str, argument, image: np.ndarray, resample: str = "bilinear", fill=None):
+def pillow(name: str, argument, image: np.ndarray, resample: str = "bilinear") -> np.ndarray:
     """The pixels of the Pillow call timm's op `name` makes with `argument`."""
-    img = Image.fromarray(image)
-    fill = HPARAMS.fill if fill is None else fill
-    kwargs = dict(resample=getattr(Image.Resampling, resample.upper()), fillcolor=fill)
-    size = img.size
-    if name in ("AutoContrast", "Equalize", "Invert"):
-        out = getattr(ImageOps, name.lower().replace("autocontrast", "autocontrast"))(img)
-    elif name.startswith("Posterize"):
-        # timm returns the image unchanged for 8 bits; Pillow 13 refuses 0 bits, which timm
-        # means as black (Pillow before 13 returned black)
-        out = img if argument >= 8 else ImageOps.posterize(img, argument) if argument else None
-        if out is None:
-            return np.zeros_like(image)
-    elif name.startswith("SolarizeAdd"):
-        lut = [min(255, i + argument) if i < 128 else i for i in range(256)]
-        out = img.point(lut * 3)
-    elif name.startswith("Solarize"):
-        out = ImageOps.solarize(img, argument)
-    elif name.startswith(("Color", "Contrast", "Brightness", "Sharpness")):
-        enhancer = name.removesuffix("Increasing")
-        out = getattr(ImageEnhance, enhancer)(img).enhance(argument)
-    elif name == "Desaturate":
-        out = ImageEnhance.Color(img).enhance(min(1.0, max(0.0, 1.0 - argument)))
-    elif name == "Rotate":
-        out = img.rotate(argument, **kwargs)
-    elif name in ("ShearX", "ShearY"):
-        matrix = (1, argument, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, argument, 1, 0)
-        out = img.transform(size, Image.Transform.AFFINE, matrix, **kwargs)
-    elif name.startswith("Translate"):
-        shift = argument * (size[0] if name == "TranslateXRel" else size[1])
-        shift = shift if name.endswith("Rel") else argument
-        matrix = (1, 0, shift, 0, 1, 0) if "X" in name else (1, 0, 0, 0, 1, shift)
-        out = img.transform(size, Image.Transform.AFFINE, matrix, **kwargs)
-    elif name == "GaussianBlur":
-        out = img.filter(ImageFilter.GaussianBlur(radius=argument))
-    else:
-        raise AssertionError(name)
-    return np.asarray(out)
+    return np.asarray(
+        timm_pillow_op(name, argument, Image.fromarray(image), resample, HPARAMS.fill)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(TIMM_ARGUMENTS))
@@ -251,31 +201,6 @@ def test_color_jitter_factors_match_pillows_enhancers():
     )
 
 
-def _trivial_reference(name: str, magnitude: float, image: np.ndarray) -> np.ndarray:
-    """torchvision's `_apply_op` on a PIL image (bilinear, fill 0), through Pillow."""
-    img, fill = Image.fromarray(image), (0, 0, 0)
-    kwargs = dict(resample=Image.Resampling.BILINEAR, fillcolor=fill)
-    if name in ("ShearX", "ShearY"):  # F.affine(shear=degrees(atan(m))), matrix entry tan(...)
-        factor = math.tan(math.radians(math.degrees(math.atan(magnitude))))
-        matrix = (1, factor, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, factor, 1, 0)
-        return np.asarray(img.transform(img.size, Image.Transform.AFFINE, matrix, **kwargs))
-    if name in ("TranslateX", "TranslateY"):  # F.affine(translate=[int(m), 0]): inverse -m
-        shift = -int(magnitude)
-        matrix = (1, 0, shift, 0, 1, 0) if name == "TranslateX" else (1, 0, 0, 0, 1, shift)
-        return np.asarray(img.transform(img.size, Image.Transform.AFFINE, matrix, **kwargs))
-    if name == "Rotate":
-        return np.asarray(img.rotate(magnitude, **kwargs))
-    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
-        return np.asarray(getattr(ImageEnhance, name)(img).enhance(1.0 + magnitude))
-    if name == "Posterize":
-        return np.asarray(ImageOps.posterize(img, int(magnitude)))
-    if name == "Solarize":
-        return np.asarray(ImageOps.solarize(img, magnitude))
-    if name == "Identity":
-        return image
-    return np.asarray(getattr(ImageOps, name.lower())(img))
-
-
 @pytest.mark.parametrize("name", sorted(TRIVIAL_OPS))
 def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
     space = TRIVIAL_OPS[name]
@@ -287,8 +212,7 @@ def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
         for value in {magnitude, -magnitude} if space and space[2] else {magnitude}:
             pixels = PHOTO.copy()
             apply_trivial(pixels, name, value, "bilinear", (0, 0, 0))
-            reference_magnitude = 8 - round(value) if name == "Posterize" else value
-            reference = _trivial_reference(name, reference_magnitude, PHOTO)
+            reference = np.asarray(torchvision_pillow_op(name, value, Image.fromarray(PHOTO)))
             if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
                 assert psnr(pixels, reference) > GEOMETRY_FLOOR["bilinear"], (name, value)
             else:
