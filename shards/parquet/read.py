@@ -38,6 +38,7 @@ from shards.parquet.stream import (
     check_row_group,
     open_parquet,
     open_source,
+    pages_too_large,
     row_counts,
     row_group_too_large,
 )
@@ -176,7 +177,8 @@ def _iter_group(
     count = parquet.metadata.row_group(group.index).num_rows
     batch_rows = max(1, min(count, BATCH_BYTES * count // max(1, size)))
     refuse = partial(row_group_too_large, url, group.index, count, limits)
-    stream.budget(limits.row_group_bytes, refuse)
+    unpacked = partial(pages_too_large, url, group.index, size, limits)
+    stream.budget(limits.row_group_bytes, refuse, (limits.row_group_bytes, unpacked))
     batches = parquet.iter_batches(
         batch_size=batch_rows, row_groups=[group.index], columns=layout.read_paths
     )

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.errors import ReadLimits, ShardError
+from shards.parquet.pages import iter_page_sizes
 from shards.redact import redact_text
 
 # pyarrow opens a file by reading this much of its tail, footer and data alike.
@@ -42,7 +43,11 @@ class WatchedStream:
 
     The budget caps the bytes read for the footer or one row group, whatever the
     footer claims: a read past it raises the `ShardError` that `refuse(total)`
-    builds, before any memory is spent on it.
+    builds, before any memory is spent on it. Reading a row group, it also caps what
+    its pages decompress to: pyarrow reads each column chunk in one read (no
+    pre-buffering, no buffered stream), whose page headers state the size pyarrow
+    will allocate for each page (`shards.parquet.pages`); past `unpacked` bytes in
+    all, the read raises `refuse_unpacked(total)`, before any page is decompressed.
     """
 
     def __init__(self, stream: BinaryIO) -> None:
@@ -51,12 +56,24 @@ class WatchedStream:
         self._left = 0
         self._refuse: Callable[[int], ShardError] | None = None
         self._spent = 0
+        self._unpacked: tuple[int, Callable[[int], ShardError]] | None = None
+        self._pages = 0  # uncompressed bytes the page headers read so far state
         self._lock = threading.Lock()  # pyarrow may read columns from several threads
 
-    def budget(self, nbytes: int, refuse: Callable[[int], ShardError]) -> None:
-        """Allow `nbytes` more bytes of reads; past them, raise `refuse(bytes asked)`."""
+    def budget(
+        self,
+        nbytes: int,
+        refuse: Callable[[int], ShardError],
+        unpacked: tuple[int, Callable[[int], ShardError]] | None = None,
+    ) -> None:
+        """Allow `nbytes` more bytes of reads; past them, raise `refuse(bytes asked)`.
+
+        `unpacked`: `(cap, refuse)` when each read is a column chunk: past `cap`
+        bytes stated by its page headers, raise `refuse(bytes stated)`.
+        """
         with self._lock:
             self._left, self._refuse, self._spent = nbytes, refuse, 0
+            self._unpacked, self._pages = unpacked, 0
 
     def read(self, size: int = -1) -> bytes:
         with self._lock:
@@ -67,10 +84,26 @@ class WatchedStream:
                 self.error = self._refuse(self._spent)
                 raise self.error
         try:
-            return self._stream.read(size)
+            data = self._stream.read(size)
         except Exception as exc:
             self.error = exc
             raise
+        if self._unpacked is not None:
+            self._check_pages(data)
+        return data
+
+    def _check_pages(self, chunk: bytes) -> None:
+        cap, refuse = self._unpacked
+        stated = 0
+        for size in iter_page_sizes(chunk):
+            stated += size
+            if stated > cap:  # a header stating 2^31 pages of 2^31 bytes stops here
+                break
+        with self._lock:
+            self._pages += stated
+            if self._pages > cap:
+                self.error = refuse(self._pages)
+                raise self.error
 
     def seek(self, offset: int, whence: int = 0) -> int:
         try:
@@ -177,6 +210,20 @@ def check_row_group(parquet: pq.ParquetFile, group: int, url: str, limits: ReadL
     if size > limits.row_group_bytes:
         raise row_group_too_large(url, group, rows, limits, size)
     return size
+
+
+def pages_too_large(
+    url: str, group: int, claimed: int, limits: ReadLimits, size: int
+) -> ShardError:
+    """A row group whose page headers state more than the cap, though its footer did not."""
+    return ShardError(
+        "bad_data",
+        url,
+        f"the pages of row group {group} decompress to at least {size} bytes (their headers "
+        f"say so), over the cap of {limits.row_group_bytes} (ReadLimits.row_group_bytes), "
+        f"though its footer says the group takes {claimed}: a decompression bomb or a "
+        f"corrupt file; nothing of it was decompressed. Replace the file; {REBUILD}",
+    )
 
 
 def row_group_too_large(
