@@ -733,7 +733,8 @@ class LoaderConfig(LoaderOptions):
         rank, world_size: default from `torch.distributed` when initialised.
         augment: `Augment`: what each training crop gets after crop and flip
             (RandAugment, colour jitter, random erasing, your own ops), in the workers;
-            eval never augments, and an eval loader given an enabled one is refused.
+            None is `Augment()`, nothing. Eval never augments: an eval loader given an
+            enabled one is refused.
         format, shuffle, crop, workers, io, max_skip_fraction: see `LoaderOptions`.
     """
 
@@ -797,7 +798,9 @@ class LoaderConfig(LoaderOptions):
             )
 
     def check_augment(self) -> None:
-        """An `Augment`, enabled only where the loader trains (eval pixels stay the crop's)."""
+        """An `Augment` (None: `Augment()`, nothing), enabled only where the loader trains."""
+        if self.augment is None:
+            object.__setattr__(self, "augment", Augment())
         if not isinstance(self.augment, Augment):
             raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
         if self.augment.enabled and not self.is_train:

@@ -4,6 +4,7 @@ worker, rank or resume; in place on the batch slot, on every decode path; never 
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 from collections import Counter
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from pipeline import Augment, Crop, LoaderConfig
+from pipeline.augment import build_augmenter
 from pipeline.transforms import SampleRandom
 from shards.errors import UsageError
 from tests.pipeline.conftest import loader_for
@@ -169,6 +171,25 @@ def test_eval_never_augments(shard_dir):
         LoaderConfig(source=str(shard_dir), split="val", augment=DEIT)
     with pytest.raises(UsageError, match="LoaderConfig.augment.*eval"):
         LoaderConfig(source=str(shard_dir), split="train", train=False, augment=DEIT)
-    # A disabled group is the default, for eval too.
+    # A disabled group is the default, for eval too; None means it.
     evaluation = loader_for(shard_dir, split="val", augment=Augment(), crop=Crop(image_size=32))
     assert evaluation.settings.augment is None
+    assert LoaderConfig(source=str(shard_dir), split="val", augment=None).augment == Augment()
+    with pytest.raises(UsageError, match="LoaderConfig.augment must be an Augment"):
+        LoaderConfig(source=str(shard_dir), augment="rand-m9")
+
+
+@pytest.mark.parametrize("policy", ["rand-m9-mstd0.5-inc1", "augmix-m5-w3-d2"])
+def test_augmentation_holds_at_most_the_documented_temporaries(policy):
+    """docs/LOADER.md's memory bound: at most 20 crops' worth, one sample at a time."""
+    side = 224
+    augmenter = build_augmenter(Augment(auto_augment=policy, re_prob=0.25), side)
+    crop = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    peak = 0
+    for index in range(40):
+        pixels = crop.copy()
+        tracemalloc.start()
+        augmenter(pixels, SampleRandom(f"augment:0:0:{index}:0"))
+        peak = max(peak, tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert 0 < peak <= 20 * side * side * 3

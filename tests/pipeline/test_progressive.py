@@ -8,12 +8,13 @@ import itertools
 import pytest
 import torch
 
-from pipeline import Crop, ProgressiveResize
+from pipeline import Augment, Crop, ProgressiveResize
 from shards.flags import SettingError
 from tests.pipeline.conftest import loader_for
 
 # 16 px at epoch 0, 24 at epoch 1, 32 from epoch 2 on.
 SCHEDULE = ProgressiveResize(start=16, end=32, first_epoch=0, last_epoch=2, step=8)
+DEIT = Augment(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
 
 
 def loader(shard_dir, crop: Crop, **overrides):
@@ -69,7 +70,7 @@ def test_crop_refuses_a_schedule_with_a_custom_transform():
 
 def test_each_epoch_has_its_size_through_persistent_workers_and_ring_slots(shard_dir):
     crop = Crop(image_size=48, progressive=SCHEDULE)
-    grown = loader(shard_dir, crop, num_workers=2, persistent_workers=True)
+    grown = loader(shard_dir, crop, num_workers=2, persistent_workers=True, augment=DEIT)
     # Slots are sized once, for the largest side; smaller epochs use their first bytes.
     assert grown.ring.slot_bytes == 8 * 32 * 32 * 3
     for epoch, side in enumerate([16, 24, 32, 32]):
@@ -80,8 +81,11 @@ def test_each_epoch_has_its_size_through_persistent_workers_and_ring_slots(shard
             batches.append((images.clone(), labels, keys))
         assert from_ring == len(batches) == len(grown) > 0
         assert {tuple(images.shape) for images, _, _ in batches} == {(8, 3, side, side)}
-        # The same pixels as a loader built at that side, keyed by sample.
-        fixed = loader(shard_dir, Crop(image_size=side), num_workers=2, persistent_workers=False)
+        # The same pixels as a loader built at that side, keyed by sample: the crop and the
+        # augmentation (translations are a share of the side) are the epoch's.
+        fixed = loader(
+            shard_dir, Crop(image_size=side), num_workers=2, persistent_workers=False, augment=DEIT
+        )
         fixed.set_epoch(epoch)
         expected = pixels_by_key(fixed)
         got = pixels_by_key(batches)
