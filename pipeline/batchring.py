@@ -37,6 +37,8 @@ _RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionar
 class BatchRing:
     """`slots` reusable batch buffers of `slot_bytes` for each of `workers` workers.
 
+    A batch smaller than a slot (a progressive schedule's smaller epochs, an eval loader's
+    short last batch) takes the slot's first bytes, so one ring serves every epoch's size.
     Pages are committed on first use only, so an unused ring costs address space, not
     memory; a used one holds `workers * slots * slot_bytes` bytes of shared memory for the
     loader's lifetime (what the in-flight batches would take anyway).
