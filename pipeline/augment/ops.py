@@ -59,31 +59,28 @@ def invert(pixels: np.ndarray) -> None:
 
 def autocontrast(pixels: np.ndarray) -> None:
     """`ImageOps.autocontrast()`: stretch each channel's [min, max] to [0, 255]."""
-    flat = pixels.reshape(-1, 3)
-    lows, highs = flat.min(axis=0).astype(int), flat.max(axis=0).astype(int)
-    luts = []
-    for low, high in zip(lows, highs, strict=True):
-        if high <= low:
-            luts.append(_LEVELS)
-            continue
-        scale = 255.0 / (high - low)  # Pillow's float64 arithmetic, then int() truncation
-        luts.append(np.clip((_LEVELS * scale + (-low * scale)).astype(np.int64), 0, 255))
-    apply_lut(pixels, np.stack(luts, axis=-1).reshape(256, 1, 3))
+    bounds = [cv2.minMaxLoc(channel)[:2] for channel in cv2.split(pixels)]
+    low, high = (np.array(side, dtype=np.float64)[:, None] for side in zip(*bounds, strict=True))
+    flat = high <= low
+    scale = 255.0 / np.where(flat, 1.0, high - low)  # Pillow's float64 arithmetic,
+    luts = (_LEVELS * scale + (-low * scale)).astype(np.int64)  # then int() truncation
+    luts = np.where(flat, _LEVELS, np.clip(luts, 0, 255))
+    apply_lut(pixels, luts.T.reshape(256, 1, 3))
 
 
 def equalize(pixels: np.ndarray) -> None:
     """`ImageOps.equalize()`: each channel's histogram spread evenly, Pillow's integer steps."""
-    luts = []
-    for channel in range(3):
-        counts = cv2.calcHist([pixels], [channel], None, [256], [0, 256]).ravel().astype(np.int64)
-        present = counts[counts > 0]
-        step = (int(present.sum()) - int(present[-1])) // 255 if len(present) > 1 else 0
-        if not step:
-            luts.append(_LEVELS)
-            continue
-        before = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        luts.append(np.minimum(255, (step // 2 + before) // step))
-    apply_lut(pixels, np.stack(luts, axis=-1).reshape(256, 1, 3))
+    counts = np.stack(
+        [cv2.calcHist([pixels], [channel], None, [256], [0, 256]).ravel() for channel in range(3)]
+    ).astype(np.int64)
+    last = 255 - np.argmax(counts[:, ::-1] > 0, axis=1)  # the highest value present
+    step = (counts.sum(axis=1) - counts[np.arange(3), last]) // 255
+    before = np.cumsum(counts, axis=1) - counts
+    luts = np.minimum(255, (step[:, None] // 2 + before) // np.maximum(step, 1)[:, None])
+    # one value present, or too few pixels for a step: Pillow leaves the channel
+    keep = ((counts > 0).sum(axis=1) <= 1) | (step == 0)
+    luts[keep] = _LEVELS
+    apply_lut(pixels, luts.T.reshape(256, 1, 3))
 
 
 def blend(first: np.ndarray | float, second: np.ndarray, alpha: float) -> np.ndarray:

@@ -1,0 +1,153 @@
+"""Each augmentation op at 224 px in one process: our uint8 op against the Pillow call timm makes.
+
+For every op of timm's RandAugment, AutoAugment and AugMix lists, at one magnitude
+(`--magnitude`, default 9, the sign timm's level function keeps), times `pipeline.augment`'s
+op on a 224x224x3 uint8 crop (refilled from the decoded image before each call, a copy of
+~5 us that timm does not pay) and timm's Pillow call on the decoded PIL image (it returns a
+new image). Both run in the same rounds, the ops in a rotating order and the two sides
+alternating first, on CPU time, OpenCV on one thread as in the loader's workers. Prints a
+markdown table: microseconds an image each way, the median over rounds of Pillow / ours
+with its spread ((max - min) / median), and the fidelity: `exact` (every byte equal) or
+the PSNR in dB against Pillow. A last row times whole policies (ours only).
+
+    python benchmarks/augment_ops.py [--rounds 7] [--calls 200] [--magnitude 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import random
+import statistics
+import sys
+import time
+from io import BytesIO
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import markdown_table, spread  # noqa: E402
+
+from pipeline.augment import Augment, build_augmenter  # noqa: E402
+from pipeline.augment.levels import OPS, Hparams, op_argument  # noqa: E402
+from pipeline.augment.policies import AUGMIX_OPS, RAND_INCREASING_OPS, RAND_OPS  # noqa: E402
+from pipeline.transforms import SampleRandom  # noqa: E402
+from tests.oddimages import photo_jpeg  # noqa: E402
+from tests.pillow_ops import FixedSign, psnr, timm_pillow_op  # noqa: E402
+
+SIZE = 224
+RESAMPLE = "bilinear"
+EXTRA_OPS = ("PosterizeOriginal", "TranslateX", "TranslateY", "Desaturate", "GaussianBlur")
+POLICIES = ("rand-m9-mstd0.5-inc1", "original", "augmix-m5-w3-d2", "trivialaugment", "3a")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of every op both ways")
+    parser.add_argument("--calls", type=int, default=200, help="calls per op, side and round")
+    parser.add_argument("--magnitude", type=float, default=9.0, help="timm magnitude, 0-10")
+    args = parser.parse_args(argv)
+    cv2.setNumThreads(1)
+    image = np.asarray(Image.open(BytesIO(photo_jpeg(SIZE, SIZE, seed=1))).convert("RGB"))
+    hparams = Hparams(translate_const=int(SIZE * 0.45), fill=(124, 116, 104), resample=(RESAMPLE,))
+    names = list(dict.fromkeys((*RAND_OPS, *RAND_INCREASING_OPS, *AUGMIX_OPS, *EXTRA_OPS)))
+    arguments = {name: op_argument(name, args.magnitude, hparams, FixedSign(0.0)) for name in names}
+    cases = {}
+    for name in names:
+        cases[(name, "ours")] = functools.partial(run_ours, name, arguments[name], hparams, image)
+        cases[(name, "pillow")] = functools.partial(
+            run_pillow, name, arguments[name], Image.fromarray(image), hparams.fill
+        )
+    times = time_rounds(cases, names, args.rounds, args.calls)
+    rows = []
+    for name in names:
+        ours, theirs = times[(name, "ours")], times[(name, "pillow")]
+        ratios = [p / o for p, o in zip(theirs, ours, strict=True)]
+        rows.append(
+            [
+                name,
+                _argument_text(arguments[name]),
+                f"{statistics.median(ours):.0f}",
+                f"{statistics.median(theirs):.0f}",
+                f"{statistics.median(ratios):.2f}x",
+                f"{spread(ratios):.0%}",
+                fidelity(name, arguments[name], hparams, image),
+            ]
+        )
+    print(
+        f"{SIZE}x{SIZE} photo-like JPEG, magnitude {args.magnitude:g}, {RESAMPLE}, "
+        f"{args.rounds} rounds x {args.calls} calls, CPU time, medians"
+    )
+    header = ["op", "argument", "ours us", "Pillow us", "Pillow / ours", "spread", "fidelity"]
+    print(markdown_table(header, rows))
+    print()
+    print(policy_table(image, args.rounds, args.calls))
+    return 0
+
+
+def run_ours(name: str, argument, hparams: Hparams, image: np.ndarray, calls: int) -> None:
+    pixels, op, rng = np.empty_like(image), OPS[name][1], random.Random(0)
+    for _ in range(calls):
+        np.copyto(pixels, image)
+        op(pixels, argument, hparams, rng)
+
+
+def run_pillow(name: str, argument, img: Image.Image, fill, calls: int) -> None:
+    for _ in range(calls):
+        timm_pillow_op(name, argument, img, RESAMPLE, fill)
+
+
+def time_rounds(cases: dict, names: list[str], rounds: int, calls: int) -> dict:
+    """Microseconds a call per case and round: ops in rotating order, sides alternating."""
+    times: dict = {key: [] for key in cases}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        sides = ("ours", "pillow") if round_index % 2 == 0 else ("pillow", "ours")
+        for name in names[shift:] + names[:shift]:
+            for side in sides:
+                started = time.process_time()
+                cases[(name, side)](calls)
+                times[(name, side)].append((time.process_time() - started) / calls * 1e6)
+    return times
+
+
+def fidelity(name: str, argument, hparams: Hparams, image: np.ndarray) -> str:
+    """`exact`, or the PSNR of our pixels against Pillow's."""
+    pixels = image.copy()
+    OPS[name][1](pixels, argument, hparams, random.Random(0))
+    img = Image.fromarray(image)
+    reference = np.asarray(timm_pillow_op(name, argument, img, RESAMPLE, hparams.fill))
+    value = psnr(pixels, reference)
+    return "exact" if math.isinf(value) else f"{value:.1f} dB"
+
+
+def policy_table(image: np.ndarray, rounds: int, calls: int) -> str:
+    """Whole policies as the loader runs them (ours only): microseconds an image."""
+    rows = []
+    for policy in POLICIES:
+        augmenter = build_augmenter(Augment(auto_augment=policy), SIZE)
+        pixels, spent = np.empty_like(image), []
+        for round_index in range(rounds):
+            started = time.process_time()
+            for call in range(calls):
+                np.copyto(pixels, image)
+                augmenter(pixels, SampleRandom(f"{round_index}/{call}"))
+            spent.append((time.process_time() - started) / calls * 1e6)
+        rows.append([policy, f"{statistics.median(spent):.0f}", f"{spread(spent):.0%}"])
+    return markdown_table(["policy (ours, per image)", "us", "spread"], rows)
+
+
+def _argument_text(argument) -> str:
+    if argument is None:
+        return "-"
+    return f"{argument:g}" if isinstance(argument, float) else str(argument)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
