@@ -68,6 +68,10 @@ class Batching:
             for free. `CudaPrefetcher` outputs NCHW unless asked for channels-last; on
             the CPU call `.contiguous()` if code needs NCHW strides. False: workers
             transpose.
+        aug_repeats: repeated augmentation (DeiT's `--aug-repeats`): each epoch reads
+            about 1/k of the samples, chosen anew each epoch, k times each with k
+            different augmentations (repeat numbers 0..k-1), and keeps the length it
+            has without repeats (`pipeline.plan.Repeats`). Training only; 1: off.
     """
 
     size: int = option(256, "samples per batch per rank", "batch")
@@ -85,12 +89,20 @@ class Batching:
     channels_last: bool = option(
         True, "images in NHWC memory layout", "batch", flag="channels_last"
     )
+    aug_repeats: int = option(
+        1,
+        "repeated augmentation: each epoch reads about 1/k of the samples, k times each "
+        "with k different augmentations, at the epoch's usual length (train only; 1: off)",
+        "batch",
+        flag="aug_repeats",
+    )
 
     def __post_init__(self) -> None:
         check_int_at_least(self, "size", 1)
         check_flag(self, "drop_last", optional=True)
         check_choice(self, "epoch_rule", EPOCH_RULES, optional=True)
         check_flag(self, "channels_last")
+        check_int_at_least(self, "aug_repeats", 1)
 
 
 @dataclass(frozen=True)
@@ -763,6 +775,7 @@ class LoaderConfig(LoaderOptions):
             raise refuse(
                 self, "sampling", f" must be Exact() or Resampled(...), got {self.sampling!r}"
             )
+        self.check_aug_repeats()
         check_flag(self, "with_keys")
         check_int_at_least(self, "seed", 0)
         self.check_ranks()
@@ -809,6 +822,24 @@ class LoaderConfig(LoaderOptions):
                 "augment",
                 f" is for training, and this loader evaluates (split {self.split!r}, "
                 f"train={self.train}): eval never augments, so leave augment out of it",
+            )
+
+    def check_aug_repeats(self) -> None:
+        """Repeated augmentation plans copies of one source's exact epoch (`pipeline.plan`)."""
+        repeats = self.batch.aug_repeats
+        if repeats > 1 and self.is_mix:
+            raise refuse(
+                self,
+                "batch",
+                f".aug_repeats={repeats} is refused for a mix of sources (a mix already "
+                "repeats a source by its share, Source(repeat=...)); use aug_repeats=1",
+            )
+        if repeats > 1 and isinstance(self.sampling, Resampled):
+            raise refuse(
+                self,
+                "batch",
+                f".aug_repeats={repeats} needs the exact epoch: resampled draws are with "
+                "replacement, so no copy count can be kept; use Exact() or aug_repeats=1",
             )
 
     @property

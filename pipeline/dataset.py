@@ -254,9 +254,13 @@ class ShardStream(IterableDataset):
             if slot.pieces is None:
                 rng = self.draw_rng(epoch, len(segments), role)
                 samples = self.iter_draws(rng, stats, slot.samples)
+            elif slot.repeats is not None:
+                samples = self.iter_copies(slot, stats)
             else:
                 samples = self.iter_pieces(slot.pieces, stats)
-            rng = worker_rng(self.settings.seed, epoch, self.settings.rank, role)
+            # Repeated augmentation: ranks reading one lane each shuffle alike (the plan).
+            rank = self.settings.rank if slot.shuffle_rank is None else slot.shuffle_rank
+            rng = worker_rng(self.settings.seed, epoch, rank, role)
             shuffled = shuffle_buffer(samples, part.shuffle_buffer, part.shuffle_initial, rng)
         skip_batches = roles_consumed(resumed, num_workers)[role]
         for _ in range(min(skip_batches * part.batch_size, planned)):
@@ -308,6 +312,16 @@ class ShardStream(IterableDataset):
                 if remap is not None:
                     remap_label(sample, remap)
                 yield sample
+
+    def iter_copies(self, slot: WorkerPlan, stats: WorkerStats) -> Iterator[Sample]:
+        """Repeated augmentation: each sample read once and emitted as the plan's copies,
+        each with its repeat number (a different augmentation); the bytes are shared."""
+        for piece, first, copies in zip(
+            slot.pieces, slot.repeats.tolist(), slot.copies.tolist(), strict=True
+        ):
+            for sample in self.iter_pieces((piece,), stats):
+                for repeat in range(first, first + copies):
+                    yield {**sample, "__repeat__": repeat}
 
     def draw_rng(self, epoch: int, resumes: int, role: int) -> random.Random:
         """The random source of slot `role`'s draws in resampled mode.

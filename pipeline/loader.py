@@ -343,7 +343,13 @@ def stream_settings(
         seed=config.seed,
         rank=rank,
         world_size=world_size,
-        batch=Batching(config.batch.size, drop_last, rule, config.batch.channels_last),
+        batch=Batching(
+            config.batch.size,
+            drop_last,
+            rule,
+            config.batch.channels_last,
+            config.batch.aug_repeats if train else 1,  # eval reads each sample once
+        ),
         # Evaluation reads in order: a buffer of one passes samples straight through.
         shuffle=config.shuffle if train else Shuffle(buffer=1, initial=1),
         io=config.io,

@@ -194,7 +194,17 @@ class Mix:
     def plan_epoch(
         self, part: Partition, rank: int, seed: int, epoch: int, segments: Sequence[Segment]
     ) -> MixedEpochPlan:
-        """`pipeline.plan.plan_epoch` for a mix: O(shards) without segments."""
+        """`pipeline.plan.plan_epoch` for a mix: O(shards) without segments.
+
+        Raises:
+            UsageError: repeated augmentation asked for (`Batching.aug_repeats` > 1): a
+                mix repeats a source by its share (`Source(repeat=...)`) instead.
+        """
+        if part.aug_repeats > 1:
+            raise UsageError(
+                f"Batching.aug_repeats={part.aug_repeats} is refused for a mix of sources "
+                "(a mix repeats a source by its share, Source(repeat=...)); use aug_repeats=1"
+            )
         remaining = remaining_quota(self, segments, seed, epoch)
         index, padded = rank_slice(sum(len(r) for r in remaining), part, rank)
         batches = batches_for(len(index), part)

@@ -23,6 +23,7 @@ not in the number of samples.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, astuple, dataclass, fields
@@ -32,6 +33,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from pipeline.config import EPOCH_RULES, Batching, Shuffle
+from shards.errors import UsageError
 
 T = TypeVar("T")
 
@@ -61,9 +63,17 @@ class Partition:
     rule: str  # pad | drop | uneven
     shuffle_buffer: int = 1  # 1: no sample shuffle (evaluation)
     shuffle_initial: int = 1
+    aug_repeats: int = 1  # copies of each selected sample an epoch (`Repeats`)
 
     def __post_init__(self) -> None:
-        counts = ("world_size", "num_workers", "batch_size", "shuffle_buffer", "shuffle_initial")
+        counts = (
+            "world_size",
+            "num_workers",
+            "batch_size",
+            "shuffle_buffer",
+            "shuffle_initial",
+            "aug_repeats",
+        )
         low = [name for name in counts if getattr(self, name) < 1]
         if low or self.rule not in EPOCH_RULES:
             raise ValueError(
@@ -93,6 +103,7 @@ class Partition:
             batch.epoch_rule,
             shuffle.buffer,
             shuffle.initial,
+            batch.aug_repeats,
         )
 
 
@@ -470,7 +481,10 @@ class Segment:
     consumed: int
 
     def to_dict(self) -> dict:
-        return {**asdict(self.partition), "consumed": self.consumed}
+        data = asdict(self.partition)
+        if data["aug_repeats"] == 1:  # a state without repeats reads as it always has
+            del data["aug_repeats"]
+        return {**data, "consumed": self.consumed}
 
     @classmethod
     def from_dict(cls, data: dict) -> Segment:
@@ -504,7 +518,11 @@ def roles_consumed(consumed: int, num_workers: int) -> list[int]:
 
 
 def consumed_positions(
-    remaining: Runs | np.ndarray, segment: Segment, seed: int, epoch: int
+    remaining: Runs | np.ndarray,
+    segment: Segment,
+    seed: int,
+    epoch: int,
+    repeats: Repeats | None = None,
 ) -> np.ndarray:
     """Positions delivered during `segment`, found by replaying every rank's shuffle.
 
@@ -512,6 +530,7 @@ def consumed_positions(
 
     Args:
         remaining: the positions the segment was read from (sorted), as runs or an array.
+        repeats: the epoch's repeated augmentation, whose lanes share shuffles.
     """
     if isinstance(remaining, np.ndarray):
         remaining = Runs.from_positions(remaining)
@@ -526,7 +545,7 @@ def consumed_positions(
             count = min(done[role] * part.batch_size, len(positions))
             if count == 0:
                 continue
-            rng = worker_rng(seed, epoch, rank, role)
+            rng = worker_rng(seed, epoch, shuffle_rank(repeats, part, rank), role)
             order = shuffle_buffer(
                 range(len(positions)), part.shuffle_buffer, part.shuffle_initial, rng
             )
@@ -535,16 +554,201 @@ def consumed_positions(
     return np.concatenate(taken) if taken else np.empty(0, dtype=np.int64)
 
 
-def remaining_runs(total: int, segments: Sequence[Segment], seed: int, epoch: int) -> Runs:
+def remaining_runs(
+    total: int,
+    segments: Sequence[Segment],
+    seed: int,
+    epoch: int,
+    repeats: Repeats | None = None,
+) -> Runs:
     """Global positions of the epoch not yet delivered after `segments`, sorted.
 
-    One run `[0, total)` without segments; each segment removes what it consumed.
+    One run `[0, total)` without segments (with `repeats`, its copy positions); each
+    segment removes what it consumed.
     """
-    remaining = Runs.span(0, total)
+    remaining = Runs.span(0, total) if repeats is None else repeats.start()
     for segment in segments:
-        used = np.unique(consumed_positions(remaining, segment, seed, epoch))
+        used = np.unique(consumed_positions(remaining, segment, seed, epoch, repeats))
         remaining = remaining.without(used)
     return remaining
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """Repeated augmentation's epoch (`Batching.aug_repeats`, DeiT's RASampler): k copies.
+
+    The epoch selects the first `selected` positions of its stream (the shards in the
+    `seed + epoch` order, so about 1/k of them and others each epoch) and delivers
+    `total` copies of them: as many samples as the ranks deliver without repeats, so
+    `len(loader)` is unchanged. The copies are the positions of a stream of their own,
+    which ranks and workers slice, replay and resume as any epoch's stream. It is laid
+    out for the `world` ranks the epoch started on, each taking `share` copies:
+
+    - the first `aligned` samples (`groups` x `share`, where `groups = world // k` and
+      shares are equal) lie in k lanes, one copy each, in stream order: lane `c` is
+      ranks `c * groups` to `(c + 1) * groups - 1`, and ranks `g`, `groups + g`, ...
+      read the same samples and shuffle alike (`shuffle_rank`), so the k copies of a
+      sample reach k ranks at the same step, in the same slot of the batch;
+    - the rest, for the `world % k` ranks left (all of them when k > world), lie in
+      `lanes` lanes (the greatest common divisor of k and those ranks); each sample is
+      emitted `per_read` times in a row, copies `lane * per_read` onward, so a worker
+      reads each piece once per lane: one rank alone reads each sample once, and its
+      shuffle buffer spreads the k copies over nearby batches.
+
+    When `total` is not a multiple of k, the last selected sample gets the copies left
+    (fewer than k), as RASampler's last index does.
+    """
+
+    copies: int  # k
+    selected: int  # stream positions [0, selected) are read this epoch
+    total: int  # copies delivered over all ranks
+    world: int
+    groups: int  # rank groups whose k ranks read the same samples, one copy each
+    aligned: int  # samples those groups read: `groups` shares
+    lanes: int  # lanes of the rest
+
+    @classmethod
+    def of(cls, samples: int, part: Partition) -> Repeats:
+        """The repeats of an epoch of `samples` started under `part`: O(world size).
+
+        Raises:
+            UsageError: the epoch would need more distinct samples than there are.
+        """
+        used = []  # what each rank delivers without repeats (pad and drop_last included)
+        for rank in range(part.world_size):
+            share = len(rank_slice(samples, part, rank)[0])
+            used.append(min(share, batches_for(share, part) * part.batch_size))
+        copies, total, world = part.aug_repeats, sum(used), part.world_size
+        selected = -(-total // copies)
+        if selected > samples:
+            raise UsageError(
+                f"Batching.aug_repeats={copies} over {world} ranks needs {selected} "
+                f"samples an epoch but the split holds {samples}; lower aug_repeats or "
+                "the world size"
+            )
+        equal = part.rule != "uneven"  # pad and drop give every rank the same share
+        groups = world // copies if equal else 0
+        rest = world - groups * copies
+        lanes = math.gcd(copies, rest)
+        return cls(copies, selected, total, world, groups, groups * used[0], lanes)
+
+    @property
+    def per_read(self) -> int:
+        """Copies a worker emits in a row of each sample it reads beyond `aligned`."""
+        return self.copies // self.lanes
+
+    def position(self, sample: int, copy: int) -> int:
+        """Where copy `copy` of selected sample `sample` sits in the copy stream."""
+        if sample < self.aligned:
+            return copy * self.aligned + sample
+        lane, inner = divmod(copy, self.per_read)
+        later = sample - self.aligned + lane * (self.selected - self.aligned)
+        return self.copies * self.aligned + later * self.per_read + inner
+
+    def start(self) -> Runs:
+        """The epoch's copy positions before any is delivered: the last selected sample's
+        copies beyond `total` left out."""
+        if not self.selected:
+            return Runs([], [])
+        last = self.selected - 1
+        kept = self.total - self.copies * last  # copies the last selected sample gets
+        missing = [self.position(last, copy) for copy in range(kept, self.copies)]
+        whole = Runs.span(0, self.copies * self.selected)
+        return whole.without(np.asarray(missing, dtype=np.int64))
+
+    def shuffle_rank(self, part: Partition, rank: int) -> int:
+        """The rank whose shuffle `rank` uses: ranks reading the same samples (one lane
+        each) share one, under the partition the epoch was laid out for."""
+        if part.world_size != self.world:
+            return rank
+        if rank < self.groups * self.copies:
+            return rank % self.groups
+        rest = self.world - self.groups * self.copies
+        return self.groups + (rank - self.groups * self.copies) % (rest // self.lanes)
+
+    def pieces(self, layout: EpochLayout, positions: Runs) -> tuple[Pieces, np.ndarray, np.ndarray]:
+        """Copy positions as pieces of shards, each piece's first copy number and copies.
+
+        Each sample of a piece is emitted `copies` times in a row, numbered from `first`:
+        the order of the copy positions. O(runs + shards touched), as `EpochLayout.pieces`.
+        """
+        spans: list[tuple[int, int, int, int]] = []  # (stream start, stop, first, copies)
+        for start, stop in zip(positions.starts.tolist(), positions.stops.tolist(), strict=True):
+            while start < stop:
+                span, start = self.next_span(start, stop)
+                spans += span
+        runs = Runs([s[0] for s in spans], [s[1] for s in spans])
+        pieces = layout.pieces(runs)
+        # Every run is cut into one piece or more, in order: a piece's run is the one
+        # its last sample falls in.
+        ends = np.cumsum(pieces.stops.astype(np.int64) - pieces.starts)
+        run = np.searchsorted(runs.ends, ends, side="left")
+        firsts = np.asarray([s[2] for s in spans], dtype=np.int32)
+        copies = np.asarray([s[3] for s in spans], dtype=np.int32)
+        return pieces, firsts[run], copies[run]
+
+    def next_span(self, start: int, stop: int) -> tuple[list[tuple[int, int, int, int]], int]:
+        """The spans of copy positions `[start, stop)` up to the end of `start`'s lane, and
+        where they end."""
+        head = self.copies * self.aligned
+        if start < head:
+            lane, at = divmod(start, self.aligned)
+            end = min(stop, (lane + 1) * self.aligned)
+            return [(at, at + end - start, lane, 1)], end
+        per, width = self.per_read, self.per_read * (self.selected - self.aligned)
+        lane, at = divmod(start - head, width)
+        end = min(stop, head + (lane + 1) * width)
+        spans = lane_spans(at, at + end - start, per, lane * per)
+        return [(a + self.aligned, b + self.aligned, c, n) for a, b, c, n in spans], end
+
+
+def lane_spans(start: int, stop: int, per: int, base: int) -> list[tuple[int, int, int, int]]:
+    """Positions `[start, stop)` of one lane as `(sample start, stop, first copy, copies)`:
+    a partial sample at either end, the whole samples between with all `per` copies."""
+    first, head = divmod(start, per)
+    last, tail = divmod(stop, per)
+    if first == last:
+        return [(first, first + 1, base + head, tail - head)]
+    spans = []
+    if head:
+        spans.append((first, first + 1, base + head, per - head))
+        first += 1
+    if last > first:
+        spans.append((first, last, base, per))
+    if tail:
+        spans.append((last, last + 1, base, tail))
+    return spans
+
+
+def shuffle_rank(repeats: Repeats | None, part: Partition, rank: int) -> int:
+    """The rank a worker's shuffle buffer is seeded by (`worker_rng`)."""
+    return rank if repeats is None else repeats.shuffle_rank(part, rank)
+
+
+def epoch_repeats(
+    samples: int, part: Partition, segments: Sequence[Segment], resampled: bool
+) -> Repeats | None:
+    """The epoch's `Repeats`, laid out by the partition it started under; None without.
+
+    Raises:
+        UsageError: a resume asks for other repeats than the epoch started with, or
+            repeats in resampled mode.
+    """
+    first = segments[0].partition if segments else part
+    if any(s.partition.aug_repeats != part.aug_repeats for s in segments):
+        raise UsageError(
+            f"this epoch started with Batching.aug_repeats={first.aug_repeats} and is "
+            f"resumed with {part.aug_repeats}: resume with {first.aug_repeats}, or from a "
+            "state saved at an epoch's end"
+        )
+    if part.aug_repeats == 1:
+        return None
+    if resampled:
+        raise UsageError(
+            f"Batching.aug_repeats={part.aug_repeats} needs the exact epoch: resampled draws "
+            "are with replacement; use Exact() or aug_repeats=1"
+        )
+    return Repeats.of(samples, first)
 
 
 @dataclass(frozen=True)
@@ -554,13 +758,19 @@ class WorkerPlan:
     Attributes:
         pieces: runs of consecutive samples of shards, in read order; None in resampled
             mode, whose samples are drawn as the worker goes.
-        samples: how many samples the worker reads (or draws).
+        samples: how many samples the worker reads (or draws); with repeats, copies.
         batches: how many batches the worker yields (its last may be partial).
+        repeats, copies: with repeated augmentation, per piece: the first repeat number
+            and how many copies of each of its samples the worker emits (`Repeats`).
+        shuffle_rank: the rank its shuffle buffer is seeded by (None: its own).
     """
 
     pieces: Pieces | None
     samples: int
     batches: int
+    repeats: np.ndarray | None = None
+    copies: np.ndarray | None = None
+    shuffle_rank: int | None = None
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: `counts` is an array
@@ -581,6 +791,7 @@ class EpochPlan:
         batches: batches the rank yields from its share.
         counts, seed, epoch: what places stream positions in shards (`EpochLayout`).
         resampled: the positions are draws with replacement, not stream positions.
+        repeats: repeated augmentation: `remaining` holds copy positions (`Repeats`).
     """
 
     partition: Partition
@@ -593,6 +804,7 @@ class EpochPlan:
     seed: int
     epoch: int
     resampled: bool
+    repeats: Repeats | None = None
 
     @property
     def total(self) -> int:
@@ -621,6 +833,10 @@ class EpochPlan:
     def worker(self, role: int) -> WorkerPlan:
         """What slot `role` of the rank reads: O(shards it touches) beyond the layout."""
         positions, batches = self.worker_positions(role)
+        if self.repeats is not None:
+            pieces, repeats, copies = self.repeats.pieces(self.layout, positions)
+            rank = self.repeats.shuffle_rank(self.partition, self.rank)
+            return WorkerPlan(pieces, len(positions), batches, repeats, copies, rank)
         pieces = None if self.resampled else self.layout.pieces(positions)
         return WorkerPlan(pieces, len(positions), batches)
 
@@ -657,6 +873,9 @@ def plan_epoch(
     A mix of sources (`counts` a `pipeline.mixing.Mix`) is planned by `Mix.plan_epoch`:
     the same partition and segments, each source's quota interleaved into one sequence.
 
+    Repeated augmentation (`part.aug_repeats` > 1) plans copy positions instead of the
+    stream's (`Repeats`), by the same slicing, replay and resume.
+
     Args:
         counts: samples per shard, by shard index; or a `Mix` of sources.
         segments: earlier partitions of this epoch whose deliveries are excluded.
@@ -666,15 +885,26 @@ def plan_epoch(
             raise ValueError("a mix of sources is read exactly: draws must be None")
         return counts.plan_epoch(part, rank, seed, epoch, segments)
     counts = np.asarray(counts, dtype=np.int64)
+    repeats = epoch_repeats(int(counts.sum()), part, segments, draws is not None)
     if draws is None:
-        remaining = remaining_runs(int(counts.sum()), segments, seed, epoch)
+        remaining = remaining_runs(int(counts.sum()), segments, seed, epoch, repeats)
     else:
         done = sum(s.consumed * s.partition.batch_size * s.partition.world_size for s in segments)
         remaining = Runs.span(0, max(0, draws - done))
     index, padded = rank_slice(len(remaining), part, rank)
     batches = batches_for(len(index), part)
     return EpochPlan(
-        part, rank, remaining, index, padded, batches, counts, seed, epoch, draws is not None
+        part,
+        rank,
+        remaining,
+        index,
+        padded,
+        batches,
+        counts,
+        seed,
+        epoch,
+        draws is not None,
+        repeats,
     )
 
 

@@ -38,6 +38,8 @@ def loader_for(shard_dir, **overrides):
     options.update(overrides)
     if "crop" in overrides:  # a Crop group carries its own image_size
         del options["image_size"]
+    if "batch" in overrides:  # a Batching group carries its own size
+        del options["batch_size"]
     return build_loader(LoaderConfig(**options))
 
 
