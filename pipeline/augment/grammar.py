@@ -161,8 +161,10 @@ def _parse_sections(spec: PolicySpec, sections: list[str], keys: dict) -> Policy
         else:
             match = _SECTION.match(section)
             if not match or match.group(1) not in keys:
-                allowed = ", ".join(keys) + (", w0, t" if spec.kind == "rand" else "")
-                raise PolicyError(f"section {section!r} is not one of {allowed} and a value")
+                allowed = f"one of {', '.join(keys)} followed by a number"
+                if spec.kind == "rand":
+                    allowed += ", w0, or t{weights|3a|3aw}"
+                raise PolicyError(f"section {section!r} is not {allowed}")
             name, parse = keys[match.group(1)]
             try:
                 value = parse(match.group(2))
