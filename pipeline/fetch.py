@@ -11,9 +11,14 @@ cache is on.
 
 A fetched shard's size is checked against the manifest's; a shard going into the
 cache is checked against the manifest's sha256 too (when the source gives it),
-before any process reads it. A fetch that fails is raised by `open`, so it ends as
-today's counted bad shard naming the URL. A full disk or an unwritable cache turns
-the cache off with one warning per process, and reading goes on without it.
+before any process reads it. A cache hit is served from a private copy checked
+against the digest recorded when it was fetched (`ShardCache.lookup`); an entry that
+fails is removed and the shard fetched again (`cache_rejected`), and a lock held past
+the shard deadline sends the shard past the cache (`cache_timeouts`), never a bad
+shard. A fetch that fails is raised by `open`, so it ends as today's counted bad
+shard naming the URL. A full disk, an unwritable cache, a directory others may write
+or a `.lock` held past the deadline turns the cache off with one warning per
+process, and reading goes on without it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,8 @@ from typing import Any, BinaryIO
 
 from pipeline.checksum import check_digest, hash_stream, open_shard
 from pipeline.sources import ShardSpec
-from shards.errors import ShardError
 from shards.storage import is_remote
-from shards.storage.cache import ShardCache, cache_key, is_disk_error
+from shards.storage.cache import CacheBypass, Part, ShardCache, cache_key, is_disk_error
 from shards.storage.ranged import fetch_into
 
 log = logging.getLogger("pipeline")
@@ -129,6 +133,7 @@ class ShardFetcher:
         self._cache: ShardCache | None = None
         self._cache_ready = False
         self._cache_warned = False
+        self._bypasses = 0  # shards this process read past the cache, for its log
         self._keep: frozenset[str] | None = None  # cache keys of every shard of the job
         self._counts_lock = threading.Lock()
         self.counts: dict[str, Any] = new_counts(self.io.prefetch_bytes)
@@ -272,44 +277,57 @@ class ShardFetcher:
         if cache is not None:
             try:
                 file = self._through_cache(cache, spec)
+            except CacheBypass as exc:
+                self._bypassed(spec, exc)
+                file = None
             except OSError as exc:
                 if not is_disk_error(exc):
                     raise
                 self._disable_cache(exc)
-            else:
-                if file is not None:
-                    return file
-        if cache is not None:
+                file = None
+            if file is not None:
+                return file
             self.count("uncached")
         return self._to_temporary(spec)
 
     def _through_cache(self, cache: ShardCache, spec: ShardSpec) -> BinaryIO | None:
-        """The cached shard, fetched into the cache first when missing; None: not cacheable."""
+        """The cached shard, fetched into the cache first when missing; None: not cacheable.
+
+        Every wait on a lock (the entry, its claim, `.lock`) ends at one shard deadline.
+        """
         key = cache_key(spec.url, spec.sha256, spec.bytes)
-        file = cache.lookup(key, spec.bytes)
+        until = time.monotonic() + self.io.retry.deadline
+        file = self._hit(cache, key, spec, until)
         if file is None:
-            with cache.claim(key, self.io.retry.deadline) as claimed:
-                file = cache.lookup(key, spec.bytes)  # another process may have fetched it
+            with cache.claim(key, until) as claimed:
+                file = self._hit(cache, key, spec, until)  # another process may have fetched it
                 if file is None and claimed:
-                    file = self._fill_entry(cache, key, spec)
-                    if file is not None:
-                        return file
-        if file is None:
-            return None
-        self.count("cache_hits")
-        if self.io.checksums and spec.sha256 is not None:
-            try:
-                self._check(spec, file)
-            except ShardError:
-                cache.remove(key)  # rotted on disk: fetched again next time
-                file.close()
-                raise
+                    return self._fill_entry(cache, key, spec, until)
+                if file is None:
+                    self.count("cache_timeouts")
         return file
 
-    def _fill_entry(self, cache: ShardCache, key: str, spec: ShardSpec) -> BinaryIO | None:
-        """Fetch `spec` into a new cache entry, checked; None when it does not fit."""
+    def _hit(self, cache: ShardCache, key: str, spec: ShardSpec, until: float) -> BinaryIO | None:
+        """A checked private copy of the cached shard, or None: not cached, or a bad entry
+        just removed (counted), so the caller fetches it into the cache again."""
+        try:
+            file = cache.lookup(key, spec.bytes, spec.sha256, until)
+        except CacheBypass as exc:
+            if not exc.removed:
+                raise
+            self._bypassed(spec, exc)
+            return None
+        if file is not None:
+            self.count("cache_hits")
+        return file
+
+    def _fill_entry(
+        self, cache: ShardCache, key: str, spec: ShardSpec, until: float
+    ) -> BinaryIO | None:
+        """Fetch `spec` into a new cache entry, checked; its private copy, or None when
+        it does not fit."""
         keep = self._keep or frozenset()
-        part = cache.reserve(key, spec.bytes or 0, keep)
+        part = cache.reserve(key, spec.bytes or 0, until, keep)
         if part is None:
             return None  # larger than the limit, or the rest is in use
         try:
@@ -319,15 +337,45 @@ class ShardFetcher:
                 # reports the truncation as for a streamed read.
                 self.count("uncached")
                 return cache.unpublished(part)
-            self._check(spec, part.file)
-            file = cache.commit(part, got, keep)
+            copy, digest = cache.copy_part(part, got)
         except BaseException:
             cache.discard(part)
             raise
-        if file is None:  # a shard of unknown size that turned out not to fit
+        try:
+            if spec.sha256 is not None:
+                check_digest(spec, digest)
+            published = self._publish(cache, part, got, digest, until)
+        except BaseException:
+            copy.close()
+            cache.discard(part)
+            raise
+        if not published:
+            cache.discard(part)
             self.count("uncached")
-            return cache.unpublished(part)
-        return file
+        return copy
+
+    def _publish(self, cache: ShardCache, part: Part, size: int, digest: str, until: float) -> bool:
+        """Publish a checked part; False when it cannot be (the copy is served all the same)."""
+        try:
+            return cache.commit(part, size, digest, until, self._keep or frozenset())
+        except CacheBypass as exc:
+            self._bypassed(spec=None, exc=exc)
+            return False
+
+    def _bypassed(self, spec: ShardSpec | None, exc: CacheBypass) -> None:
+        """Count a shard read past the cache (or an entry replaced); log the first and
+        every hundredth of this process; turn the cache off when it is the whole cache."""
+        if exc.counter is not None:
+            self.count(exc.counter)
+        if exc.whole_cache:
+            self._disable_cache(exc)
+            return
+        with self._counts_lock:
+            self._bypasses += 1
+            seen = self._bypasses
+        if seen == 1 or seen % 100 == 0:
+            where = f"shard {spec.display}: " if spec is not None else ""
+            log.warning("%sshard cache: %s (%d so far in this process)", where, exc, seen)
 
     def _to_temporary(self, spec: ShardSpec) -> BinaryIO:
         """`spec` fetched into an unnamed temporary file (gone when closed)."""
@@ -375,11 +423,12 @@ class ShardFetcher:
                 try:
                     cache.prepare()
                     self._cache = cache
-                except OSError as exc:
+                except (OSError, CacheBypass) as exc:
+                    cache.close()
                     self._disable_cache(exc)
             return self._cache
 
-    def _disable_cache(self, exc: OSError) -> None:
+    def _disable_cache(self, exc: OSError | CacheBypass) -> None:
         """Stop caching in this process; warn the first time only."""
         self._cache = None
         with self._counts_lock:
@@ -387,11 +436,16 @@ class ShardFetcher:
                 return
             self._cache_warned = True
             self.counts["cache_off"] = 1
+        hint = (
+            ""
+            if isinstance(exc, CacheBypass)
+            else (" (free space or fix the directory's permissions to cache again)")
+        )
         log.warning(
-            "shard cache %s turned off: %s; reading goes on without it (free space or "
-            "fix the directory's permissions to cache again)",
+            "shard cache %s turned off: %s; reading goes on without it%s",
             self.io.cache_dir,
             f"{type(exc).__name__}: {exc}",
+            hint,
         )
 
 
@@ -403,7 +457,9 @@ def new_counts(budget: int) -> dict[str, Any]:
         "bytes_fetched": 0,  # bytes downloaded from servers and stores
         "shards_fetched": 0,
         "cache_hits": 0,  # shards read from the cache instead
-        "uncached": 0,  # shards fetched past the cache (larger than its limit, all in use)
+        "uncached": 0,  # shards fetched past the cache (too large, all in use, a lock held)
+        "cache_rejected": 0,  # cache entries that failed their checks (removed, fetched again)
+        "cache_timeouts": 0,  # cache locks still held at the shard deadline
         "cache_off": 0,  # 1 once a disk error turned the cache off in this process
         "wait_s": 0.0,  # reading blocked on a fetch
     }

@@ -7,8 +7,10 @@ server sent) and the moto S3 server behind a counting proxy.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +24,14 @@ from pipeline.config import ReadOptions
 from pipeline.fetch import ShardFetcher
 from pipeline.sources import ShardSpec
 from shards.storage import cache as cache_module
-from shards.storage.cache import PART_SUFFIX, SHARD_SUFFIX, ShardCache, cache_key
+from shards.storage.cache import (
+    MAGIC,
+    PART_SUFFIX,
+    SHARD_SUFFIX,
+    TRAILER_BYTES,
+    ShardCache,
+    cache_key,
+)
 from tests.conftest import shard_files
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
@@ -53,6 +62,21 @@ def cached_entries(cache_dir) -> list[Path]:
     return sorted(Path(cache_dir).glob("*" + SHARD_SUFFIX))
 
 
+def key_of(name: str) -> str:
+    """A real cache key (the cache evicts and cleans up only names it makes)."""
+    return cache_key(f"http://host/{name}", None, None)
+
+
+def put(cache: ShardCache, key: str, size: int = 100, keep=frozenset()) -> None:
+    """Write an entry of `size` bytes as the fetcher does: reserve, fill, copy, commit."""
+    part = cache.reserve(key, size, math.inf, keep)
+    part.file.write(b"x" * size)
+    part.file.flush()
+    copy, digest = cache.copy_part(part, size)
+    copy.close()
+    assert cache.commit(part, size, digest, math.inf, keep)
+
+
 @pytest.fixture(scope="module")
 def local_epoch(shard_dir) -> Counter:
     loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False)
@@ -80,13 +104,20 @@ def test_epoch_two_reads_nothing_from_the_server_when_the_cache_holds_the_datase
     assert sum(f["cache_hits"] for f in fetch) == len(train_tars(shard_dir))
 
 
-def test_cache_entries_hold_exactly_the_shards_bytes(shard_dir, tmp_path):
+def test_cache_entries_hold_exactly_the_shards_bytes_and_their_sha256(shard_dir, tmp_path):
     cache_dir = tmp_path / "cache"
     with LocalHTTPServer(shard_dir) as base:
         epoch_counts(remote_loader(base, cache_dir, num_workers=2), 0)
-    digests = {hashlib.sha256(p.read_bytes()).hexdigest() for p in cached_entries(cache_dir)}
+    digests = set()
+    for entry in cached_entries(cache_dir):
+        data = entry.read_bytes()
+        shard, trailer = data[:-TRAILER_BYTES], data[-TRAILER_BYTES:]
+        assert trailer == MAGIC + hashlib.sha256(shard).digest()
+        digests.add(hashlib.sha256(shard).hexdigest())
     expected = {hashlib.sha256(p.read_bytes()).hexdigest() for p in train_tars(shard_dir)}
     assert digests == expected
+    assert (cache_dir.stat().st_mode & 0o777) == 0o700
+    assert ((cache_dir / "claims").stat().st_mode & 0o777) == 0o700
 
 
 def test_a_shard_changed_on_the_server_is_a_counted_bad_shard_and_never_cached(
@@ -115,9 +146,9 @@ def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
     seen = []
     real_reserve = ShardCache.reserve
 
-    def watched_reserve(self, key, size, keep=frozenset()):
-        part = real_reserve(self, key, size, keep)
-        with self._locked():  # the prefetch threads reserve and publish under it too
+    def watched_reserve(self, key, size, until, keep=frozenset()):
+        part = real_reserve(self, key, size, until, keep)
+        with self._locked(math.inf):  # the prefetch threads reserve and publish under it too
             seen.append(self.usage())  # with the new part counted
         return part
 
@@ -140,47 +171,56 @@ def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
     # would fetch the whole dataset again each epoch).
     assert sent[0] == sum(sizes)
     assert held[0] == held[1] == held[2]
-    assert sent[1] == sent[2] == sum(sizes) - used
+    assert sent[1] == sent[2] == sum(sizes) - (used - len(held[0]) * TRAILER_BYTES)
 
 
 def test_eviction_spares_the_jobs_own_shards_and_evicts_others(tmp_path):
-    cache = ShardCache(str(tmp_path / "c"), limit=300)
+    cache = ShardCache(str(tmp_path / "c"), limit=3 * (100 + TRAILER_BYTES))
     cache.prepare()
-    for key in ("other-job", "mine-1", "mine-2"):
-        part = cache.reserve(key, 100)
-        part.file.write(b"x" * 100)
-        cache.commit(part, 100).close()
-    os.utime(cache.path("mine-1"), (1, 1))  # the least recently used, but the job's own
-    keep = frozenset({"mine-1", "mine-2", "mine-3", "mine-4"})
-    part = cache.reserve("mine-3", 100, keep)
-    assert part is not None and not os.path.exists(cache.path("other-job"))
-    part.file.write(b"x" * 100)
-    cache.commit(part, 100, keep).close()
-    assert cache.reserve("mine-4", 100, keep) is None  # streamed past the cache instead
-    assert {p.name for p in cached_entries(cache.root)} == {
-        f"mine-{i}{SHARD_SUFFIX}" for i in (1, 2, 3)
-    }
-    assert cache.reserve("another-job", 100) is not None  # without keep: plain LRU
-    assert not os.path.exists(cache.path("mine-1"))
+    other, mine = key_of("other-job"), [key_of(f"mine-{i}") for i in range(1, 5)]
+    for key in (other, mine[0], mine[1]):
+        put(cache, key)
+    os.utime(cache.path(mine[0]), (1, 1))  # the least recently used, but the job's own
+    keep = frozenset(mine)
+    put(cache, mine[2], keep=keep)
+    assert not os.path.exists(cache.path(other))
+    assert cache.reserve(mine[3], 100, math.inf, keep) is None  # streamed past the cache
+    assert {p.name for p in cached_entries(cache.root)} == {k + SHARD_SUFFIX for k in mine[:3]}
+    assert cache.reserve(key_of("another-job"), 100, math.inf) is not None  # plain LRU
+    assert not os.path.exists(cache.path(mine[0]))
 
 
 def test_eviction_never_removes_a_shard_in_use(tmp_path):
-    cache = ShardCache(str(tmp_path / "c"), limit=300)
+    cache = ShardCache(str(tmp_path / "c"), limit=2 * (100 + TRAILER_BYTES))
     cache.prepare()
-    for key in ("old", "new"):
-        part = cache.reserve(key, 100)
-        part.file.write(b"x" * 100)
-        cache.commit(part, 100).close()
-    os.utime(cache.path("new"), (1, 1))  # "new" is now the least recently used ...
-    in_use = cache.lookup("new", 100)  # ... but open (share-locked) by a reader
-    os.utime(cache.path("new"), (1, 1))
-    part = cache.reserve("third", 200)
-    assert part is not None
-    assert os.path.exists(cache.path("new")) and not os.path.exists(cache.path("old"))
-    cache.discard(part)
-    assert cache.reserve("too-big", 250) is None  # only an in-use shard left to evict
-    in_use.close()
-    assert cache.reserve("too-big", 250) is not None
+    old, new = key_of("old"), key_of("new")
+    for key in (old, new):
+        put(cache, key)
+    os.utime(cache.path(new), (1, 1))  # "new" is now the least recently used ...
+    with open(cache.path(new), "rb") as in_use:  # ... but share-locked by a reader copying it
+        fcntl.flock(in_use, fcntl.LOCK_SH)
+        part = cache.reserve(key_of("third"), 100, math.inf)
+        assert part is not None
+        assert os.path.exists(cache.path(new)) and not os.path.exists(cache.path(old))
+        cache.discard(part)
+        assert cache.reserve(key_of("too-big"), 200, math.inf) is None  # only one in use left
+    assert cache.reserve(key_of("too-big"), 200, math.inf) is not None
+
+
+def test_a_hit_is_a_private_copy_checked_against_the_digest_recorded_at_fetch(tmp_path):
+    """What the reader gets is checked as it is copied: later changes to the entry never
+    reach it, and a changed entry is rejected (removed) at the next lookup."""
+    cache = ShardCache(str(tmp_path / "c"), None)
+    cache.prepare()
+    key = key_of("shard")
+    put(cache, key, 1000)
+    copy = cache.lookup(key, 1000, None, math.inf)
+    with open(cache.path(key), "r+b") as entry:
+        entry.write(b"y")  # in place, after the check
+    assert copy.read() == b"x" * 1000
+    with pytest.raises(cache_module.CacheBypass, match="recorded when it was fetched") as caught:
+        cache.lookup(key, 1000, None, math.inf)
+    assert caught.value.removed and not os.path.exists(cache.path(key))
 
 
 def test_two_readers_sharing_a_cache_download_each_shard_once(shard_dir, tmp_path, local_epoch):
@@ -205,12 +245,12 @@ def test_two_readers_sharing_a_cache_download_each_shard_once(shard_dir, tmp_pat
 
 
 HOLD_CLAIM = """
-import sys, time
-from shards.storage.cache import ShardCache
+import math, sys, time
+from shards.storage.cache import ShardCache, cache_key
 cache = ShardCache(sys.argv[1], None)
 cache.prepare()
-part = cache.reserve(sys.argv[2] + "-unrelated", 10)  # a part it never finishes
-with cache.claim(sys.argv[2], 5) as claimed:
+part = cache.reserve(cache_key("unrelated", None, None), 10, math.inf)  # never finished
+with cache.claim(sys.argv[2], time.monotonic() + 5) as claimed:
     assert claimed
     print("holding", flush=True)
     time.sleep(600)
