@@ -483,6 +483,18 @@ def log_epoch_plan(loader: ShardLoader) -> None:
         )
     plan = loader.epoch_plan(())
     part = plan.partition
+    repeats = getattr(plan, "repeats", None)  # a mix's plan has none
+    if repeats is not None:
+        log.info(
+            "aug_repeats %d: each epoch reads %d of the %d samples, %d times each (%d "
+            "copies over %d ranks, the epoch's plain length)",
+            repeats.copies,
+            repeats.selected,
+            int(plan.counts.sum()),
+            repeats.copies,
+            repeats.total,
+            part.world_size,
+        )
     if plan.padded:
         log.info(
             "epoch rule pad: %d samples repeated so %d ranks get %d each",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -296,6 +297,15 @@ def test_each_epoch_selects_other_samples(shard_dir):
     loader.set_epoch(1)
     second = check_copies([row for batch in tagged(loader) for row in batch], epoch=1)
     assert len(first) == len(second) == 64 and set(second) != first
+
+
+def test_the_loader_says_what_an_epoch_reads(shard_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        repeated(shard_dir, world_size=2, rank=1)
+    assert (
+        "aug_repeats 3: each epoch reads 64 of the 194 samples, 3 times each (192 copies "
+        "over 2 ranks, the epoch's plain length)"
+    ) in caplog.messages
 
 
 def test_evaluation_reads_each_sample_once_whatever_aug_repeats_says(shard_dir):
