@@ -24,6 +24,7 @@ from preprocess.images import EXTENSIONS, ImageConfig, process_image, read_sourc
 from preprocess.plan import PlannedSample, ShardTask
 from shards.formats import get_format
 from shards.manifest import LAYOUT_FLAT, FileInfo, ShardInfo, shard_name
+from shards.redact import redact_text
 from shards.sample import MAX_FIELD_BYTES, Sample, SampleError
 from shards.storage.write import OutputStore, file_sha256, open_output_store
 
@@ -61,6 +62,11 @@ class Skip:
     detail: str
     size: int | None = None
     mtime_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        # Written to errors.jsonl and the shard's marker: any URL a reason quotes (a
+        # remote input's, a list row's) is recorded redacted, whoever wrote the reason.
+        object.__setattr__(self, "detail", redact_text(self.detail))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Skip:

@@ -33,6 +33,7 @@ from shards.manifest import (
 )
 from shards.manifest.files import missing_manifest
 from shards.manifest.foreign import foreign_manifest, survey_shard
+from shards.redact import redact_url
 from shards.storage.write import OutputStore, open_output_store
 
 
@@ -71,7 +72,7 @@ def assemble_manifest(
         listing_record["left_out_suffixes"] = listing.suffix_counts()
     config_record = {
         **config.output_shaping(),
-        "input": config.input,
+        "input": redact_url(config.input),
         "plan_digest": plan.digest,
         "shard_size": plan.shard_size,  # derived when --shard-bytes was given
         "listing": listing_record,

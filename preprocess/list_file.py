@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from preprocess.columns import MAX_NAME_BYTES, HugeInteger, InputColumns
 from preprocess.listing import CONTROL_CHARACTER, InputError, LeftOut, Listing, SourceItem, is_utf8
+from shards.redact import redact_url
 from shards.sample import MAX_FIELD_BYTES, SampleError
 from shards.storage import READ_SCHEMES, is_remote, local_path, validate_url
 
@@ -139,12 +140,15 @@ class ListRoot:
                 f"nothing outside the input root {self.local}; build without "
                 "--confine-to-input to read it"
             )
-        origin, path, query = _split_url(location)
+        origin, path, _ = _split_url(location)
         prefix = self.prefixes.get(origin)
         rel = None if prefix is None else _relative_to_url_folder(path, prefix)
         if rel is None:
             raise InputError(f"{where}: path {_shown(raw_path)} lies outside {self._root()}")
-        host = origin.split("://", 1)[1]
+        # The key path is what the output records (a sample's `source`, errors.jsonl):
+        # the host without `user:password@` and the query redacted, never a credential.
+        host = urlsplit(location).netloc.rpartition("@")[2]
+        query = _split_url(redact_url(location))[2]
         return location, f"{host}/{rel}{query}" if self.tag_hosts else f"{rel}{query}"
 
     def _root(self) -> str:
@@ -295,8 +299,8 @@ def _undecoded(value: str) -> str:
 
 
 def _shown(value: str) -> str:
-    """A row's value for a message: escaped, and at most about 80 characters of it."""
-    text = repr(value)
+    """A row's value for a message: redacted, escaped, and at most about 80 characters."""
+    text = repr(redact_url(value))
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 

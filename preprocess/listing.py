@@ -24,6 +24,7 @@ from PIL import Image
 
 from shards.errors import DataError
 from shards.image.policy import INPUT_FORMATS
+from shards.redact import redact_text
 
 # Formats a plugin of the decode policy opens under a name of its own: Pillow's JPEG
 # plugin reads a camera's multi-picture JPEG and calls it MPO (the first picture is used).
@@ -122,6 +123,10 @@ class LeftOut:
     reason: str
     detail: str
     is_input: bool
+
+    def __post_init__(self) -> None:
+        # Written to errors.jsonl: a URL the reason quotes is recorded redacted.
+        object.__setattr__(self, "detail", redact_text(self.detail))
 
 
 @dataclass

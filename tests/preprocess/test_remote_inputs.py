@@ -110,6 +110,79 @@ def test_a_file_url_input_is_the_local_tree(sample_dir, tmp_path):
     assert len(list(items)) == 240 and listing.root == str(sample_dir)
 
 
+# Credentials never enter the output (issue 29) -------------------------------------------
+SECRETS = ("alice", "hunter2pw", "SIGSECRET", "TOKSECRET", "LISTSECRET")
+
+
+def output_text(output) -> list[tuple[str, str]]:
+    """(where, text) of every byte the build left in `output`: each file raw, each tar
+    member, and every Parquet value and metadata entry decoded (pages may be compressed)."""
+    import io
+    import tarfile
+
+    import pyarrow.parquet as pq
+
+    found = []
+    for path in sorted(p for p in output.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        found.append((str(path), data.decode("latin-1")))
+        if path.suffix == ".tar":
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                for member in tar.getmembers():
+                    text = tar.extractfile(member).read().decode("latin-1")
+                    found.append((f"{path}:{member.name}", member.name + text))
+        if path.suffix == ".parquet":
+            parquet = pq.ParquetFile(path)
+            metadata = parquet.schema_arrow.metadata or {}
+            found.append((f"{path}:meta", repr(metadata)))
+            table = parquet.read()
+            for name in table.column_names:
+                found.append((f"{path}:{name}", repr(table.column(name).to_pylist())))
+    return found
+
+
+def secrets_in_output(output, *extra: str) -> list[str]:
+    texts = output_text(output) + [("log", text) for text in extra]
+    return [f"{secret} in {where}" for where, text in texts for secret in SECRETS if secret in text]
+
+
+def test_credentials_in_input_urls_never_reach_the_output(served, tmp_path, caplog):
+    """Rows naming two hosts by URL with Basic auth and signed queries, some failing;
+    then a list that is itself behind credentials, its rows relative to it."""
+    root, rels = served
+    (root / rels[2]).unlink()  # a 404
+    server = LocalHTTPServer(root)
+    server.fail(f"/{rels[4]}", count=100, status=503)  # past the retries: io_error
+    caplog.set_level("DEBUG")
+    with server as base:
+        port = base.rsplit(":", 1)[1]
+        hosts = [
+            f"http://alice:hunter2pw@127.0.0.1:{port}",
+            f"http://alice:hunter2pw@localhost:{port}",
+        ]
+        query = "?X-Amz-Signature=SIGSECRET&X-Amz-Credential=AKIA%2Falice&part=1;token=TOKSECRET"
+        rows = [f"{hosts[i % 2]}/{rel}{query},{rel.split('/')[0]}" for i, rel in enumerate(rels)]
+        (tmp_path / "urls.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+        summary, out = build_from(tmp_path / "urls.csv", tmp_path, "absolute",
+                                  formats=("tar", "parquet"))  # fmt: skip
+        # Relative rows of a list behind credentials are read with the list's.
+        listed, listed_out = build_from(f"{hosts[0]}/list.csv?token=LISTSECRET", tmp_path,
+                                        "listed", formats=("tar", "parquet"))  # fmt: skip
+    for built in (summary, listed):
+        assert built.manifest.skipped == {"missing": 1, "io_error": 1}
+        assert built.manifest.written == IMAGES - 2
+    assert secrets_in_output(out, caplog.text) == [], "\n".join(secrets_in_output(out, caplog.text))
+    assert secrets_in_output(listed_out, caplog.text) == []
+    # Still recorded, redacted: where each sample came from and which inputs failed.
+    failed = {
+        entry["path"] for entry in map(json.loads, (out / "errors.jsonl").read_text().splitlines())
+    }
+    name = rels[2].rsplit("/", 1)[-1]
+    assert any(f"127.0.0.1:{port}/" in path and f"{name}?X-Amz-Signature=REDACTED" in path
+               for path in failed)  # fmt: skip
+    assert any("token=REDACTED" in path for path in failed)
+
+
 # S3 (moto) --------------------------------------------------------------------------
 
 
