@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, default_convert
 
 from pipeline.batchring import BatchRing, InlineTensor, materialize
-from pipeline.config import Batching, LoaderConfig, Resampled, Shuffle
-from pipeline.dataset import MixedShards, ShardStream, SharedState, StreamSettings
+from pipeline.config import EPOCH_RULES, Batching, LoaderConfig, Resampled, Shuffle
+from pipeline.dataset import MAX_SEGMENTS, MixedShards, ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
-from pipeline.plan import EpochPlan, Partition, Segment
+from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
@@ -33,6 +34,7 @@ from shards.sample import Field, missing_field_hint, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
+STATE_INT_MAX = 2**63 - 1  # a state's integers reach the workers in an int64 array
 
 
 def build_loader(config: LoaderConfig) -> ShardLoader:
@@ -253,28 +255,131 @@ class ShardLoader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration continues `state`'s epoch where it stopped."""
-        if state.get("version") != STATE_VERSION:
-            raise UsageError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
-        if state["seed"] != self.config.seed or state["total_samples"] != self.dataset.total:
-            raise UsageError(
-                "loader state was saved for another dataset or seed "
-                f"(seed {state['seed']}, {state['total_samples']} samples; now seed {self.config.seed}, "
-                f"{self.dataset.total} samples)"
-            )
+        """Resume: the next iteration continues `state`'s epoch where it stopped.
+
+        Raises:
+            LoaderStateError: `state` describes no point of this epoch for this dataset
+                (`check_state`, then each segment against the plan: `check_segment`);
+                the loader is left as it was.
+        """
         mine = mix_identity(self.dataset.mix) if self.dataset.mix is not None else None
-        if state.get("sources") != mine:
-            raise UsageError(
-                "loader state was saved for another mix of sources (saved: "
-                f"{state.get('sources')}; now: {mine}); resume with the same sources, "
-                "names and shares"
-            )
-        segments = [Segment.from_dict(s) for s in state["segments"]]
+        segments = check_state(state, self.config.seed, self.dataset.total, mine)
+        before = self.epoch, self.segments, self.consumed
         self.epoch = state["epoch"]
-        if segments and segments[-1].partition == self.partition():
+        if segments[-1].partition == self.partition():
             self.segments, self.consumed = segments[:-1], segments[-1].consumed
         else:
             self.segments, self.consumed = [s for s in segments if s.consumed], 0
+        try:  # planning replays the earlier segments, each checked before its replay
+            plan = self.epoch_plan()
+            if self.consumed:
+                last = len(segments) - 1
+                check_segment(segments[-1], last, plan.total, self.dataset.total, plan.batches)
+        except LoaderStateError:
+            self.epoch, self.segments, self.consumed = before
+            raise
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One field of a loader state: its exact type (a bool is not a count, a float not an
+    int), and for an int its lowest value, or for a field tying the state to this loader
+    the only value it may hold (`tied`) and what a mismatch means (`why`)."""
+
+    kind: type
+    low: int | None = None
+    value: Any = None
+    why: str = ""  # set: the field is tied to `value`
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` for this field, or None."""
+        if type(value) is not self.kind:
+            return f"expected {self.kind.__name__}"
+        if self.low is not None and not self.low <= value <= STATE_INT_MAX:
+            return f"expected an integer in [{self.low}, 2**63 - 1]"
+        if self.why and not strictly_equal(value, self.value):
+            return f"but this loader's is {short_repr(self.value)}: {self.why}"
+        return None
+
+
+def check_state(state: Any, seed: int, total: int, sources: list[list] | None) -> list[Segment]:
+    """The segments of `state` once its shape is proven: one schema, one error.
+
+    Keys exact (none missing, none extra), types exact, integers in range, and the fields
+    that tie it to this loader's data (version, seed, samples, a mix's sources) equal.
+    What a segment can have consumed needs the epoch's plan: `pipeline.plan.check_segment`.
+
+    Raises:
+        LoaderStateError: naming the first field that is wrong and what it must be.
+    """
+    other = "saved for another dataset or seed"
+    top = {
+        "version": Expect(int, value=STATE_VERSION, why="this code reads no other version"),
+        "epoch": Expect(int, low=0),
+        "seed": Expect(int, value=seed, why=other),
+        "total_samples": Expect(int, value=total, why=other),
+        "segments": Expect(list),
+    }
+    if sources is not None:
+        mix = "saved for another mix of sources; resume with the same sources, names, shares"
+        top["sources"] = Expect(list, value=sources, why=mix)
+    check_fields(state, "", top, top)
+    count = len(state["segments"])
+    if not 1 <= count <= MAX_SEGMENTS:
+        raise LoaderStateError(
+            f"loader state: segments holds {count} segments, expected 1 to {MAX_SEGMENTS} "
+            "(one per partition the epoch was read under); resume from an unedited checkpoint"
+        )
+    kinds = {"int": Expect(int, low=1), "bool": Expect(bool), "str": Expect(str)}
+    schema = {f.name: kinds[f.type] for f in fields(Partition)} | {"consumed": Expect(int, low=0)}
+    required = [f.name for f in fields(Partition) if f.default is MISSING] + ["consumed"]
+    segments = []
+    for number, data in enumerate(state["segments"]):
+        check_fields(data, f"segments[{number}].", schema, required)
+        if data["rule"] not in EPOCH_RULES:
+            raise LoaderStateError(
+                f"loader state: segments[{number}].rule is {short_repr(data['rule'])}, "
+                f"expected one of {', '.join(EPOCH_RULES)}; the state was edited"
+            )
+        segments.append(Segment.from_dict(data))
+    return segments
+
+
+def check_fields(data: Any, prefix: str, schema: dict[str, Expect], required: Iterable) -> None:
+    """`data` is a dict of `schema`'s keys, the `required` ones present, each as expected."""
+    if type(data) is not dict:
+        where = f": {prefix[:-1]}" if prefix else ""
+        raise LoaderStateError(
+            f"loader state{where} is a {type(data).__name__}, not a dict: it was not saved "
+            "by ShardLoader.state_dict(); resume from an unedited checkpoint"
+        )
+    unknown = [f"unknown key {prefix}{key}" for key in data if key not in schema]
+    missing = [f"missing key {prefix}{name}" for name in required if name not in data]
+    if unknown or missing:
+        raise LoaderStateError(
+            f"loader state: {(unknown + missing)[0]}; resume from an unedited checkpoint"
+        )
+    for name, value in data.items():
+        problem = schema[name].problem(value)
+        if problem is not None:
+            raise LoaderStateError(
+                f"loader state: {prefix}{name} is {short_repr(value)}, {problem}"
+            )
+
+
+def strictly_equal(a: Any, b: Any) -> bool:
+    """`a == b` with types compared too, all the way down (`True == 1` is not enough)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(strictly_equal, a, b))
+    return a == b
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """`repr(value)`, cut to `limit` characters: a state's values may be any size."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def inline_small_tensors(batch: tuple) -> tuple:

@@ -42,8 +42,8 @@ from pipeline.plan import (
     Runs,
     Segment,
     batches_for,
+    check_segment,
     rank_slice,
-    roles_consumed,
     shuffle_buffer,
     worker_slice,
 )
@@ -216,7 +216,8 @@ def remaining_quota(
 ) -> tuple[Runs, ...]:
     """Per source, the quota positions not delivered by `segments`, sorted."""
     remaining = tuple(Runs.span(0, quota) for quota in mix.quotas)
-    for segment in segments:
+    for number, segment in enumerate(segments):
+        check_segment(segment, number, sum(len(r) for r in remaining), mix.total)
         plan = MixedEpochPlan.unsliced(mix, segment.partition, seed, epoch, remaining)
         used = plan.consumed(segment.consumed)
         remaining = tuple(r.without(np.unique(u)) for r, u in zip(remaining, used, strict=True))
@@ -351,16 +352,14 @@ class MixedEpochPlan:
         Replays each worker's per-source shuffles as far as it read: O(consumed samples).
         """
         part = self.partition
-        done = roles_consumed(batches, part.num_workers)
         taken: list[list[np.ndarray]] = [[] for _ in self.mix.names]
         buffers = self.buffers()
-        for rank in range(part.world_size):
+        for rank in range(part.world_size if batches else 0):
             index, _ = rank_slice(self.total, part, rank)
-            for role in range(part.num_workers):
-                if done[role] == 0:
-                    continue
+            for role in range(min(part.num_workers, batches)):  # the slots that read
+                done = len(range(role, batches, part.num_workers))
                 positions, _ = self.slot_positions(index, role)
-                delivered = positions.select(0, done[role] * part.batch_size)
+                delivered = positions.select(0, done * part.batch_size)
                 counts = [len(r) for r in self.local_runs(delivered)]
                 for source, local in enumerate(self.local_runs(positions)):
                     if counts[source] == 0:

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from pipeline.config import EPOCH_RULES, Batching, Shuffle
-from shards.errors import UsageError
+from shards.errors import DataError, UsageError
 
 T = TypeVar("T")
 
@@ -434,18 +434,21 @@ def worker_slice(rank_samples: int, part: Partition, worker: int) -> tuple[int, 
     total_batches = batches_for(rank_samples, part)
     used = min(rank_samples, total_batches * part.batch_size)
     nw = part.num_workers
-    counts = [len(range(w, total_batches, nw)) for w in range(nw)]
+    if not 0 <= worker < nw:
+        raise ValueError(f"worker {worker} out of range for {nw} workers")
+    # O(1), not O(workers): a replay asks this of every slot that read, whatever the
+    # segment's worker count. Workers before `worker` own the batches j < total with
+    # j % nw < worker; the last owner's batches are laid out after everyone's.
     last_owner = (total_batches - 1) % nw if total_batches else nw - 1
-    layout = [w for w in range(nw) if w != last_owner] + [last_owner]
-    start = 0
-    for w in layout:
-        size = counts[w] * part.batch_size
-        if w == last_owner:
-            size = used - start
-        if w == worker:
-            return start, start + size, counts[w]
-        start += size
-    raise ValueError(f"worker {worker} out of range for {nw} workers")
+    owned = len(range(worker, total_batches, nw))
+    if worker == last_owner:
+        start = (total_batches - owned) * part.batch_size
+        return start, used, owned
+    before = total_batches // nw * worker + min(total_batches % nw, worker)
+    if last_owner < worker:
+        before -= len(range(last_owner, total_batches, nw))
+    start = before * part.batch_size
+    return start, start + owned * part.batch_size, owned
 
 
 def worker_runs(remaining: Runs, part: Partition, rank: int, role: int) -> tuple[Runs, int]:
@@ -512,6 +515,48 @@ class Segment:
 SEGMENT_INTS = len(fields(Partition)) + 1
 
 
+class LoaderStateError(DataError, ValueError):
+    """A loader state that describes no point of this epoch for this dataset: malformed,
+    edited, or saved for other data. The message names the field and what it must be."""
+
+
+REPLAY_SLOTS = 1 << 14  # slots any replay may walk, however small the epoch (`check_segment`)
+
+
+def check_segment(
+    segment: Segment, number: int, remaining: int, total: int, batches: int | None = None
+) -> None:
+    """Refuse a segment no run of this epoch can have read, before anything replays it.
+
+    A rank of the segment had at most `batches` (default: the most any rank gets of the
+    `remaining` samples it was read from) to consume, and a replay walks each slot that
+    read, `world_size x min(num_workers, consumed)` of them: more than the epoch's
+    `total` samples (or `REPLAY_SLOTS`, for tiny epochs) and it is refused, so a replay
+    costs about the epoch's own size, never the product of whatever a state holds.
+
+    Raises:
+        LoaderStateError: naming `segments[number]`'s field and its bound.
+    """
+    part, where = segment.partition, f"loader state: segments[{number}]"
+    slots = part.world_size * min(part.num_workers, segment.consumed)
+    if slots > max(total, REPLAY_SLOTS):
+        raise LoaderStateError(
+            f"{where}.world_size is {part.world_size} with num_workers {part.num_workers}: "
+            f"replaying it walks {slots} slots, past the {max(total, REPLAY_SLOTS)} a replay "
+            "of this epoch may: no run of this dataset wrote it; resume from an unedited "
+            "checkpoint"
+        )
+    if batches is None:
+        batches = batches_for(-(-remaining // part.world_size), part)
+    if segment.consumed > batches:
+        raise LoaderStateError(
+            f"{where}.consumed is {segment.consumed}, but a rank had at most {batches} "
+            f"batches of {part.batch_size} to read of the {remaining} samples left "
+            f"({part.world_size} ranks): the state was edited or saved for another "
+            "dataset; resume from an unedited checkpoint"
+        )
+
+
 def roles_consumed(consumed: int, num_workers: int) -> list[int]:
     """Batches each worker slot had delivered after `consumed` batches of a rank."""
     return [len(range(w, consumed, num_workers)) for w in range(num_workers)]
@@ -535,14 +580,12 @@ def consumed_positions(
     if isinstance(remaining, np.ndarray):
         remaining = Runs.from_positions(remaining)
     part = segment.partition
-    done = roles_consumed(segment.consumed, part.num_workers)
     taken = []
-    for rank in range(part.world_size):
-        for role in range(part.num_workers):
-            if done[role] == 0:
-                continue
+    for rank in range(part.world_size if segment.consumed else 0):
+        for role in range(min(part.num_workers, segment.consumed)):  # the slots that read
+            done = len(range(role, segment.consumed, part.num_workers))
             positions, _ = worker_runs(remaining, part, rank, role)
-            count = min(done[role] * part.batch_size, len(positions))
+            count = min(done * part.batch_size, len(positions))
             if count == 0:
                 continue
             rng = worker_rng(seed, epoch, shuffle_rank(repeats, part, rank), role)
@@ -567,7 +610,8 @@ def remaining_runs(
     segment removes what it consumed.
     """
     remaining = Runs.span(0, total) if repeats is None else repeats.start()
-    for segment in segments:
+    for number, segment in enumerate(segments):
+        check_segment(segment, number, len(remaining), total)
         used = np.unique(consumed_positions(remaining, segment, seed, epoch, repeats))
         remaining = remaining.without(used)
     return remaining
@@ -889,8 +933,12 @@ def plan_epoch(
     if draws is None:
         remaining = remaining_runs(int(counts.sum()), segments, seed, epoch, repeats)
     else:
-        done = sum(s.consumed * s.partition.batch_size * s.partition.world_size for s in segments)
-        remaining = Runs.span(0, max(0, draws - done))
+        left = draws
+        for number, segment in enumerate(segments):
+            check_segment(segment, number, left, draws)
+            read = segment.partition  # draws are with replacement: only their count
+            left -= min(left, segment.consumed * read.batch_size * read.world_size)
+        remaining = Runs.span(0, left)
     index, padded = rank_slice(len(remaining), part, rank)
     batches = batches_for(len(index), part)
     return EpochPlan(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.plan import LoaderStateError
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
 from shards.errors import UsageError
@@ -227,7 +228,10 @@ def restore_run(run: Run, path: Path) -> None:
     if run.scaler.is_enabled() and checkpoint["scaler"]:
         run.scaler.load_state_dict(checkpoint["scaler"])
     run.state = TrainState(**checkpoint["state"])
-    restore_loader(run, checkpoint)
+    try:
+        restore_loader(run, checkpoint)
+    except LoaderStateError as error:  # a tampered or foreign position: one line, no traceback
+        raise CheckpointError(f"cannot resume from {path}: {error}") from error
     restore_rng(run, checkpoint)
     truncate_logs(run)
     log.info(
@@ -244,7 +248,7 @@ def restore_loader(run: Run, checkpoint: dict[str, Any]) -> None:
     same_data = all(saved.get(n) == run.identity.get(n) for n in ("train_data", "seed"))
     if same_data:
         # Same data and seed: continue the epoch exactly (re-split if the world size changed).
-        run.train_batches.load_state_dict(checkpoint["loader"])
+        run.train_batches.load_state_dict(checkpoint.get("loader"))
         run.state.epoch = run.loaders.train.epoch
         return
     log.warning(

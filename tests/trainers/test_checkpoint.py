@@ -119,3 +119,34 @@ def test_resume_problems_list_changed_fields():
     assert resume_problems(saved, other_model, allow_data_change=True) == [
         "  model: 'cnn' -> 'resnet-tiny'"
     ]
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda loader: loader["segments"][0].update(consumed=-1), "segments[0].consumed"),
+        (lambda loader: loader["segments"][0].update(world_size=10**5), "segments[0].world_size"),
+        (lambda loader: loader.update(epoch=True), "epoch"),
+        (lambda loader: loader.pop("segments"), "missing key segments"),
+    ],
+    ids=["negative-consumed", "huge-world", "bool-epoch", "no-segments"],
+)
+def test_resume_from_a_tampered_loader_state_is_one_line(
+    train_shards, tmp_path, capsys, edit, field
+):
+    """`train --resume` checks the checkpoint's loader position as the loader does: one
+    line naming the checkpoint and the field, exit 1, no traceback, no step trained."""
+    from tests.trainers.conftest import read_rows, train_main
+
+    run_dir = tmp_path / "run"
+    assert train_main(train_shards, run_dir, epochs=1, max_steps=2) == 0
+    path = latest_checkpoint(run_dir)
+    checkpoint = torch.load(path, weights_only=True)
+    edit(checkpoint["loader"])
+    torch.save(checkpoint, path)
+    capsys.readouterr()
+    assert train_main(train_shards, run_dir, epochs=1, resume="auto") == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "Traceback" not in errors[0]
+    assert str(path) in errors[0] and f"loader state: {field}" in errors[0]
+    assert [row["step"] for row in read_rows(run_dir, "train")] == [1, 2]
