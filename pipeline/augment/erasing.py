@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.augment.ops import solid
+
 ATTEMPTS = 10  # timm tries this many boxes per erasure before giving up on it
-MODES = ("const", "rand", "pixel")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class RandomErasing:
         return boxes
 
     def fill(self, height: int, width: int, rng: random.Random) -> np.ndarray:
-        """The uint8 values of one box: broadcastable to (height, width, 3)."""
+        """The uint8 values of one box, (height, width, 3)."""
         mean, std = np.array(self.mean), np.array(self.std)
         if self.mode == "const":
             normal = np.zeros(3)
@@ -73,5 +74,5 @@ class RandomErasing:
         else:  # a generator seeded from rng: the noise stays the sample's own
             noise = np.random.default_rng(rng.getrandbits(64))
             normal = noise.standard_normal((height, width, 3), dtype=np.float32)
-        values = np.rint((mean + std * normal) * 255)
-        return np.clip(values, 0, 255).astype(np.uint8)
+        values = np.clip(np.rint((mean + std * normal) * 255), 0, 255).astype(np.uint8)
+        return solid(values, height, width) if values.ndim == 1 else values

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.augment.erasing import MODES
 from pipeline.augment.grammar import GRAMMAR, PolicyError, parse_policy
 from shards.flags import check_choice, check_fraction, check_int_at_least, refuse
 
+RE_MODES = ("const", "rand", "pixel")  # random erasing's fills (pipeline.augment.erasing)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -73,7 +73,7 @@ class Augment:
         self._check_color_jitter()
         for name in ("grayscale", "gaussian_blur", "re_prob"):
             check_fraction(self, name)
-        check_choice(self, "re_mode", MODES)
+        check_choice(self, "re_mode", RE_MODES)
         check_int_at_least(self, "re_count", 1)
         _check_range(self, "re_area", top=1.0)
         _check_range(self, "re_ratio")
