@@ -227,9 +227,11 @@ class ShardCache:
                 return None
             length = found.st_size - TRAILER_BYTES
             if length < 0 or (size is not None and length != size):
-                raise _Unfit(f"holds {found.st_size} bytes, not the shard's {size} and a trailer")
+                shard = "a shard" if size is None else f"the shard's {size}"
+                raise _Unfit(f"holds {found.st_size} bytes, not {shard} and a trailer")
             copy = _copy_checked(fd, length, sha256)
-            os.utime(fd)  # its last use, for least-recently-used eviction; never by name
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # its last use, for least-recently-used eviction; never by name
             return copy
         except _Unfit as exc:
             raise self._rejected(name, str(exc)) from exc

@@ -32,6 +32,7 @@ from shards.storage.cache import (
     ShardCache,
     cache_key,
 )
+from shards.storage.retry import RetryPolicy
 from tests.conftest import shard_files
 from tests.httpserver import LocalHTTPServer
 from tests.pipeline.conftest import epoch_keys, loader_for
@@ -335,6 +336,40 @@ def test_cache_entry_names_cannot_escape_the_directory(tmp_path):
         key = cache_key(url, None, None)
         assert Path(cache.path(key)).parent == tmp_path / "c"
         assert key.isalnum()
+
+
+def test_an_epoch_over_a_planted_cache_is_exact_and_never_hangs(shard_dir, tmp_path, local_epoch):
+    """Two workers read through a cache where one entry is a FIFO, one right-size
+    garbage, one a symlink to an outside file and one held by a stopped job: every
+    sample once, no bad shard, each planted entry fetched again or read past the cache
+    (before: the FIFO and the held entry hung until the DataLoader watchdog, and the
+    garbage was a bad shard)."""
+    cache_dir = tmp_path / "cache"
+    outside = tmp_path / "outside.tar"
+    with LocalHTTPServer(shard_dir) as base:
+        epoch_counts(remote_loader(base, cache_dir), 0)  # a first job fills the cache
+        loader = remote_loader(
+            base, cache_dir, num_workers=2, retry=RetryPolicy(deadline=1), timeout=60
+        )
+        fifo, garbage, link, held = (
+            cache_dir / (cache_key(s.url, s.sha256, s.bytes) + SHARD_SUFFIX)
+            for s in list(loader.dataset.shards)[:4]
+        )
+        fifo.unlink()
+        os.mkfifo(fifo)
+        garbage.write_bytes(os.urandom(garbage.stat().st_size))
+        outside.write_bytes(link.read_bytes())
+        link.unlink()
+        link.symlink_to(outside)
+        mtime = outside.stat().st_mtime_ns
+        with open(held, "rb") as holder:
+            fcntl.flock(holder, fcntl.LOCK_EX)
+            assert epoch_counts(loader, 0) == local_epoch
+    assert not loader.stats.bad_shards
+    fetch = loader.stats.fetch
+    assert fetch["cache_rejected"] == 3 and fetch["cache_timeouts"] == 1
+    assert fetch["shards_fetched"] == 4
+    assert outside.stat().st_mtime_ns == mtime and fifo.is_file() and not link.is_symlink()
 
 
 def test_the_fetcher_reads_a_cached_shard_after_its_cache_entry_was_damaged(shard_dir, tmp_path):
