@@ -55,7 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from shards.errors import ShardpipeError
+from shards.errors import DataError, ShardpipeError
 from shards.storage.retry import ShardReadError
 
 SHARD_SUFFIX = ".shard"
@@ -81,8 +81,6 @@ _UNFIT_ERRNOS = frozenset({errno.ELOOP, errno.EISDIR, errno.ENXIO})
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _KINDS = {"d": "a directory", "l": "a symlink", "p": "a FIFO", "s": "a socket"}
 _KINDS.update({"c": "a character device", "b": "a block device"})
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 class CacheBypass(ShardpipeError):
@@ -112,21 +110,8 @@ class CacheBypass(ShardpipeError):
         super().__init__(f"{path} {problem}")
 
 
-class _Unfit(Exception):
+class _Unfit(DataError):
     """A name in the cache is not what the cache made there (the text says what it is)."""
-
-
-def parse_bytes(text: str) -> int:
-    """A byte count from the command line: `1000000`, `500M`, `200G`, `1.5TiB` (powers of 1024).
-
-    Raises:
-        ValueError: not a byte count.
-    """
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"{text!r} is not a byte count (e.g. 1000000, 500M, 200G)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** _UNITS[unit])
 
 
 def is_disk_error(exc: BaseException) -> bool:
@@ -421,12 +406,18 @@ class ShardCache:
     def _entries(self, pattern: re.Pattern) -> list[tuple[str, int, float]]:
         """(name, size, mtime) of the regular files whose names the cache makes."""
         found = []
-        with os.scandir(self._dir_fd) as entries:
-            for entry in entries:
-                if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(FileNotFoundError):
-                        info = entry.stat(follow_symlinks=False)
-                        found.append((entry.name, info.st_size, info.st_mtime))
+        # A descriptor of its own: scandir reads through a duplicate, which would share
+        # its position in the directory with every other scan of the same descriptor.
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                        with contextlib.suppress(FileNotFoundError):
+                            info = entry.stat(follow_symlinks=False)
+                            found.append((entry.name, info.st_size, info.st_mtime))
+        finally:
+            os.close(fd)
         return found
 
     def _remove_dead_parts(self) -> None:

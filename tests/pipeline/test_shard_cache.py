@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import math
 import os
@@ -240,6 +241,42 @@ def test_two_readers_sharing_a_cache_download_each_shard_once(shard_dir, tmp_pat
         for thread in threads:
             thread.join(120)
     assert results == [local_epoch, local_epoch]
+    for tar in train_tars(shard_dir):
+        sent = [n for path, n in server.bytes_sent.items() if path.endswith("/" + tar.name)]
+        assert sent == [tar.stat().st_size]
+
+
+FETCH_ALL = """
+import hashlib, json, sys
+from pipeline.config import ReadOptions
+from pipeline.fetch import ShardFetcher
+from pipeline.sources import ShardSpec
+specs = [ShardSpec(url, "tar", 1, sha256=sha, bytes=size) for url, sha, size in json.loads(sys.argv[2])]
+fetcher = ShardFetcher(ReadOptions(cache_dir=sys.argv[1]))
+counts = fetcher.schedule(specs)
+for spec in specs:
+    with fetcher.open(spec) as stream:
+        assert hashlib.sha256(stream.read()).hexdigest() == spec.sha256
+print(json.dumps(counts))
+"""
+
+
+def test_three_processes_sharing_a_cache_fetch_each_shard_once(shard_dir, tmp_path):
+    """Three processes (flock between processes, not threads) fetch every shard at once."""
+    cache_dir = tmp_path / "cache"
+    server = LocalHTTPServer(shard_dir)
+    with server as base:
+        specs = [
+            (f"{base}/{tar.relative_to(shard_dir).as_posix()}", sha, tar.stat().st_size)
+            for tar in train_tars(shard_dir)
+            for sha in [hashlib.sha256(tar.read_bytes()).hexdigest()]
+        ]
+        argv = [sys.executable, "-c", FETCH_ALL, str(cache_dir), json.dumps(specs)]
+        runs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in "abc"]
+        counts = [json.loads(run.communicate(timeout=120)[0]) for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    assert sum(c["shards_fetched"] for c in counts) == len(specs)
+    assert sum(c["cache_hits"] for c in counts) == 2 * len(specs)
     for tar in train_tars(shard_dir):
         sent = [n for path, n in server.bytes_sent.items() if path.endswith("/" + tar.name)]
         assert sent == [tar.stat().st_size]
