@@ -305,7 +305,7 @@ class ShardStream(IterableDataset):
         """One source's samples of a slot, named for the mix: keys `"{name}/{key}"`, the
         repeat number of their pass, class ids in the mix's classes."""
         shards, remap = self.mix.shards[part.source], self.mix.remaps[part.source]
-        for piece, repeat in zip(part.pieces, part.repeats.tolist(), strict=True):
+        for piece, repeat in part.pieces.iter_with_repeats():
             for sample in self.iter_pieces((piece,), stats, shards, part.name):
                 sample["__key__"] = f"{part.name}/{sample['__key__']}"
                 sample["__source__"], sample["__repeat__"] = part.name, repeat

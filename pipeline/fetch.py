@@ -65,7 +65,7 @@ def plan_shards(slot: Any, shards: Sequence[ShardSpec], mix: Any = None) -> list
         source_shards = mix.shards[part.source]
         total = max(1, part.samples)
         done = 0
-        for order, piece in enumerate(part.pieces):
+        for order, piece in enumerate(part.pieces.ahead()):  # whole passes: the first
             timed.append((done / total, part.source, order, source_shards[piece.shard]))
             done += piece.stop - piece.start
     return [spec for *_, spec in sorted(timed, key=lambda t: t[:3])]

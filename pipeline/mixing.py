@@ -38,6 +38,7 @@ from pipeline.config import Source, source_names
 from pipeline.plan import (
     EpochLayout,
     Partition,
+    Piece,
     Pieces,
     Runs,
     Segment,
@@ -49,6 +50,11 @@ from pipeline.plan import (
 )
 from pipeline.sources import ResolvedSource, resolve_source
 from shards.errors import DataError, ShardpipeError, UsageError
+
+# The most samples a mix's epoch may hold: stream positions are int64 and a share's
+# float arithmetic (shuffle buffers) is exact below 2**53, which at 10^5 samples/s is
+# ~2,800 years of reading: far past any epoch, and refused in one line beyond.
+MAX_EPOCH_SAMPLES = 2**53
 
 
 def source_quotas(
@@ -62,7 +68,8 @@ def source_quotas(
 
     Raises:
         UsageError: weights given for some sources only, `epoch_samples` without
-            weights, an empty source, or a source whose share rounds to no sample.
+            weights, an empty source, a source whose share rounds to no sample, or an
+            epoch past `MAX_EPOCH_SAMPLES` (named by the source and its field).
     """
     names = source_names(sources)
     for name, size in zip(names, sizes, strict=True):
@@ -76,6 +83,11 @@ def source_quotas(
         )
     if all(weighted):
         total = sum(sizes) if epoch_samples is None else epoch_samples
+        if total > MAX_EPOCH_SAMPLES:
+            raise UsageError(
+                f"Mixing.epoch_samples={total} is past the 2**53 samples an epoch a mix can "
+                "plan exactly; lower it (one epoch need not be the whole run)"
+            )
         shares = [
             Fraction(s.weight) * total / sum(Fraction(x.weight) for x in sources) for s in sources
         ]
@@ -93,6 +105,18 @@ def source_quotas(
             s.samples if s.samples is not None else int(Fraction(s.repeat) * size + Fraction(1, 2))
             for s, size in zip(sources, sizes, strict=True)
         ]
+    for name, source, quota in zip(names, sources, quotas, strict=True):
+        asked = "samples" if source.samples is not None else "repeat"
+        if source.weight is None and quota > MAX_EPOCH_SAMPLES:
+            raise UsageError(
+                f"source {name!r}: {asked}={getattr(source, asked)!r} asks {quota} samples an "
+                "epoch, past the 2**53 a mix can plan exactly; lower it"
+            )
+    if sum(quotas) > MAX_EPOCH_SAMPLES:
+        raise UsageError(
+            f"the quotas of sources {', '.join(names)} sum to {sum(quotas)} samples an epoch, "
+            "past the 2**53 a mix can plan exactly; lower their samples= or repeat="
+        )
     empty = [name for name, quota in zip(names, quotas, strict=True) if quota < 1]
     if empty:
         raise UsageError(
@@ -135,7 +159,10 @@ def level_counts(points: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """`interleave_counts` of single items: the largest source first, then the rest."""
     counts = np.zeros((len(sizes), len(points)), dtype=np.int64)
     order = sorted(range(len(sizes)), key=lambda i: (-int(sizes[i]), i))
-    left, rest = points.copy(), int(sizes.sum())
+    rest = int(sizes.sum())
+    # `left * size` passes int64 (silently) once the epoch passes ~3*10^9: such epochs
+    # multiply Python ints instead, exact at any size up to `MAX_EPOCH_SAMPLES`.
+    left = points.astype(object) if rest * rest >= 2**63 else points.copy()
     for source in order[:-1]:
         if rest == 0:
             break
@@ -226,12 +253,11 @@ def remaining_quota(
 
 @dataclass(frozen=True)
 class SourceSlot:
-    """What one worker reads of one source: its pieces, their repeat numbers, its buffer."""
+    """What one worker reads of one source: its pieces with their pass numbers, its buffer."""
 
     source: int
     name: str
-    pieces: Pieces
-    repeats: np.ndarray  # per piece: which pass over the source it belongs to
+    pieces: SourcePieces
     samples: int
     buffer: int
     initial: int
@@ -338,10 +364,10 @@ class MixedEpochPlan:
         buffers = self.buffers()
         for source, local in enumerate(self.local_runs(positions)):
             quota = self.remaining[source].at(local)
-            pieces, repeats = self.epochs[source].pieces(quota)
+            pieces = self.epochs[source].pieces(quota)
             buffer, initial = buffers[source]
             name = self.mix.names[source]
-            parts.append(SourceSlot(source, name, pieces, repeats, len(quota), buffer, initial))
+            parts.append(SourceSlot(source, name, pieces, len(quota), buffer, initial))
         return MixedWorkerPlan(
             tuple(parts), positions, self.sizes, self.mix.unit, len(positions), batches
         )
@@ -413,52 +439,95 @@ class SourceEpoch:
         """Pass `repeat`'s shard order this epoch (from `seed`, `epoch`, the name, the pass):
         a repeated sample's copies sit in different places of the source's sequence."""
         if repeat not in self.orders:
-            epoch = self.epoch if repeat == 0 else f"{self.epoch}.{repeat}"
-            self.orders[repeat] = EpochLayout.build(self.counts, f"{self.seed}:{self.name}", epoch)
+            self.orders[repeat] = self.pass_layout(repeat)
         return self.orders[repeat]
+
+    def pass_layout(self, repeat: int) -> EpochLayout:
+        """`shuffled(repeat)` built afresh, not kept: whole passes are laid out as read."""
+        epoch = self.epoch if repeat == 0 else f"{self.epoch}.{repeat}"
+        return EpochLayout.build(self.counts, f"{self.seed}:{self.name}", epoch)
+
+    def whole_pass(self, repeat: int) -> Pieces:
+        """Every sample of the source once, shard by shard in pass `repeat`'s order."""
+        order = self.pass_layout(repeat).order
+        order = order[self.counts[order] > 0]  # an empty shard is no piece
+        return Pieces(order, np.zeros(len(order), np.int64), self.counts[order])
 
     @cached_property
     def fixed(self) -> EpochLayout:
         """The run's fixed shard order the partial pass walks through, epoch by epoch."""
         return EpochLayout.build(self.counts, f"{self.seed}:{self.name}", "rest")
 
-    def spans(self, quota: Runs) -> Iterator[tuple[bool, int, int, int]]:
-        """`(fixed, repeat, start, stop)` layout ranges of the quota positions, in order."""
-        full = self.passes * self.size
+    def spans(self, quota: Runs) -> Iterator[tuple[str, int, int, int]]:
+        """`(kind, repeat, start, stop)` of the quota positions, in order: `part` and `rest`
+        ranges of pass `repeat`'s layout or of the fixed one, and `passes`, whole passes
+        `repeat` to `stop - 1` as one item (k passes are a count: O(runs), not O(quota))."""
+        size, full = self.size, self.passes * self.size
         for start, stop in zip(quota.starts.tolist(), quota.stops.tolist(), strict=True):
             while start < min(stop, full):
-                repeat, at = divmod(start, self.size)
-                end = min(stop, (repeat + 1) * self.size)
-                yield False, repeat, at, at + end - start
+                repeat, at = divmod(start, size)
+                whole = (min(stop, full) - start) // size if at == 0 else 0
+                if whole:
+                    yield "passes", repeat, repeat, repeat + whole
+                    start += whole * size
+                    continue
+                end = min(stop, (repeat + 1) * size)
+                yield "part", repeat, at, at + end - start
                 start = end
             while start < stop:
-                at = (self.offset + start - full) % self.size
-                end = min(stop, start + self.size - at)
-                yield True, self.passes, at, at + end - start
+                at = (self.offset + start - full) % size
+                end = min(stop, start + size - at)
+                yield "rest", self.passes, at, at + end - start
                 start = end
 
-    def pieces(self, quota: Runs) -> tuple[Pieces, np.ndarray]:
-        """The quota positions as pieces of shards, and each piece's repeat number."""
-        parts, repeats = [], []
-        for (fixed, repeat), group in itertools.groupby(
+    def pieces(self, quota: Runs) -> SourcePieces:
+        """The quota positions as pieces of shards, each with its pass number."""
+        chunks: list[tuple[Pieces, int] | range] = []
+        for (kind, repeat), group in itertools.groupby(
             self.spans(quota), key=operator.itemgetter(0, 1)
         ):
             spans = list(group)
-            layout = self.fixed if fixed else self.shuffled(repeat)
-            pieces = layout.pieces(Runs([s[2] for s in spans], [s[3] for s in spans]))
-            parts.append(pieces)
-            repeats.append(np.full(len(pieces), repeat, dtype=np.int32))
-        if not parts:
-            return Pieces.empty(), np.empty(0, dtype=np.int32)
-        return (
-            Pieces(
-                *(
-                    np.concatenate([getattr(p, a) for p in parts])
-                    for a in ("shards", "starts", "stops")
-                )
-            ),
-            np.concatenate(repeats),
-        )
+            if kind == "passes":
+                chunks += [range(first, stop) for _, _, first, stop in spans]
+                continue
+            layout = self.fixed if kind == "rest" else self.shuffled(repeat)
+            chunks.append(
+                (layout.pieces(Runs([s[2] for s in spans], [s[3] for s in spans])), repeat)
+            )
+        return SourcePieces(self, tuple(chunks))
+
+
+@dataclass(frozen=True, eq=False)
+class SourcePieces:
+    """What one slot reads of one source: pieces in read order, each of a pass.
+
+    A chunk is `(pieces, pass)`, or a `range` of whole passes laid out one pass at a time
+    as the stream reaches them: a source read 10^6 times its size an epoch plans, and
+    gives its first batch, as fast as one read once.
+    """
+
+    epoch: SourceEpoch
+    chunks: tuple[tuple[Pieces, int] | range, ...]
+
+    def iter_with_repeats(self) -> Iterator[tuple[Piece, int]]:
+        """Each piece and the pass over the source it belongs to."""
+        for chunk in self.chunks:
+            passes = (
+                ((self.epoch.whole_pass(r), r) for r in chunk)
+                if isinstance(chunk, range)
+                else (chunk,)
+            )
+            for pieces, repeat in passes:
+                yield from zip(pieces, itertools.repeat(repeat))
+
+    def __iter__(self) -> Iterator[Piece]:
+        return (piece for piece, _ in self.iter_with_repeats())
+
+    def ahead(self) -> Iterator[Piece]:
+        """The pieces with each run of whole passes cut to its first pass: what a fetch plan
+        lists (later passes read the same shards again, fetched as they are opened)."""
+        for chunk in self.chunks:
+            yield from self.epoch.whole_pass(chunk[0]) if isinstance(chunk, range) else chunk[0]
 
 
 @dataclass(frozen=True)
