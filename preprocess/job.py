@@ -103,6 +103,9 @@ def run_build(config: BuildConfig) -> BuildSummary:
     executor = choose_executor(config)
     clock = PhaseClock()
     with contextlib.ExitStack() as stack:
+        # The plan names the inputs as listed, credentials in their URLs too: it goes
+        # however the build ends (after the tasks that read it), and a rerun plans again.
+        stack.callback(remove_plan, store)
         stack.callback(executor.close)
         planning = functools.partial(plan_build, config, store, stack)
         # A rerun of a finished build usually has nothing to build: it starts nothing early.
@@ -122,7 +125,6 @@ def run_build(config: BuildConfig) -> BuildSummary:
         enforce_skip_budget(manifest, config, store)
         write_manifest(store, manifest)
         clients = write_client_files(store, manifest)
-    remove_plan(store)
     clock.lap("commit")
     built = [r for r in results if not r.reused]
     bytes_by_format: Counter = Counter()
@@ -240,7 +242,7 @@ def plan_inputs(config: BuildConfig, directory: Path) -> tuple[Listing, Plan]:
 
 
 def remove_plan(store: OutputStore) -> None:
-    """Drop the plan files of a finished local build; the next run plans again anyway."""
+    """Drop the plan files of a local build, however it ended; the next run plans again."""
     if not is_remote(store.url):
         shutil.rmtree(Path(store.url) / PLAN_NAME, ignore_errors=True)
 

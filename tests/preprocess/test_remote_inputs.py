@@ -17,6 +17,7 @@ import preprocess.images
 from preprocess.images import read_source
 from preprocess.job import run_build
 from preprocess.listing import InputError
+from preprocess.ray_job import BuildError
 from preprocess.sources import stream_sources
 from shards.sample import SampleError
 from shards.storage import RetryPolicy
@@ -181,6 +182,21 @@ def test_credentials_in_input_urls_never_reach_the_output(served, tmp_path, capl
     assert any(f"127.0.0.1:{port}/" in path and f"{name}?X-Amz-Signature=REDACTED" in path
                for path in failed)  # fmt: skip
     assert any("token=REDACTED" in path for path in failed)
+
+
+def test_a_refused_build_leaves_no_credentials_behind(served, tmp_path):
+    """Over its skip budget the build is refused: its plan, which names the inputs as
+    listed, goes with it as it does after a finished build."""
+    root, rels = served
+    (root / rels[2]).unlink()
+    with LocalHTTPServer(root) as base:
+        signed = base.replace("http://", "http://alice:hunter2pw@")
+        rows = [f"{signed}/{rel}?X-Amz-Signature=SIGSECRET,{rel.split('/')[0]}" for rel in rels]
+        (tmp_path / "urls.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+        with pytest.raises(BuildError, match="skipped"):
+            build_from(tmp_path / "urls.csv", tmp_path, max_skip_fraction=0.0)
+    assert (tmp_path / "out" / "errors.jsonl").exists()  # what it did write is kept
+    assert secrets_in_output(tmp_path / "out") == []
 
 
 # S3 (moto) --------------------------------------------------------------------------
