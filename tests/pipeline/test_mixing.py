@@ -375,9 +375,22 @@ def test_the_interleave_is_exact_past_int64_products():
     assert counts[0].tolist() == exact
 
 
-def test_a_source_read_ten_million_times_its_size_gives_a_first_batch(shard_dir):
-    sources = mix_of(shard_dir, dict(repeat=1), dict(samples=10**7))
-    loader = loader_for(shard_dir, source=sources, **EXACT)
-    assert loader.source.quotas == (194, 10**7) and len(loader) == -(-(10**7 + 194) // 8)
+@pytest.mark.parametrize(
+    "train,val,mixing,quotas",
+    [
+        (dict(repeat=1), dict(samples=10**7), Mixing(), (194, 10**7)),
+        (dict(repeat=1), dict(repeat=1e6), Mixing(), (194, 46 * 10**6)),
+        (dict(weight=1), dict(weight=3), Mixing(epoch_samples=10**12), (25 * 10**10, 75 * 10**10)),
+    ],
+    ids=["samples", "repeat", "epoch_samples"],
+)
+def test_a_source_read_a_million_times_its_size_gives_a_first_batch(
+    shard_dir, train, val, mixing, quotas
+):
+    """Before: O(quota / size) planning per worker, minutes (or hours) to the first batch."""
+    sources = mix_of(shard_dir, train, val)
+    loader = loader_for(shard_dir, source=sources, mixing=mixing, num_workers=2, **EXACT)
+    assert loader.source.quotas == quotas and len(loader) == -(-sum(quotas) // 8)
     images, labels, keys = next(iter(loader))
     assert len(keys) == 8 and images.shape[0] == 8
+    assert {key.split("/")[0] for key in keys} <= {"tr", "va"}
