@@ -293,25 +293,24 @@ class ShardFetcher:
     def _through_cache(self, cache: ShardCache, spec: ShardSpec) -> BinaryIO | None:
         """The cached shard, fetched into the cache first when missing; None: not cacheable.
 
-        Every wait on a lock (the entry, its claim, `.lock`) ends at one shard deadline.
+        Each wait on a lock (the entry, its claim, `.lock`) lasts at most the shard deadline.
         """
         key = cache_key(spec.url, spec.sha256, spec.bytes)
-        until = time.monotonic() + self.io.retry.deadline
-        file = self._hit(cache, key, spec, until)
+        file = self._hit(cache, key, spec)
         if file is None:
-            with cache.claim(key, until) as claimed:
-                file = self._hit(cache, key, spec, until)  # another process may have fetched it
+            with cache.claim(key) as claimed:
+                file = self._hit(cache, key, spec)  # another process may have fetched it
                 if file is None and claimed:
-                    return self._fill_entry(cache, key, spec, until)
+                    return self._fill_entry(cache, key, spec)
                 if file is None:
                     self.count("cache_timeouts")
         return file
 
-    def _hit(self, cache: ShardCache, key: str, spec: ShardSpec, until: float) -> BinaryIO | None:
+    def _hit(self, cache: ShardCache, key: str, spec: ShardSpec) -> BinaryIO | None:
         """A checked private copy of the cached shard, or None: not cached, or a bad entry
         just removed (counted), so the caller fetches it into the cache again."""
         try:
-            file = cache.lookup(key, spec.bytes, spec.sha256, until)
+            file = cache.lookup(key, spec.bytes, spec.sha256)
         except CacheBypass as exc:
             if not exc.removed:
                 raise
@@ -321,13 +320,11 @@ class ShardFetcher:
             self.count("cache_hits")
         return file
 
-    def _fill_entry(
-        self, cache: ShardCache, key: str, spec: ShardSpec, until: float
-    ) -> BinaryIO | None:
+    def _fill_entry(self, cache: ShardCache, key: str, spec: ShardSpec) -> BinaryIO | None:
         """Fetch `spec` into a new cache entry, checked; its private copy, or None when
         it does not fit."""
         keep = self._keep or frozenset()
-        part = cache.reserve(key, spec.bytes or 0, until, keep)
+        part = cache.reserve(key, spec.bytes or 0, keep)
         if part is None:
             return None  # larger than the limit, or the rest is in use
         try:
@@ -344,7 +341,7 @@ class ShardFetcher:
         try:
             if spec.sha256 is not None:
                 check_digest(spec, digest)
-            published = self._publish(cache, part, got, digest, until)
+            published = self._publish(cache, part, got, digest)
         except BaseException:
             copy.close()
             cache.discard(part)
@@ -354,10 +351,10 @@ class ShardFetcher:
             self.count("uncached")
         return copy
 
-    def _publish(self, cache: ShardCache, part: Part, size: int, digest: str, until: float) -> bool:
+    def _publish(self, cache: ShardCache, part: Part, size: int, digest: str) -> bool:
         """Publish a checked part; False when it cannot be (the copy is served all the same)."""
         try:
-            return cache.commit(part, size, digest, until, self._keep or frozenset())
+            return cache.commit(part, size, digest, self._keep or frozenset())
         except CacheBypass as exc:
             self._bypassed(spec=None, exc=exc)
             return False
@@ -419,7 +416,7 @@ class ShardFetcher:
         with self._lock:
             if not self._cache_ready:
                 self._cache_ready = True
-                cache = ShardCache(self.io.cache_dir, self.io.cache_limit)
+                cache = ShardCache(self.io.cache_dir, self.io.cache_limit, self.io.retry.deadline)
                 try:
                     cache.prepare()
                     self._cache = cache

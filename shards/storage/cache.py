@@ -24,7 +24,7 @@ relative to the directory's descriptor with `O_NOFOLLOW` (and `O_NONBLOCK`, so a
 never blocks) and checked with `fstat`: a regular file of this user with one link, or it
 is refused: an entry is rejected and its name removed (never what a link points at), a
 `.lock` or claim of the wrong kind is replaced. mtimes are set through the descriptor.
-Every lock is polled without blocking until the shard's deadline (`until`).
+Every lock is polled without blocking for at most `wait_s` (the shard deadline).
 
 What a hit serves: the entry is copied, in one pass, into an unnamed temporary file while
 it is hashed, and the copy is handed over only if the hash equals the trailer's digest
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from shards.errors import DataError, ShardpipeError
-from shards.storage.retry import ShardReadError
+from shards.storage.retry import DEFAULT_RETRY, ShardReadError
 
 SHARD_SUFFIX = ".shard"
 PART_SUFFIX = ".part"
@@ -147,11 +147,16 @@ class ShardCache:
     """The cache directory `root`, holding at most `limit` bytes of shards (None: the disk).
 
     `prepare` opens it; every other call works relative to the descriptors it holds.
+    Each wait on a lock held by another process lasts at most `wait_s` (the fetcher
+    gives its shard deadline, as the claim wait always had).
     """
 
-    def __init__(self, root: str, limit: int | None) -> None:
+    def __init__(
+        self, root: str, limit: int | None, wait_s: float = DEFAULT_RETRY.deadline
+    ) -> None:
         self.root = os.path.abspath(root)
         self.limit = limit
+        self.wait_s = wait_s
         self._dir_fd = -1
         self._claims_fd = -1
 
@@ -170,7 +175,7 @@ class ShardCache:
         self._dir_fd = self._open_dir(None, self.root)
         self._claims_fd = self._claims_dir()
         os.close(self._lock_file())  # proves the directory writable
-        with contextlib.suppress(CacheBypass), self._locked(time.monotonic()):
+        with contextlib.suppress(CacheBypass), self._locked(0.0):
             self._remove_dead_parts()  # never waited for: a busy lock's holder cleans up
 
     def close(self) -> None:
@@ -185,9 +190,7 @@ class ShardCache:
     def path(self, key: str) -> str:
         return os.path.join(self.root, key + SHARD_SUFFIX)
 
-    def lookup(
-        self, key: str, size: int | None, sha256: str | None, until: float
-    ) -> BinaryIO | None:
+    def lookup(self, key: str, size: int | None, sha256: str | None) -> BinaryIO | None:
         """A private, checked copy of the cached shard (an unnamed temporary file at
         offset 0, the caller's to close), or None when there is no entry.
 
@@ -195,7 +198,7 @@ class ShardCache:
             CacheBypass: `cache_rejected`: the entry is not a shard this cache wrote, or
                 its bytes differ from its recorded digest or `sha256`; its name was removed
                 (`removed`) if it could be. `cache_timeouts`: it stayed locked
-                exclusively past `until`.
+                exclusively for `wait_s`.
         """
         name = key + SHARD_SUFFIX
         try:
@@ -205,7 +208,7 @@ class ShardCache:
         except _Unfit as exc:
             raise self._rejected(name, str(exc)) from exc
         try:
-            if not _flock_until(fd, fcntl.LOCK_SH, until):
+            if not _flock_within(fd, fcntl.LOCK_SH, self.wait_s):
                 raise CacheBypass(self._path(name), _HELD, "cache_timeouts")
             found = os.fstat(fd)
             if found.st_nlink == 0:  # evicted between the open and the lock
@@ -224,8 +227,8 @@ class ShardCache:
             os.close(fd)
 
     @contextlib.contextmanager
-    def claim(self, key: str, until: float) -> Iterator[bool]:
-        """Hold the right to download `key` (True), or False when `until` passed first.
+    def claim(self, key: str) -> Iterator[bool]:
+        """Hold the right to download `key` (True), or False when `wait_s` passed first.
 
         A holder that is killed loses its lock with its process, so a waiter takes over
         instead of hanging.
@@ -238,25 +241,23 @@ class ShardCache:
         except _Unfit as exc:
             raise CacheBypass(self._path(CLAIMS, key), str(exc), "cache_rejected") from exc
         try:
-            yield _flock_until(fd, fcntl.LOCK_EX, until)
+            yield _flock_within(fd, fcntl.LOCK_EX, self.wait_s)
         finally:
             os.close(fd)
 
-    def reserve(
-        self, key: str, size: int, until: float, keep: frozenset[str] = frozenset()
-    ) -> Part | None:
+    def reserve(self, key: str, size: int, keep: frozenset[str] = frozenset()) -> Part | None:
         """A new `.part` file for a shard of `size` bytes (0: unknown), after evicting what
         must go; None if it cannot fit. Entries in `keep` (the job's own shards) are never
         evicted for it.
 
         Raises:
             OSError: the disk refused (`is_disk_error`).
-            CacheBypass: `.lock` stayed held past `until` (`whole_cache`).
+            CacheBypass: `.lock` stayed held for `wait_s` (`whole_cache`).
         """
         need = size + TRAILER_BYTES if size else 0
         if self.limit is not None and need > self.limit:
             return None
-        with self._locked(until):
+        with self._locked():
             if not self._make_room(need, keep):
                 return None
             name = f"{key}.{os.getpid()}.{secrets.token_hex(4)}{PART_SUFFIX}"
@@ -287,7 +288,7 @@ class ShardCache:
         return spool, digest.hex()
 
     def commit(
-        self, part: Part, size: int, sha256: str, until: float, keep: frozenset[str] = frozenset()
+        self, part: Part, size: int, sha256: str, keep: frozenset[str] = frozenset()
     ) -> bool:
         """Record `sha256` (the part's bytes, from `copy_part`) and publish the part as
         its shard. False: a part reserved without knowing its size came out larger than
@@ -296,12 +297,12 @@ class ShardCache:
 
         Raises:
             OSError: the disk refused the write, flush or rename (`is_disk_error`).
-            CacheBypass: `.lock` stayed held past `until` (`whole_cache`).
+            CacheBypass: `.lock` stayed held for `wait_s` (`whole_cache`).
         """
         fd = part.file.fileno()
         os.pwrite(fd, MAGIC + bytes.fromhex(sha256), size)
         if size + TRAILER_BYTES != part.reserved:
-            with self._locked(until):
+            with self._locked():
                 os.ftruncate(fd, size + TRAILER_BYTES)
                 if not self._make_room(0, keep):
                     return False
@@ -309,7 +310,7 @@ class ShardCache:
         # Under the lock: a rename during another process's usage count could hide the
         # entry from its directory scan (seen under neither name), and it would then
         # reserve past the limit.
-        with self._locked(until):
+        with self._locked():
             try:
                 os.rename(
                     part.name,
@@ -342,10 +343,10 @@ class ShardCache:
         )
 
     @contextlib.contextmanager
-    def _locked(self, until: float) -> Iterator[None]:
+    def _locked(self, wait_s: float | None = None) -> Iterator[None]:
         fd = self._lock_file()
         try:
-            if not _flock_until(fd, fcntl.LOCK_EX, until):
+            if not _flock_within(fd, fcntl.LOCK_EX, self.wait_s if wait_s is None else wait_s):
                 raise CacheBypass(self._path(LOCK_FILE), _HELD, "cache_timeouts", whole_cache=True)
             yield
         finally:
@@ -448,8 +449,9 @@ _HELD = (
 )
 
 
-def _flock_until(fd: int, operation: int, until: float) -> bool:
-    """Take `operation` on `fd`, trying without blocking until `until`; whether it was taken."""
+def _flock_within(fd: int, operation: int, wait_s: float) -> bool:
+    """Take `operation` on `fd`, trying without blocking for `wait_s`; whether it was taken."""
+    until = time.monotonic() + wait_s
     pause = POLL_FIRST_S
     while True:
         try:

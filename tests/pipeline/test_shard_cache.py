@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -71,12 +70,12 @@ def key_of(name: str) -> str:
 
 def put(cache: ShardCache, key: str, size: int = 100, keep=frozenset()) -> None:
     """Write an entry of `size` bytes as the fetcher does: reserve, fill, copy, commit."""
-    part = cache.reserve(key, size, math.inf, keep)
+    part = cache.reserve(key, size, keep)
     part.file.write(b"x" * size)
     part.file.flush()
     copy, digest = cache.copy_part(part, size)
     copy.close()
-    assert cache.commit(part, size, digest, math.inf, keep)
+    assert cache.commit(part, size, digest, keep)
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +147,9 @@ def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
     seen = []
     real_reserve = ShardCache.reserve
 
-    def watched_reserve(self, key, size, until, keep=frozenset()):
-        part = real_reserve(self, key, size, until, keep)
-        with self._locked(math.inf):  # the prefetch threads reserve and publish under it too
+    def watched_reserve(self, key, size, keep=frozenset()):
+        part = real_reserve(self, key, size, keep)
+        with self._locked():  # the prefetch threads reserve and publish under it too
             seen.append(self.usage())  # with the new part counted
         return part
 
@@ -186,9 +185,9 @@ def test_eviction_spares_the_jobs_own_shards_and_evicts_others(tmp_path):
     keep = frozenset(mine)
     put(cache, mine[2], keep=keep)
     assert not os.path.exists(cache.path(other))
-    assert cache.reserve(mine[3], 100, math.inf, keep) is None  # streamed past the cache
+    assert cache.reserve(mine[3], 100, keep) is None  # streamed past the cache
     assert {p.name for p in cached_entries(cache.root)} == {k + SHARD_SUFFIX for k in mine[:3]}
-    assert cache.reserve(key_of("another-job"), 100, math.inf) is not None  # plain LRU
+    assert cache.reserve(key_of("another-job"), 100) is not None  # plain LRU
     assert not os.path.exists(cache.path(mine[0]))
 
 
@@ -201,12 +200,12 @@ def test_eviction_never_removes_a_shard_in_use(tmp_path):
     os.utime(cache.path(new), (1, 1))  # "new" is now the least recently used ...
     with open(cache.path(new), "rb") as in_use:  # ... but share-locked by a reader copying it
         fcntl.flock(in_use, fcntl.LOCK_SH)
-        part = cache.reserve(key_of("third"), 100, math.inf)
+        part = cache.reserve(key_of("third"), 100)
         assert part is not None
         assert os.path.exists(cache.path(new)) and not os.path.exists(cache.path(old))
         cache.discard(part)
-        assert cache.reserve(key_of("too-big"), 200, math.inf) is None  # only one in use left
-    assert cache.reserve(key_of("too-big"), 200, math.inf) is not None
+        assert cache.reserve(key_of("too-big"), 200) is None  # only one in use left
+    assert cache.reserve(key_of("too-big"), 200) is not None
 
 
 def test_a_hit_is_a_private_copy_checked_against_the_digest_recorded_at_fetch(tmp_path):
@@ -216,12 +215,12 @@ def test_a_hit_is_a_private_copy_checked_against_the_digest_recorded_at_fetch(tm
     cache.prepare()
     key = key_of("shard")
     put(cache, key, 1000)
-    copy = cache.lookup(key, 1000, None, math.inf)
+    copy = cache.lookup(key, 1000, None)
     with open(cache.path(key), "r+b") as entry:
         entry.write(b"y")  # in place, after the check
     assert copy.read() == b"x" * 1000
     with pytest.raises(cache_module.CacheBypass, match="recorded when it was fetched") as caught:
-        cache.lookup(key, 1000, None, math.inf)
+        cache.lookup(key, 1000, None)
     assert caught.value.removed and not os.path.exists(cache.path(key))
 
 
@@ -283,12 +282,12 @@ def test_three_processes_sharing_a_cache_fetch_each_shard_once(shard_dir, tmp_pa
 
 
 HOLD_CLAIM = """
-import math, sys, time
+import sys, time
 from shards.storage.cache import ShardCache, cache_key
-cache = ShardCache(sys.argv[1], None)
+cache = ShardCache(sys.argv[1], None, wait_s=5)
 cache.prepare()
-part = cache.reserve(cache_key("unrelated", None, None), 10, math.inf)  # never finished
-with cache.claim(sys.argv[2], time.monotonic() + 5) as claimed:
+part = cache.reserve(cache_key("unrelated", None, None), 10)  # never finished
+with cache.claim(sys.argv[2]) as claimed:
     assert claimed
     print("holding", flush=True)
     time.sleep(600)
