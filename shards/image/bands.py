@@ -16,21 +16,23 @@ upsampling reads the chroma sample beyond; `crop_band` keeps `EDGE_GUARD` pixels
 so every pixel asked for is exact. The decoders (libjpeg-turbo through simplejpeg) stay
 unchanged: this only moves bytes.
 
-Before a band is cut, the entropy data from the scan's first byte through the end of the
-band's last interval (through the end marker when that is the image's last interval) is
-proven to hold nothing a whole decode would stop or turn at: every 0xFF in it is a stuffed
-byte (FF 00) or a restart marker, and the markers read RST0, RST1, ... in turn. So a whole
+Before a band is cut, the whole entropy data, from the scan's first byte to the end
+marker, is proven to hold nothing a whole decode would stop or turn at: every 0xFF in it
+is a stuffed byte (FF 00) or a restart marker, the markers read RST0, RST1, ... in turn,
+one before each interval, and the image's last interval ends at the end marker. So a whole
 decode reaches each of the band's intervals at the same byte with its state reset, as the
-band's decode does (docs/RELIABILITY.md, "Band decode: the proof"). Anything else, or
-anything unexpected, returns None and the caller decodes the whole file as before: no
-restart markers (other writers' shards), progressive or arithmetic-coded JPEGs, an
-interval that does not divide a row, a marker missing, extra or out of order, any other
-marker before the band's end (an end of image, a comment, tables, a second scan, a DNL,
-fill bytes FF FF), no end marker (a truncated file). The band is decoded in strict mode,
-so a damaged interval inside it is refused too. What a band cannot see is damage to the
-entropy data after it, which cannot change the pixels a band gives (a sequential scan
-is decoded in order): such a file yields this crop as an intact file would (`preprocess
-verify` decodes every image whole).
+band's decode does, and reaches the end of the image as a decode of an intact file does
+(docs/RELIABILITY.md, "Band decode: the proof"). Anything else, or anything unexpected,
+returns None and the caller decodes the whole file as before: no restart markers (other
+writers' shards), progressive or arithmetic-coded JPEGs, an interval that does not divide
+a row, a marker missing, extra or out of order, any other marker anywhere in the scan (an
+end of image, a comment, tables, a second scan, a DNL, fill bytes FF FF), no end marker (a
+truncated file) or bytes after it. Proving the whole file rather than the bytes up to the band's end costs
+within noise (docs/RELIABILITY.md), and makes a file's verdict the same for every crop of
+it. The band is decoded in strict mode, so a damaged interval inside it is refused too.
+What a band cannot see is bad entropy coding inside intervals outside it (no marker
+changed): such a file yields this crop as an intact file would (`preprocess verify`
+decodes every image whole).
 """
 
 from __future__ import annotations
@@ -151,9 +153,9 @@ def crop_band(
     if (first, last, first_column, last_column) == (0, layout.rows, 0, per_row):
         return None
     # The band reads where intervals end from the one before its first (-1: none, the band
-    # starts the scan) through its last: the scan stops there.
+    # starts the scan) through its last.
     before = first * per_row + first_column - 1
-    scanned = _interval_ends(data, layout, (last - 1) * per_row + last_column)
+    scanned = _interval_ends(data, layout)
     if scanned is None:
         return None
     ends = scanned[max(0, before) :]
@@ -208,40 +210,31 @@ def _splice(
     return band
 
 
-def _interval_ends(data: bytes, layout: _Layout, count: int) -> list[int] | None:
-    """Where each of the first `count` intervals' entropy data ends (the next marker's
-    0xFF, or the end marker's for the image's last interval), found by scanning, or None.
+def _interval_ends(data: bytes, layout: _Layout) -> list[int] | None:
+    """Where each interval's entropy data ends (the next marker's 0xFF, the end marker's
+    for the image's last interval), found by scanning the whole scan, or None.
 
-    The scan is the band's proof: from the scan's first byte through the end of interval
-    `count - 1`, every 0xFF must be stuffed (FF 00) or a restart marker, and interval i
-    must start after RST((i - 1) % 8). None when any other marker is there (an end of
-    image, a comment, tables, a second scan, FF FF fill bytes), a restart marker is
-    missing, extra or misnumbered, the image's last interval is not followed by the end
-    marker, or the file has no end marker after the last interval asked for (a cut file):
-    such files are decoded whole, and judged.
+    The scan is the band's proof: from the scan's first byte to the end marker, every 0xFF
+    must be stuffed (FF 00) or a restart marker, and interval i must start after
+    RST((i - 1) % 8). None when any other marker is there (an end of image, a comment,
+    tables, a second scan, FF FF fill bytes), a restart marker is missing, extra or
+    misnumbered, or the image's last interval is not followed by the end marker that ends
+    the file (a cut file, bytes after the image): such files are decoded whole, and judged.
     """
     total = layout.rows * (layout.columns // layout.interval)
-    wanted = min(count, total - 1)
-    # Scan about as far as the intervals asked for reach (their share of the entropy data,
-    # with room to spare), and on to the end only if that was too short.
-    stop = min(
-        len(data), layout.scan_at + (len(data) - layout.scan_at) * 5 * count // (4 * total) + 4096
-    )
-    ends = _markers(data, layout.scan_at, stop, wanted)
-    if ends is not None and len(ends) < wanted and stop < len(data):
-        # A marker may straddle `stop`: its 0xFF, the window's last byte, was not judged.
-        rest = _markers(data, stop - 1, len(data), wanted - len(ends), len(ends))
-        ends = None if rest is None else ends + rest
-    if ends is None or len(ends) < wanted:
+    ends = _markers(data, layout.scan_at, len(data), total - 1)
+    if ends is None or len(ends) < total - 1:
         return None
+    # The image's last interval ends at the first marker after it, which must end the image
+    # and the file: every 0xFF before the end marker is stuffed (bytes.count runs at memchr
+    # speed), and nothing follows it (an end marker put inside the last interval would cut
+    # it short for a whole decode, the interval's own bytes trailing after it).
     last_start = ends[-1] + 2 if ends else layout.scan_at
-    if count < total:
-        return ends if data.rfind(_EOI) > last_start else None
-    # The image's last interval ends at the first marker after it, which must end the image:
-    # every 0xFF before the end marker is stuffed (bytes.count runs at memchr speed).
-    image_end = data.find(_EOI, last_start)
-    if image_end < 0 or data.count(b"\xff", last_start, image_end) != data.count(
-        _STUFFED, last_start, image_end
+    image_end = len(data) - 2
+    if (
+        image_end < last_start
+        or data[image_end:] != _EOI
+        or data.count(b"\xff", last_start, image_end) != data.count(_STUFFED, last_start, image_end)
     ):
         return None
     return [*ends, image_end]

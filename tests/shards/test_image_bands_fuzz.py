@@ -128,18 +128,9 @@ class Jpeg:
         return middles
 
     def proof_end(self, box: tuple[int, int, int, int], scale: int = 1) -> int | None:
-        """Offset of the marker ending the band's last interval for `box` (the proof covers
-        everything before it and the marker itself), or None when no band is cut."""
-        band = crop_band(self.data, *box, scale)
-        if band is None:
-            return None
-        layout = bands._layout(self.data)
-        per_row = layout.columns // layout.interval
-        span = layout.mcu_width * layout.interval
-        last_row = -(-(band.top + band.height) // layout.mcu_height)
-        last_column = -(-(band.left + band.width) // span)
-        last = (last_row - 1) * per_row + last_column - 1
-        return self.end if last == len(self.markers) else self.markers[last]
+        """Offset of the end marker when a band is cut for `box` (the proof covers the
+        whole scan and the end marker, wherever the band is), else None."""
+        return None if crop_band(self.data, *box, scale) is None else self.end
 
 
 def insertions(jpeg: Jpeg) -> dict[str, bytes]:
@@ -359,9 +350,11 @@ def run(bases, fractions, positions_of, scales=(1, 2)) -> Counter:
 def test_no_band_shows_what_a_whole_decode_does_not():
     outcomes = run(BASES, BOXES, lambda jpeg: jpeg.boundaries() + jpeg.middles())
     # Not vacuous: bands were cut from mutants, and mutants were decoded whole.
-    assert outcomes["band used & equal"] > 5_000
+    assert outcomes["band used & equal"] > 3_000
     assert outcomes["decoded whole"] > 20_000
-    assert outcomes["band used & equal; Pillow refuses the file"] > 0
+    # A marker anywhere in the scan makes every crop decode whole (issue 29): no band is
+    # cut from a file Pillow refuses for its markers (before: 1,500-odd cases).
+    assert outcomes["band used & equal; Pillow refuses the file"] == 0
 
 
 def test_the_hidden_content_scenario_through_the_fuzz_check():
