@@ -25,6 +25,7 @@ from shards.errors import ReadLimits, UsageError
 from shards.flags import (
     SettingError,
     check_at_least,
+    check_bytes,
     check_choice,
     check_flag,
     check_fraction,
@@ -38,8 +39,8 @@ from shards.image.policy import BACKENDS
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
 from shards.storage import RetryPolicy, is_remote
-from shards.storage.cache import parse_bytes
 from shards.storage.ranged import DEFAULT_CONNECTIONS, DEFAULT_PREFETCH_BYTES
+from shards.units import ByteSize
 
 EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
 
@@ -473,6 +474,10 @@ class ReadOptions:
             retry policy's per-shard deadline plus two stall limits, so a shard that
             stalls ends as a counted bad shard naming its URL before this watchdog
             (which cannot name one) fires.
+
+        The two byte sizes take an int or a text (`"512MiB"`, `"200GB"`: powers of 1024
+        with an `i`, else of 1000; `shards.units`).
+
         prefetch_bytes: bytes of remote shards fetched ahead per worker (in flight and
             fetched, not yet read), into the cache or a temporary file, never memory;
             the next shard is always fetched, even one larger. 0: stream each remote
@@ -511,11 +516,11 @@ class ReadOptions:
         "reading",
         flag="batch_timeout",
     )
-    prefetch_bytes: int = option(
+    prefetch_bytes: ByteSize = option(
         DEFAULT_PREFETCH_BYTES,
-        "bytes of remote shards fetched ahead per worker; 0: stream without read-ahead",
+        "bytes of remote shards fetched ahead per worker (e.g. 512MiB); 0: stream without "
+        "read-ahead",
         "reading",
-        parse=parse_bytes,
     )
     fetch_connections: int = option(
         DEFAULT_CONNECTIONS, "parallel ranged requests per remote shard fetched", "reading"
@@ -525,11 +530,10 @@ class ReadOptions:
         "node-local directory that keeps fetched remote shards for later epochs; default: no cache",
         "reading",
     )
-    cache_limit: int | None = option(
+    cache_limit: ByteSize | None = option(
         None,
-        "bytes the shard cache may hold (e.g. 200G); default: no limit but the disk",
+        "bytes the shard cache may hold (e.g. 200GB or 200GiB); default: no limit but the disk",
         "reading",
-        parse=parse_bytes,
     )
     allow_missing_shards: bool = option(
         False,
@@ -553,14 +557,13 @@ class ReadOptions:
         check_flag(self, "checksums")
         if self.timeout is not None:
             check_at_least(self, "timeout", 0)
-        check_int_at_least(self, "prefetch_bytes", 0)
+        check_bytes(self, "prefetch_bytes")
         check_int_at_least(self, "fetch_connections", 1)
         if isinstance(self.cache_dir, os.PathLike):
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if self.cache_dir is not None and not (isinstance(self.cache_dir, str) and self.cache_dir):
             raise refuse(self, "cache_dir", f" must be a directory or None, got {self.cache_dir!r}")
-        if self.cache_limit is not None:
-            check_int_at_least(self, "cache_limit", 1)
+        check_bytes(self, "cache_limit", 1, optional=True)
         check_flag(self, "allow_missing_shards")
 
 

@@ -20,9 +20,9 @@ from preprocess.images import (
     RESTART_LAYOUTS,
     ImageConfig,
 )
-from preprocess.sizing import parse_bytes
 from shards.flags import (
     about,
+    check_bytes,
     check_choice,
     check_flag,
     check_fraction,
@@ -33,6 +33,7 @@ from shards.flags import (
 from shards.manifest import LAYOUTS, SHARD_FORMATS
 from shards.redact import url_credentials_problem
 from shards.storage import READ_SCHEMES, is_remote, validate_url
+from shards.units import ByteSize
 
 # Where shard tasks run (see `preprocess.pool.resolve_executor`); all write the same bytes.
 EXECUTORS = ("auto", "ray", "local", "inline")
@@ -84,7 +85,8 @@ class BuildConfig:
         image: per-image decode/resize/encode options.
         shard_size: samples per shard (fewer when inputs are skipped).
         shard_bytes: instead of `shard_size`, aim for tar shards of about this many
-            bytes; the count is measured on a fixed probe of the inputs
+            bytes (an int or a size text: `"512MB"`, `"1GiB"`; `shards.units`); the
+            count is measured on a fixed probe of the inputs
             (`preprocess.sizing`) and recorded in the manifest.
         formats: shard formats to write; both hold the same samples and keys.
         layout: where a new build puts its shards (`shards.manifest.LAYOUTS`):
@@ -171,13 +173,11 @@ class BuildConfig:
     shard_size: int = option(
         1000, "samples per shard (fewer when inputs are skipped)", "shard", exclusive="size"
     )
-    shard_bytes: int | None = option(
+    shard_bytes: ByteSize | None = option(
         None,
         "aim for tar shards of about this size instead of --shard-size, e.g. 512MB or 1GiB "
         "(default: none)",
         "shard",
-        parse=parse_bytes,
-        metavar="SIZE",
         exclusive="size",
     )
     formats: tuple[str, ...] = option(
@@ -285,8 +285,7 @@ class BuildConfig:
         if not isinstance(self.image, ImageConfig):
             raise refuse(self, "image", f" must be an ImageConfig, got {self.image!r}")
         check_int_at_least(self, "shard_size", 1)
-        if self.shard_bytes is not None:
-            check_int_at_least(self, "shard_bytes", 1)
+        check_bytes(self, "shard_bytes", 1, optional=True)
         formats = self.formats
         if (
             not isinstance(formats, tuple)

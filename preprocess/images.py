@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageFile
 
-from shards.flags import check_at_least, check_choice, check_int_at_least, refuse
+from shards.flags import check_at_least, check_bytes, check_choice, check_int_at_least, refuse
 from shards.image.bands import MIN_COLUMN_MCUS, restart_interval
 from shards.image.geometry import DCT_SCALES, REDUCING_GAP, RESAMPLING, dct_scale
 from shards.image.policy import (
@@ -72,6 +72,7 @@ from shards.storage import (
     local_path,
     read_bytes,
 )
+from shards.units import ByteSize
 
 # Remote inputs get the shards' retry policy with a deadline sized for one image: 64 MiB
 # (the largest input read) at 250 KB/s, retries included. A stalled server costs that
@@ -114,7 +115,8 @@ class ImageConfig:
         quality: JPEG/WebP quality 1-100 (ignored for PNG).
         max_pixels: header pixel cap, checked before decoding; at most Pillow's
             `Image.MAX_IMAGE_PIXELS`.
-        max_file_bytes: inputs larger than this are skipped unread.
+        max_file_bytes: inputs larger than this are skipped unread (an int or a size
+            text such as `"64MiB"`; `shards.units`).
         max_aspect: for `shorter`/`longer`, the long side is centre-cropped to at most this
             multiple of the short side.
         min_side: sources with a side below this are skipped as `too_small`.
@@ -141,7 +143,7 @@ class ImageConfig:
     encode: str = "jpeg"
     quality: int = 90
     max_pixels: int = 64_000_000
-    max_file_bytes: int = 64 * 2**20
+    max_file_bytes: ByteSize = ByteSize(64 * 2**20)
     max_aspect: float = 20.0
     min_side: int = 8
     resample: str = "bilinear"
@@ -161,7 +163,7 @@ class ImageConfig:
             check_max_pixels(self.max_pixels)
         except ValueError as error:
             raise refuse(self, "max_pixels", f" refused: {error}") from error
-        check_int_at_least(self, "max_file_bytes", 1)
+        check_bytes(self, "max_file_bytes", 1)
         check_at_least(self, "max_aspect", 1)
         check_int_at_least(self, "min_side", 1)
         check_choice(self, "resample", RESAMPLE_CHOICES)

@@ -13,7 +13,6 @@ inputs with a bounded heap, so the listing never has to be held.
 from __future__ import annotations
 
 import heapq
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,34 +24,6 @@ from preprocess.listing import InputError, SourceItem
 from preprocess.plan import PROBE_SIZE, PlannedSample, sample_key
 from shards.formats import get_format
 from shards.sample import SampleError
-
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
-
-
-def parse_bytes(text: str) -> int:
-    """`"512MB"`, `"1GiB"`, `"200000"` -> bytes (decimal KB/MB/GB, binary KiB/MiB/GiB).
-
-    Raises:
-        ValueError: not a positive size with a known unit.
-    """
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; write e.g. 500MB, 1GiB or 200000")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise ValueError(f"{text!r} is not a positive size")
-    return value
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, NoReturn, Union, get_args, get_origin, get_type_hints
 
 from shards.errors import ShardpipeError, UsageError
 from shards.redact import redact_url
+from shards.units import SIZE_RULE, ByteSize, ByteSizeError
 
 
 def about(
@@ -154,6 +155,21 @@ def check_fraction(group: object, name: str, low_open: bool = False) -> None:
         raise refuse(group, name, f" must be a number {allowed}, got {value!r}")
 
 
+def check_bytes(group: object, name: str, minimum: int = 0, optional: bool = False) -> None:
+    """A byte size of at least `minimum` (None too with `optional`): an int or a text such
+    as `512MB`, `512MiB` or `0.5G` (`shards.units`), stored as the `ByteSize` it names."""
+    value = getattr(group, name)
+    if optional and value is None:
+        return
+    try:
+        size = ByteSize(value)
+    except ByteSizeError as error:
+        raise refuse(group, name, f": {error}") from error
+    if size < minimum:
+        raise refuse(group, name, f" must be at least {minimum} bytes, got {value!r}")
+    object.__setattr__(group, name, size)  # frozen groups: the one normalization they make
+
+
 def check_flag(group: object, name: str, optional: bool = False) -> None:
     """True or False (or None, meaning the default rule, with `optional`)."""
     value = getattr(group, name)
@@ -217,15 +233,23 @@ PARSERS: dict[Any, Callable[[str], Any]] = {
 }
 
 
-class OptionalType:
-    """argparse `type=` for `X | None` fields: `none` (any case) means None."""
+class FlagType:
+    """argparse `type=` of one flag: `parse(text)`, `none` (any case) meaning None for
+    `X | None` fields (`optional`); a parser's `UsageError` is the flag's one-line
+    refusal (`argument --cache-limit: 'lots' is not a byte size; write e.g. ...`)."""
 
-    def __init__(self, base: Callable[[str], Any]) -> None:
+    def __init__(self, base: Callable[[str], Any], optional: bool = False) -> None:
         self.base = base
+        self.optional = optional
         self.__name__ = getattr(base, "__name__", "value")
 
     def __call__(self, text: str) -> Any:
-        return None if text.lower() in ("none", "") else self.base(text)
+        if self.optional and text.lower() in ("none", ""):
+            return None
+        try:
+            return self.base(text)
+        except UsageError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def default_values(cls: type) -> dict[str, Any]:
@@ -332,14 +356,19 @@ def add_flag(
 ) -> None:
     """One `add_argument` call: type, choices, default and help from the field."""
     base, optional = unwrap_optional(kind)
-    kwargs: dict[str, Any] = {"help": flag_help(dest, meta["help"], values.get(dest, MISSING))}
+    text = meta["help"]
+    if base is ByteSize:  # every size flag states the one rule of sizes
+        text = f"{text}; SIZE is {SIZE_RULE}"
+    kwargs: dict[str, Any] = {"help": flag_help(dest, text, values.get(dest, MISSING))}
+    if base is ByteSize:
+        kwargs["metavar"] = "SIZE"
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
         parse = meta.get("parse")
         if parse is None:
             parse = PARSERS.get(base, base)
-        kwargs["type"] = OptionalType(parse) if optional else parse
+        kwargs["type"] = FlagType(parse, optional)
     if meta.get("choices"):
         kwargs["choices"] = meta["choices"]
     if meta.get("metavar"):

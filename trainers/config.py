@@ -33,6 +33,7 @@ from shards.flags import (
     unwrap_optional,
 )
 from shards.sample import LabelField
+from shards.units import ByteSize, ByteSizeError
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 
@@ -352,6 +353,11 @@ def coerce_value(kind: Any, value: Any, where: str) -> Any:
             return tuple(coerce_value(a, item, where) for a, item in zip(args, value, strict=True))
     elif base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    elif base is ByteSize:  # `cache-limit = "200GB"` or a count, as the flag takes
+        try:
+            return ByteSize(value)
+        except ByteSizeError as error:
+            raise UsageError(f"{where}: {error}") from error
     elif isinstance(base, type) and isinstance(value, base):
         return value
     name = getattr(base, "__name__", str(base))

@@ -22,7 +22,6 @@ from pipeline.sources import ShardSpec
 from shards.errors import ShardpipeError
 from shards.flags import SettingError
 from shards.storage import RetryPolicy, ShardReadError, ranged
-from shards.storage.cache import parse_bytes
 from shards.storage.ranged import fetch_into
 from tests.conftest import shard_files
 from tests.httpserver import LocalHTTPServer
@@ -214,11 +213,8 @@ def test_a_failed_fetch_raises_a_shard_read_error_from_open(shard_dir):
 
 
 def test_cache_and_prefetch_options_are_top_level_keywords_and_checked(tmp_path):
-    config = LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=parse_bytes("2G"))
+    config = LoaderConfig(source="data", cache_dir=tmp_path, cache_limit="2GiB")
     assert config.io.cache_dir == str(tmp_path) and config.io.cache_limit == 2 * 2**30
-    assert parse_bytes("500M") == 500 * 2**20 and parse_bytes("1000") == 1000
-    with pytest.raises(ValueError):
-        parse_bytes("lots")
     with pytest.raises(SettingError, match="cache_limit"):
         LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=0)
     with pytest.raises(SettingError, match="fetch_connections"):

@@ -9,30 +9,10 @@ from preprocess.config import BuildConfig
 from preprocess.job import run_build
 from preprocess.listing import InputError, SourceItem
 from preprocess.ray_job import BuildError
-from preprocess.sizing import parse_bytes, shard_size_for_bytes
+from preprocess.sizing import shard_size_for_bytes
 from preprocess.sources import list_sources
 from shards.manifest import read_manifest
 from tests.conftest import small_build_config
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("200000", 200_000),
-        ("512MB", 512 * 10**6),
-        ("1GiB", 2**30),
-        ("1.5 KiB", 1536),
-        ("3kb", 3000),
-    ],
-)
-def test_sizes_parse_with_decimal_and_binary_units(text, expected):
-    assert parse_bytes(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "MB", "-5MB", "0", "12 parsecs", "1e9"])
-def test_bad_sizes_are_refused(text):
-    with pytest.raises(ValueError, match="size"):
-        parse_bytes(text)
 
 
 def test_shards_land_near_the_byte_target_and_the_count_is_recorded(sample_dir, tmp_path):
