@@ -17,18 +17,25 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from pipeline.augment import Augment
 from pipeline.config import LoaderOptions
 from shards.errors import UsageError
 from shards.flags import (
     CommandParser,
     add_config_flags,
     add_version_flag,
+    check_at_least,
+    check_choice,
+    check_fraction,
+    check_int_at_least,
     config_from_args,
     default_values,
     flag_name,
     flag_specs,
     option,
+    parse_float_pair,
     parse_int_list,
+    refuse,
     settings_group,
     unwrap_optional,
 )
@@ -44,6 +51,169 @@ def parse_float_list(text: str) -> tuple[float, ...]:
         return tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+ERASE_MODES = ("const", "rand", "pixel")  # timm's RandomErasing modes
+MIX_MODES = ("batch", "pair", "elem")  # pipeline.mixup.MODES (that module imports torch)
+# Flags renamed to timm's spelling; the old names still work on the command line and in
+# config files.
+RENAMED_FLAGS = {"label-smoothing": "smoothing"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training recipe beyond random-resized crop + flip, in timm's flags.
+
+    Per-sample policies, random erasing and repeated augmentation run in the train
+    loader's workers (`pipeline.Augment`, `Batching.aug_repeats`); mixup and cutmix on
+    the batch after normalisation, on the device (`pipeline.MixupCutmix` in the
+    prefetcher); progressive resizing sizes the train crops by epoch
+    (`pipeline.config.ProgressiveResize`). Evaluation never augments or mixes.
+    """
+
+    auto_augment: str | None = option(
+        None,
+        "per-sample policy in timm's grammar: rand-m9-mstd0.5-inc1 (RandAugment), original, "
+        "v0 (AutoAugment), augmix-m5-w3-d2, trivialaugment, 3a (DeiT III); default: none",
+        "augment",
+        flag="aa",
+    )
+    color_jitter: float = option(
+        0.0, "colour jitter strength: brightness, contrast and saturation (0: off)", "augment"
+    )
+    re_prob: float = option(0.0, "random erasing probability per image", "augment", flag="reprob")
+    re_mode: str = option(
+        "pixel",
+        "random erasing fill: const (zeros), rand (one colour per box), pixel (noise per pixel)",
+        "augment",
+        ERASE_MODES,
+        flag="remode",
+    )
+    re_count: int = option(1, "random erasing boxes per erased image", "augment", flag="recount")
+    aug_repeats: int = option(
+        1,
+        "repeated augmentation (DeiT's RASampler): each sample this many times an epoch, "
+        "differently augmented, spread across ranks and batches (1: off)",
+        "augment",
+    )
+    mixup: float = option(0.0, "mixup alpha (0: off)", "mixup")
+    cutmix: float = option(0.0, "cutmix alpha (0: off)", "mixup")
+    cutmix_minmax: tuple[float, float] | None = option(
+        None,
+        "cutmix box sides as min,max shares of the image, instead of from the alpha "
+        "(turns cutmix on); default: none",
+        "mixup",
+        parse=parse_float_pair,
+    )
+    mixup_prob: float = option(
+        1.0, "probability that a batch (or pair, element) is mixed at all", "mixup"
+    )
+    mixup_switch_prob: float = option(
+        0.5, "with --mixup and --cutmix both on: probability of cutmix", "mixup"
+    )
+    mixup_mode: str = option(
+        "batch",
+        "one mixup/cutmix draw per batch, per pair or per element (pair, elem: even batches)",
+        "mixup",
+        MIX_MODES,
+    )
+    progressive_start: int | None = option(
+        None,
+        "progressive resizing: the train image side up to --progressive-first-epoch; "
+        "default: none (train at --image-size)",
+        "progressive",
+    )
+    progressive_end: int | None = option(
+        None,
+        "progressive resizing: the train image side from --progressive-last-epoch on; "
+        "default: none",
+        "progressive",
+    )
+    progressive_first_epoch: int = option(
+        0, "progressive resizing: epoch (from 0) where the side starts to change", "progressive"
+    )
+    progressive_last_epoch: int | None = option(
+        None,
+        "progressive resizing: epoch where the side reaches --progressive-end; "
+        "default: the last epoch",
+        "progressive",
+    )
+    progressive_step: int = option(
+        32, "progressive resizing: sides in between are multiples of this", "progressive"
+    )
+
+    def __post_init__(self) -> None:
+        if self.auto_augment is not None and not (
+            isinstance(self.auto_augment, str) and self.auto_augment.strip()
+        ):
+            raise refuse(self, "auto_augment", f" must be a policy name, got {self.auto_augment!r}")
+        for name in ("color_jitter", "mixup", "cutmix"):
+            check_at_least(self, name, 0)
+        for name in ("re_prob", "mixup_prob", "mixup_switch_prob"):
+            check_fraction(self, name)
+        check_choice(self, "re_mode", ERASE_MODES)
+        check_int_at_least(self, "re_count", 1)
+        check_int_at_least(self, "aug_repeats", 1)
+        check_choice(self, "mixup_mode", MIX_MODES)
+        minmax = self.cutmix_minmax
+        if minmax is not None and not (len(minmax) == 2 and 0 < minmax[0] < minmax[1] <= 1):
+            raise refuse(
+                self, "cutmix_minmax", f" must be min,max with 0 < min < max <= 1, got {minmax!r}"
+            )
+        self.check_progressive()
+        self.augment()  # a policy outside timm's grammar is refused here, named as --aa
+
+    def augment(self) -> Augment | None:
+        """The train workers' `pipeline.Augment`, or None when nothing is asked for.
+
+        Raises:
+            SettingError: from `Augment`, naming its field (the flag's spelling comes from
+                the flag generator: `--aa 'rand-x': ...`).
+        """
+        if not self.augments:
+            return None
+        return Augment(
+            auto_augment=self.auto_augment,
+            color_jitter=self.color_jitter or None,
+            re_prob=self.re_prob,
+            re_mode=self.re_mode,
+            re_count=self.re_count,
+        )
+
+    def check_progressive(self) -> None:
+        """A schedule needs both sides; its other flags mean nothing without one."""
+        check_int_at_least(self, "progressive_first_epoch", 0)
+        check_int_at_least(self, "progressive_step", 1)
+        ends = (self.progressive_start, self.progressive_end)
+        if (ends[0] is None) != (ends[1] is None):
+            raise refuse(self, "progressive_start", " and progressive_end go together: give both")
+        for name in ("progressive_start", "progressive_end"):
+            if getattr(self, name) is not None:
+                check_int_at_least(self, name, self.progressive_step)
+        last = self.progressive_last_epoch
+        if last is not None and ends[0] is None:
+            raise refuse(self, "progressive_last_epoch", " needs progressive_start and _end")
+        if last is not None and last < self.progressive_first_epoch:
+            raise refuse(
+                self,
+                "progressive_last_epoch",
+                f" must be at least progressive_first_epoch ({self.progressive_first_epoch}), "
+                f"got {last}",
+            )
+
+    @property
+    def mixes(self) -> bool:
+        """Whether batches are mixed (mixup or cutmix): the loss then takes soft targets."""
+        return self.mixup > 0 or self.cutmix > 0 or self.cutmix_minmax is not None
+
+    @property
+    def augments(self) -> bool:
+        """Whether the train workers apply a per-sample policy, jitter or erasing."""
+        return self.auto_augment is not None or self.color_jitter > 0 or self.re_prob > 0
+
+    @property
+    def progressive(self) -> bool:
+        return self.progressive_start is not None
 
 
 @dataclass(frozen=True)
@@ -154,7 +324,15 @@ class TrainConfig:
     weight_decay: float = option(
         1e-4, "weight decay (never applied to norm weights and biases)", "optimizer"
     )
-    label_smoothing: float = option(0.0, "label smoothing of the training loss", "optimizer")
+    label_smoothing: float = option(
+        0.0,
+        "label smoothing of the training loss (with --mixup/--cutmix: of the soft targets)",
+        "mixup",
+        flag="smoothing",
+    )
+    recipe: Recipe = settings_group(
+        Recipe, "augmentation, mixup/cutmix and progressive resizing", prefix=""
+    )
     clip_grad: float = option(0.0, "clip the gradient norm to this (0: off)", "optimizer")
     # precision and device
     device: str = option(
@@ -244,9 +422,14 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 1:
             raise UsageError("--max-steps must be at least 1")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise UsageError("--label-smoothing must be in [0, 1)")
+            raise UsageError("--smoothing must be in [0, 1)")
         if self.task == "multi-label" and self.label_smoothing:
-            raise UsageError("--label-smoothing is for single-label training; leave it at 0")
+            raise UsageError("--smoothing is for single-label training; leave it at 0")
+        if self.recipe.mixes and self.recipe.mixup_mode != "batch" and self.batch_size % 2:
+            raise UsageError(
+                f"--mixup-mode {self.recipe.mixup_mode} mixes pairs of images: --batch-size "
+                f"must be even, got {self.batch_size}"
+            )
         multi = self.task == "multi-label"
         if self.label_field is not None and LabelField.parse(self.label_field).multi != multi:
             raise UsageError(
@@ -283,6 +466,11 @@ class TrainConfig:
             raise UsageError("--train-epoch-samples is shared out by --train-weights: give both")
         if self.train_epoch_samples is not None and self.train_epoch_samples < 1:
             raise UsageError("--train-epoch-samples must be at least 1")
+        if self.recipe.aug_repeats > 1 and (count > 1 or weights is not None):
+            raise UsageError(
+                "--aug-repeats repeats the samples of one --train-shards dataset; a mix "
+                "shares its epoch by --train-weights: leave --aug-repeats at 1"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values (tuples become lists); also what checkpoints store."""
@@ -300,6 +488,17 @@ def split_sources(text: str) -> tuple[str, ...]:
 
 
 SOURCE_SEPARATOR = re.compile(r"::(?![^\[]*\])")
+
+
+def rename_old_flags(argv: Sequence[str]) -> list[str]:
+    """`--label-smoothing 0.1` -> `--smoothing 0.1` (`RENAMED_FLAGS`), also in `--flag=value`."""
+    out = []
+    for item in argv:
+        name, equals, value = item.partition("=")
+        if name.startswith("--") and name[2:] in RENAMED_FLAGS:
+            item = f"--{RENAMED_FLAGS[name[2:]]}{equals}{value}"
+        out.append(item)
+    return out
 
 
 def join_repeated_sources(argv: Sequence[str]) -> list[str]:
@@ -373,7 +572,7 @@ def coerce_values(data: dict[str, Any], source: str) -> dict[str, Any]:
     specs = {spec.dest: spec for spec in flag_specs(TrainConfig)}
     out = {}
     for raw_key, value in data.items():
-        key = raw_key.replace("-", "_")
+        key = RENAMED_FLAGS.get(raw_key.replace("_", "-"), raw_key).replace("-", "_")
         if key not in specs:
             raise UsageError(f"{source}: unknown option {raw_key!r}; see `train --help`")
         if key == "train_shards" and isinstance(value, list):  # a mix, one dataset a line
@@ -446,7 +645,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
 
     Precedence: dataclass defaults < `--config FILE` < command-line flags.
     """
-    argv = join_repeated_sources(argv)
+    argv = join_repeated_sources(rename_old_flags(argv))
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "train"
     pre = CommandParser(prog="train" if command == "train" else f"train {command}", add_help=False)
     pre.add_argument("--config")

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pipeline.checksum import open_shard
 from pipeline.config import Batching, Mixing, Source, default_source_name
@@ -28,6 +29,7 @@ from shards.storage import DEFAULT_RETRY, url_scheme
 from shards.storage.patterns import expand_urls
 from trainers.config import TrainConfig
 from trainers.distributed import DistInfo
+from trainers.recipe import progressive_resize
 
 log = logging.getLogger("trainers")
 MAX_EXAMPLES = 5
@@ -61,13 +63,20 @@ def loader_config(
         # Page-locked batches only where they go to a GPU, whatever the machine has.
         workers = replace(options.workers, pin_memory=info.device.type == "cuda")
         options = replace(options, workers=workers)
+    if train:
+        extra = {**recipe_settings(config), **extra}
+        options = replace(
+            options, crop=replace(options.crop, progressive=progressive_resize(config))
+        )
     return LoaderConfig(
         source=source,
         split=split,
         train=train,
         # The loader's layout (channels-last) is free either way; CudaPrefetcher gives the
         # model the layout --channels-last asks for.
-        batch=Batching(size=config.batch_size),
+        batch=Batching(
+            size=config.batch_size, aug_repeats=config.recipe.aug_repeats if train else 1
+        ),
         mixing=Mixing(epoch_samples=config.train_epoch_samples),
         seed=config.seed,
         rank=info.rank,
@@ -75,6 +84,12 @@ def loader_config(
         **options.options,
         **extra,
     )
+
+
+def recipe_settings(config: TrainConfig) -> dict[str, Any]:
+    """The train loader's share of the recipe: the workers' `Augment`, when one is asked for."""
+    augment = config.recipe.augment()
+    return {} if augment is None else {"augment": augment}
 
 
 def train_source(config: TrainConfig) -> str | list[Source]:

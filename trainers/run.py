@@ -54,11 +54,13 @@ from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine
 log = logging.getLogger("trainers")
 
 # Resuming with any of these changed is refused unless --allow-data-change.
-DATA_FIELDS = ("train_data", "global_batch", "seed")
+DATA_FIELDS = ("train_data", "global_batch", "seed", "aug_repeats")
+# The loader's saved position holds only for the same samples in the same epoch plan.
+ORDER_FIELDS = ("train_data", "seed", "aug_repeats")
 # These can never change on resume: the weights would not fit (or mean something else).
 MODEL_FIELDS = ("model", "num_classes", "task")
 # What a checkpoint written before a field existed meant by it.
-IDENTITY_DEFAULTS = {"task": "single-label"}
+IDENTITY_DEFAULTS = {"task": "single-label", "aug_repeats": 1}
 
 
 @dataclass
@@ -131,6 +133,7 @@ def data_identity(
         "model": config.model,
         "num_classes": num_classes,
         "task": config.task,
+        "aug_repeats": config.recipe.aug_repeats,  # the epoch plan repeats samples
     }
 
 
@@ -219,8 +222,9 @@ def restore_run(run: Run, path: Path) -> None:
     if problems:
         raise CheckpointError(
             f"cannot resume from {path}: the run changed\n" + "\n".join(problems) + "\n"
-            "Pass --allow-data-change to resume anyway (data, global batch and seed only; the "
-            "loader then restarts the epoch if the data or seed changed), or use a new --run-dir."
+            "Pass --allow-data-change to resume anyway (data, global batch, seed and "
+            "--aug-repeats only; the loader then restarts the epoch if the data, seed or "
+            "repeats changed), or use a new --run-dir."
         )
     run.module.load_state_dict(checkpoint["model"])
     run.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -244,15 +248,15 @@ def restore_run(run: Run, path: Path) -> None:
 
 
 def restore_loader(run: Run, checkpoint: dict[str, Any]) -> None:
-    saved = checkpoint["identity"]
-    same_data = all(saved.get(n) == run.identity.get(n) for n in ("train_data", "seed"))
+    saved = {**IDENTITY_DEFAULTS, **checkpoint["identity"]}
+    same_data = all(saved.get(n) == run.identity.get(n) for n in ORDER_FIELDS)
     if same_data:
         # Same data and seed: continue the epoch exactly (re-split if the world size changed).
         run.train_batches.load_state_dict(checkpoint.get("loader"))
         run.state.epoch = run.loaders.train.epoch
         return
     log.warning(
-        "data or seed changed (--allow-data-change): epoch %d restarts from its beginning",
+        "data, seed or --aug-repeats changed (--allow-data-change): epoch %d restarts from its beginning",
         run.state.epoch,
     )
     run.loaders.train.set_epoch(run.state.epoch)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.mixing import ResolvedMix
+from pipeline.mixup import MixupCutmix
 from pipeline.prefetch import CudaPrefetcher
 from pipeline.sources import ResolvedSource
 from shards.errors import DataError, ShardpipeError
@@ -49,6 +50,7 @@ from trainers.metrics import (
 )
 from trainers.models import ModelError, build_model, resolve_model_name
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
+from trainers.recipe import build_criterion, build_mix, recipe_line
 from trainers.run import (
     Run,
     RunDirError,
@@ -184,7 +186,9 @@ def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None)
         scaler=torch.amp.GradScaler(info.device.type, enabled=config.amp == "fp16"),
         criterion=build_criterion(config),
         loaders=loaders,
-        train_batches=prefetcher(loaders.train, config, info),
+        train_batches=prefetcher(
+            loaders.train, config, info, build_mix(config, num_classes, info.rank)
+        ),
         val_batches=prefetcher(loaders.val, config, info) if loaders.val is not None else None,
         plan=plan,
         schedule=schedule,
@@ -241,13 +245,6 @@ def check_splits(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
         raise DataError(message)
 
 
-def build_criterion(config: TrainConfig) -> nn.Module:
-    """Cross-entropy over classes, or for multi-label a sigmoid and BCE per class."""
-    if config.task == "multi-label":
-        return nn.BCEWithLogitsLoss()  # mean over samples x classes
-    return nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
-
-
 def resolve_num_classes(config: TrainConfig, loaders: Loaders) -> int:
     if loaders.target_classes is not None:  # multi-label: the loader's targets are this wide
         return loaders.target_classes
@@ -285,9 +282,12 @@ def wrap_ddp(module: nn.Module, info: DistInfo) -> nn.Module:
     return DistributedDataParallel(module, device_ids=device_ids)
 
 
-def prefetcher(loader, config: TrainConfig, info: DistInfo) -> CudaPrefetcher:
-    """Batches on the device, normalized there (on CPU: normalized in-process, no look-ahead)."""
-    return CudaPrefetcher(loader, info.device, channels_last=config.channels_last)
+def prefetcher(
+    loader, config: TrainConfig, info: DistInfo, mix: MixupCutmix | None = None
+) -> CudaPrefetcher:
+    """Batches on the device, normalized there (on CPU: normalized in-process, no look-ahead),
+    then mixed there when the train loader's `mix` is given (evaluation never is)."""
+    return CudaPrefetcher(loader, info.device, channels_last=config.channels_last, mix=mix)
 
 
 def resume(run: Run) -> None:
@@ -352,8 +352,8 @@ def log_startup(run: Run) -> None:
         f"lr: peak {schedule.describe()}, linear warmup {schedule.warmup_steps} steps, cosine to "
         f"{schedule.min_lr:g} at step {schedule.total_steps}",
         f"optimizer: {config.optimizer} momentum {config.momentum} weight decay "
-        f"{config.weight_decay} (not on norms/biases), label smoothing "
-        f"{config.label_smoothing}, clip {config.clip_grad or 'off'}",
+        f"{config.weight_decay} (not on norms/biases), clip {config.clip_grad or 'off'}",
+        recipe_line(config),
         f"loader: {config.loader.workers.count} workers per rank, image "
         f"{config.loader.crop.image_size} px, shuffle buffer {config.loader.shuffle.buffer}, "
         f"channels_last {config.channels_last}",
