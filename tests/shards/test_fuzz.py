@@ -238,7 +238,7 @@ def parquet_bytes(rng: random.Random) -> bytes:
             rng.choice([pa.int64(), pa.int32()]),
         ),
     }
-    if rows > 1 and rng.random() < 0.15:  # a repeated key: `non_adjacent_key`, as in a tar
+    if rows > 1 and rng.random() < 0.15:  # a repeated key: read under a made key
         keys = columns["__key__"].to_pylist()
         keys[rng.randrange(1, rows)] = keys[rng.randrange(rows)]
         columns["__key__"] = pa.array(keys, pa.string())
