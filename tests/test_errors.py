@@ -59,6 +59,8 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "RunDirError": (UsageError, RuntimeError),
     "DeviceError": (UsageError, RuntimeError),
     "BuildError": (ShardpipeError, RuntimeError),
+    "CacheBypass": (DataError, None),  # the shard cache's files cannot be used as found
+    "_Unfit": (DataError, None),  # a name in the cache is not what it made; stays inside
 }
 # The root and its two kinds, and one signal that never leaves `shards.storage` (an HTTP
 # status worth retrying, raised and caught inside one request).

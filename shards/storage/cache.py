@@ -55,7 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from shards.errors import DataError, ShardpipeError
+from shards.errors import DataError
 from shards.storage.retry import DEFAULT_RETRY, ShardReadError
 
 SHARD_SUFFIX = ".shard"
@@ -83,7 +83,7 @@ _KINDS = {"d": "a directory", "l": "a symlink", "p": "a FIFO", "s": "a socket"}
 _KINDS.update({"c": "a character device", "b": "a block device"})
 
 
-class CacheBypass(ShardpipeError):
+class CacheBypass(DataError):
     """The cache cannot serve a shard now (or at all: `whole_cache`); it is read from its
     origin instead. The message names the cache file or directory and what was found.
 
