@@ -73,6 +73,18 @@ def assert_resumed_alike(straight, killed) -> None:
     assert [r["digest"] for r in read_trace(killed, kind="params")] == digests
 
 
+def kill_mid_epoch_and_resume(args, tmp_path):
+    """Run `args(run_dir)` straight, and again SIGKILLed after a mid-epoch checkpoint and
+    resumed; check the two alike. Returns the straight run's directory."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(args(straight)) == 0
+    step = kill_after_first_checkpoint(args(killed), killed)
+    assert step % STEPS_PER_EPOCH != 0  # killed mid-epoch
+    assert main(args(killed, resume="auto")) == 0
+    assert_resumed_alike(straight, killed)
+    return straight
+
+
 @pytest.mark.parametrize("checkpoint_every", [4, 0], ids=["mid-epoch", "epoch-end"])
 def test_killed_run_resumes_exactly(train_shards, tmp_path, checkpoint_every):
     run = dict(RUN, checkpoint_every=checkpoint_every)
@@ -94,12 +106,7 @@ def test_a_killed_run_on_a_mix_of_sources_resumes_exactly(train_shards, tmp_path
         command[at + 1] = f"{train_shards}::{train_shards}"
         return command + mix
 
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(args(straight)) == 0
-    step = kill_after_first_checkpoint(args(killed), killed)
-    assert step % STEPS_PER_EPOCH != 0  # killed mid-epoch
-    assert main(args(killed, resume="auto")) == 0
-    assert_resumed_alike(straight, killed)
+    straight = kill_mid_epoch_and_resume(args, tmp_path)
     keys = {k for r in read_trace(straight, kind="batch") for k in r["keys"]}
     assert {k.split("/", 1)[0] for k in keys} == {"shards1", "shards2"}
 
@@ -119,9 +126,4 @@ def test_a_killed_run_with_a_training_recipe_resumes_exactly(train_shards, tmp_p
     def args(run_dir, **extra):
         return base_args(train_shards, run_dir, **RUN, checkpoint_every=4, **extra) + RECIPE
 
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(args(straight)) == 0
-    step = kill_after_first_checkpoint(args(killed), killed)
-    assert step % STEPS_PER_EPOCH != 0  # killed mid-epoch
-    assert main(args(killed, resume="auto")) == 0
-    assert_resumed_alike(straight, killed)
+    kill_mid_epoch_and_resume(args, tmp_path)
