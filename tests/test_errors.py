@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "FormatNotBuiltError": (ManifestError, KeyError),
     "ShardReadError": (DataError, OSError),
     "ObjectNotFoundError": (DataError, OSError),
+    "ObjectChangedError": (DataError, OSError),
     "NotRegularFileError": (DataError, OSError),
     "LoaderDataError": (DataError, RuntimeError),
     "LabelReadError": (DataError, RuntimeError),
