@@ -29,6 +29,7 @@ from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_
 from trainers.metrics import StepTimer, iter_timed, load_pyplot
 from trainers.models import build_model
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
+from trainers.recipe import build_criterion, build_mix
 from trainers.run import seed_generators
 
 log = logging.getLogger("trainers")
@@ -321,7 +322,10 @@ def time_loader(probe: Probe, batch: int) -> ScanPoint:
     config = replace(probe.config, batch_size=batch)
     settings = loader_config(config, probe.info, config.train_split, True)
     loader = build_split_loader(settings, "--train-shards", config)
-    batches = CudaPrefetcher(loader, probe.info.device, channels_last=config.channels_last)
+    mix = build_mix(config, probe.num_classes, probe.info.rank)
+    if mix is not None:  # the run's batch mix and the loss of its soft targets, timed too
+        probe = replace(probe, criterion=build_criterion(config))
+    batches = CudaPrefetcher(loader, probe.info.device, channels_last=config.channels_last, mix=mix)
     timer = StepTimer()
     stream = iter_timed(batches, timer)
     try:

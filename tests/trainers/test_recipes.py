@@ -11,6 +11,7 @@ from torch import nn
 from pipeline.augment import Augment
 from pipeline.config import ProgressiveResize
 from pipeline.mixup import MixupCutmix
+from pipeline.prefetch import CudaPrefetcher
 from tests.trainers.conftest import TRAIN_CLASSES, base_args, read_rows
 from trainers.config import TrainConfig, parse_command_line
 from trainers.data import loader_config
@@ -199,3 +200,22 @@ def test_a_cpu_run_with_deit_flags_learns(train_shards, tmp_path, capsys):
     )
     train_losses = [row["loss"] for row in read_rows(run, "train")]
     assert min(train_losses) > 0.3  # soft targets: the loss cannot fall to a hard-label's near 0
+
+
+def test_the_loader_scan_times_the_batch_mix_too(train_shards, tmp_path, monkeypatch):
+    """`scan-throughput --scan-source loader` feeds its steps as training does: mixed."""
+    import trainers.probe
+
+    mixes = []
+
+    class Recording(CudaPrefetcher):
+        def __init__(self, *args, mix=None, **kwargs):
+            mixes.append(mix)
+            super().__init__(*args, mix=mix, **kwargs)
+
+    monkeypatch.setattr(trainers.probe, "CudaPrefetcher", Recording)
+    args = ["scan-throughput", "--model", "cnn", "--image-size", "24", "--device", "cpu"]
+    args += ["--scan-steps", "1", "--scan-warmup", "0", "--scan-batch-sizes", "8"]
+    args += ["--scan-source", "loader", "--train-shards", str(train_shards), "--workers", "0"]
+    assert main([*args, "--run-dir", str(tmp_path / "scan"), "--mixup", "0.8"]) == 0
+    assert len(mixes) == 1 and isinstance(mixes[0], MixupCutmix) and mixes[0].mixup_alpha == 0.8
