@@ -23,7 +23,7 @@ from shards.flags import (
     run_command,
     settings_group,
 )
-from shards.manifest import SHARD_FORMATS
+from shards.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from shards.sample import LabelField
 
 DESCRIPTION = """\
@@ -43,7 +43,10 @@ class InspectShuffleOptions:
     )
     split: str = option("train", "split of the manifest to read", "data")
     format: str | None = option(
-        None, "shard format to read labels from; default: tar when built", "data", SHARD_FORMATS
+        None,
+        f"shard format to read labels from; default: {DEFAULT_FORMAT} when built",
+        "data",
+        FORMAT_NAMES,
     )
     label_field: str = option(
         "cls",

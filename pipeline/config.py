@@ -34,7 +34,7 @@ from shards.flags import (
     refuse,
     settings_group,
 )
-from shards.formats import FORMAT_NAMES, FORMATS
+from shards.formats import DEFAULT_FORMAT, FORMAT_NAMES, FORMATS, is_format
 from shards.image.policy import BACKENDS
 from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
@@ -208,10 +208,8 @@ class Source:
             raise refuse(self, given[0], f" must be finite, got {value!r}")
         if not isinstance(self.split, str) or not self.split:
             raise refuse(self, "split", f" must be a split name, got {self.split!r}")
-        if self.format is not None and self.format not in FORMAT_NAMES:
-            raise refuse(
-                self, "format", f" {self.format!r} is not one of {', '.join(FORMAT_NAMES)}"
-            )
+        if self.format is not None and not is_format(self.format):
+            raise refuse(self, "format", f" {self.format!r} is not one of {', '.join(FORMATS)}")
         if self.name is not None and not (
             isinstance(self.name, str) and SOURCE_NAME.match(self.name)
         ):
@@ -243,7 +241,7 @@ def default_source_name(source: Any) -> str:
     files = (".json", *(fmt.suffix for fmt in FORMATS.values()))
     if base.lower().endswith(files) or "{" in base:  # a manifest or shard files
         base = posixpath.basename(posixpath.dirname(path))
-        if base in ("tar", "parquet"):  # the build's format folders: name the dataset
+        if is_format(base):  # the build's format folders: name the dataset
             base = posixpath.basename(posixpath.dirname(posixpath.dirname(path)))
     if not base and parts:
         base = parts.netloc.rsplit("@", 1)[-1]
@@ -572,13 +570,14 @@ class LoaderOptions:
     """The loader's options that one run shares across its splits (`TrainConfig.loader`).
 
     Attributes:
-        format: `tar` or `parquet`; default: tar when the manifest has it.
+        format: a registered format (`tar`, `parquet`); default: `DEFAULT_FORMAT` (tar)
+            when the manifest has it.
         shuffle, crop, workers, io: see their groups.
         max_skip_fraction: bad samples a worker may skip before it stops.
     """
 
     format: str | None = option(
-        None, "shard format to read; default: tar when built", "data", FORMAT_NAMES
+        None, f"shard format to read; default: {DEFAULT_FORMAT} when built", "data", FORMAT_NAMES
     )
     shuffle: Shuffle = settings_group(Shuffle, "the shuffle buffer")
     crop: Crop = settings_group(Crop, "decode and crop", prefix="")
@@ -589,7 +588,7 @@ class LoaderOptions:
     )
 
     def __post_init__(self) -> None:
-        check_choice(self, "format", FORMAT_NAMES, optional=True)
+        check_choice(self, "format", tuple(FORMATS), optional=True)
         for name in ("shuffle", "crop", "workers", "io"):
             group = GROUP_TYPES[name]
             if not isinstance(getattr(self, name), group):

@@ -314,25 +314,28 @@ def stream_labels(order: DeliveryOrder, labels_by_shard: Sequence[np.ndarray]) -
 
 
 def label_source(source: ResolvedSource, config: LoaderConfig) -> ResolvedSource:
-    """Shards to read labels from: the Parquet twin of tar shards when the manifest has one.
+    """Shards to read labels from: a columnar twin (Parquet) of the shards when the
+    manifest has one.
 
-    Parquet gives the labels by reading one small column; tar shards must be read through.
+    A columnar format gives the labels by reading one small column; tar shards must be
+    read through.
     """
-    if source.manifest_url is None or not source.shards or source.shards[0].format.random_access:
+    if source.manifest_url is None or not source.shards or source.shards[0].format.columnar:
         return source
-    columnar = next(fmt.name for fmt in FORMATS.values() if fmt.random_access)
-    try:
-        twin = resolve_source(
-            source.manifest_url,
-            config.split,
-            columnar,
-            retry=config.io.retry,
-            storage_options=config.io.storage_options,
-        )
-    except FormatNotBuiltError:  # the manifest lists no Parquet shards
-        return source
-    same = [s.samples for s in twin.shards] == [s.samples for s in source.shards]
-    return twin if same else source
+    for columnar in (fmt.name for fmt in FORMATS.values() if fmt.columnar):
+        try:
+            twin = resolve_source(
+                source.manifest_url,
+                config.split,
+                columnar,
+                retry=config.io.retry,
+                storage_options=config.io.storage_options,
+            )
+        except FormatNotBuiltError:  # the manifest lists no shards of this format
+            continue
+        if [s.samples for s in twin.shards] == [s.samples for s in source.shards]:
+            return twin
+    return source
 
 
 def read_labels(

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from pipeline.plan import compact_dtype
 from shards.errors import DataError, ShardError, UsageError
-from shards.formats import FORMAT_NAMES, ShardFormat, format_of_url, get_format
+from shards.formats import DEFAULT_FORMAT, ShardFormat, format_of_url, get_format, is_format
 from shards.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -152,7 +152,7 @@ class ShardSpecs(Sequence[ShardSpec]):
                 checked[i] = True
         sizes = [_NO_SIZE if spec.bytes is None else spec.bytes for spec in specs]
         return cls(
-            formats.pop() if formats else "tar",
+            formats.pop() if formats else DEFAULT_FORMAT,
             np.array([spec.samples for spec in specs], np.int64),
             names=[spec.url for spec in specs],
             sizes=np.array(sizes, np.int64),
@@ -491,7 +491,7 @@ def read_manifest_url(
         url,
         read_table=table_reader(url, retry, storage_options),
         splits=None if split is None else (split,),
-        formats=(fmt or "tar",),
+        formats=(fmt or DEFAULT_FORMAT,),
         shard_class_counts=False,
         shard_digests=checksums,
     )
@@ -530,7 +530,7 @@ def manifest_base(url: str) -> str:
 
 
 def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> ResolvedSource:
-    fmt = fmt or ("tar" if "tar" in manifest.formats else manifest.formats[0])
+    fmt = fmt or (DEFAULT_FORMAT if DEFAULT_FORMAT in manifest.formats else manifest.formats[0])
     table = manifest.shard_table(split, fmt)
     files = table.file_columns(fmt)
     # The manifest's names are validated plain file names (or plain names in their
@@ -578,7 +578,7 @@ def dataset_manifest(directory: str, fmt: str | None) -> tuple[str, str | None]:
     candidate = os.path.join(directory, MANIFEST_NAME)
     parent, leaf = os.path.split(os.path.abspath(directory))
     above = os.path.join(parent, MANIFEST_NAME)
-    if os.path.exists(candidate) or leaf not in FORMAT_NAMES or not os.path.exists(above):
+    if os.path.exists(candidate) or not is_format(leaf) or not os.path.exists(above):
         return candidate, fmt
     if fmt is not None and fmt != leaf:
         raise UsageError(

@@ -30,7 +30,8 @@ from shards.flags import (
     option,
     refuse,
 )
-from shards.manifest import LAYOUTS, SHARD_FORMATS
+from shards.formats import FORMAT_NAMES, FORMATS, is_format
+from shards.manifest import LAYOUTS
 from shards.redact import url_credentials_problem
 from shards.storage import READ_SCHEMES, is_remote, validate_url
 from shards.units import ByteSize
@@ -181,7 +182,7 @@ class BuildConfig:
         exclusive="size",
     )
     formats: tuple[str, ...] = option(
-        SHARD_FORMATS, "comma-separated shard formats to write", "shard", metavar="LIST"
+        FORMAT_NAMES, "comma-separated shard formats to write", "shard", metavar="LIST"
     )
     layout: str | None = option(
         None,
@@ -287,15 +288,11 @@ class BuildConfig:
         check_int_at_least(self, "shard_size", 1)
         check_bytes(self, "shard_bytes", 1, optional=True)
         formats = self.formats
-        if (
-            not isinstance(formats, tuple)
-            or not formats
-            or any(f not in SHARD_FORMATS for f in formats)
-        ):
+        if not isinstance(formats, tuple) or not formats or not all(is_format(f) for f in formats):
             raise refuse(
                 self,
                 "formats",
-                f" takes a comma-separated subset of {','.join(SHARD_FORMATS)}, got {formats!r}",
+                f" takes a comma-separated subset of {','.join(FORMATS)}, got {formats!r}",
             )
         check_choice(self, "layout", LAYOUTS, optional=True)
         value = self.val_fraction

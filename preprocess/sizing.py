@@ -22,7 +22,7 @@ from preprocess.build import build_shard_sample, image_field
 from preprocess.images import ImageConfig
 from preprocess.listing import InputError, SourceItem
 from preprocess.plan import PROBE_SIZE, PlannedSample, sample_key
-from shards.formats import get_format
+from shards.formats import DEFAULT_FORMAT, get_format
 from shards.sample import SampleError
 
 
@@ -48,7 +48,7 @@ class Probe:
 def probe_inputs(
     items: Iterable[SourceItem],
     image: ImageConfig,
-    formats: Iterable[str] = ("tar",),
+    formats: Iterable[str] = (DEFAULT_FORMAT,),
     storage_options: Mapping[str, Any] | None = None,
 ) -> Probe:
     """Process the `PROBE_SIZE` inputs of `items` with the smallest keys (the same on every
@@ -95,7 +95,7 @@ def shard_size_for_bytes(
         InputError: none of the probe's inputs could be processed.
     """
     probe = probe_inputs(items, image, storage_options=storage_options)
-    sizes = probe.sizes["tar"]
+    sizes = probe.sizes[DEFAULT_FORMAT]
     if not sizes:
         raise InputError(
             f"--shard-bytes: none of the {probe.tried} inputs sampled to size the shards could "

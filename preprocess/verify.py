@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shards.errors import DataError, ShardError
-from shards.formats import FORMAT_NAMES, get_format
+from shards.formats import get_format, is_format
 from shards.image.policy import check_image
 from shards.manifest import (
     LAYOUT_FLAT,
@@ -112,7 +112,7 @@ def manifest_directory(source: str) -> Path | None:
         return None
     if (path / MANIFEST_NAME).exists():
         return path
-    if path.resolve().name in FORMAT_NAMES and (path.resolve().parent / MANIFEST_NAME).exists():
+    if is_format(path.resolve().name) and (path.resolve().parent / MANIFEST_NAME).exists():
         return path.resolve().parent
     return None
 

@@ -30,12 +30,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from shards.formats import TAR
 from shards.manifest import Manifest
 from shards.storage.write import OutputStore, atomic_write_bytes
 
 INFO_NAME = "_info.json"
 WIDS_SUFFIX = ".wids.json"
-CLIENT_FORMAT = "tar"  # the format timm, wids and open_clip read
+CLIENT_FORMAT = TAR.name  # the format timm, wids and open_clip read
 TIMM_VALIDATION = "validation"  # timm's default `--val-split`
 SIZES_NAME = "sizes.json"  # the name open_clip looks for beside the shards
 _PLAIN_SPLIT = re.compile(r"[A-Za-z0-9_-]{1,64}").fullmatch

@@ -54,6 +54,11 @@ class ShardFormat:
         suffix: the file suffix that identifies it in a URL (`.tar`).
         random_access: readers seek (Parquet's footer, then row groups), so remote
             streams must be opened seekable.
+        columnar: reading a few fields reads only their bytes, not the samples' whole
+            (Parquet's column chunks): where labels alone are cheap to read.
+        schema: the file declares its members once for every sample (a schema):
+            `list_members` names what every sample holds, and the reader refuses a
+            label field asked for that the file lacks rather than yield samples without.
         min_sample_bytes: the fewest bytes one sample can take in a file of this
             format; a manifest claiming more samples than `bytes // this` lies.
         open_writer: `(fileobj, image_field, row_group_size, *, class_names=None,
@@ -75,6 +80,8 @@ class ShardFormat:
     name: str
     suffix: str
     random_access: bool
+    columnar: bool
+    schema: bool
     min_sample_bytes: int
     open_writer: Callable[..., ShardWriter]
     iter_samples: Callable[..., Iterator[Sample]]
@@ -136,6 +143,8 @@ TAR = ShardFormat(
     name="tar",
     suffix=".tar",
     random_access=False,
+    columnar=False,
+    schema=False,
     # A sample's smallest form: one header block for an empty member.
     min_sample_bytes=tar.BLOCK,
     open_writer=_tar_writer,
@@ -149,6 +158,8 @@ PARQUET = ShardFormat(
     name="parquet",
     suffix=".parquet",
     random_access=True,
+    columnar=True,
+    schema=True,
     min_sample_bytes=1,
     open_writer=_parquet_writer,
     iter_samples=parquet.iter_parquet_samples,
@@ -156,21 +167,33 @@ PARQUET = ShardFormat(
     list_members=parquet.column_names,
     sample_bytes=_payload_bytes,
 )
+# The registry: a format is its module's reader and writer plus one entry here. Code
+# looks formats up here when it runs (`FORMATS`, `get_format`, `is_format`), so a
+# format registered later (a test's) is known everywhere; `FORMAT_NAMES` is the list
+# at import, what a build writes by default and the choices `--help` shows.
 FORMATS: dict[str, ShardFormat] = {fmt.name: fmt for fmt in (TAR, PARQUET)}
 FORMAT_NAMES = tuple(FORMATS)
+# What is read when a manifest holds several formats and none is asked for, and what
+# `--shard-bytes` measures: tar, the format every webdataset-style reader streams.
+DEFAULT_FORMAT = TAR.name
+
+
+def is_format(name: object) -> bool:
+    """Whether `name` is a registered format's name."""
+    return isinstance(name, str) and name in FORMATS
 
 
 def get_format(name: str) -> ShardFormat:
     """The format called `name`.
 
     Raises:
-        ValueError: no such format; the message lists the known ones.
+        UsageError: no such format; the message lists the known ones.
     """
     try:
         return FORMATS[name]
     except (KeyError, TypeError):
         raise UsageError(
-            f"unknown shard format {name!r}; known formats: {', '.join(FORMAT_NAMES)}"
+            f"unknown shard format {name!r}; known formats: {', '.join(FORMATS)}"
         ) from None
 
 
@@ -178,7 +201,7 @@ def format_of_url(url: str) -> ShardFormat:
     """The format a shard URL's path suffix names; query strings and fragments are ignored.
 
     Raises:
-        ValueError: the suffix names no format (compressed `.tar.gz` shards are not
+        UsageError: the suffix names no format (compressed `.tar.gz` shards are not
             supported: we never inflate data).
     """
     path = urlsplit(url).path if "://" in url else url

@@ -189,10 +189,11 @@ def survey_fields(
     shard_format: ShardFormat, stream: BinaryIO, path: str, limits: ReadLimits | None = None
 ) -> frozenset[str]:
     """What a survey asks a shard for: every allowlisted member, less the class columns a
-    Parquet shard lacks (its reader refuses a class column asked for and not there, and
-    img2dataset's Parquet has none). A tar's members are asked for as they are: its
-    first sample's need not be every sample's. Rewinds `stream`."""
-    if not shard_format.random_access:
+    format with a schema lacks (its reader refuses a class column asked for and not
+    there, and img2dataset's Parquet has none). A format without one (tar) is asked for
+    every member as it is: its first sample's need not be every sample's. Rewinds
+    `stream`."""
+    if not shard_format.schema:
         return ALLOWED_FIELDS
     held = set(shard_format.list_members(stream, path, limits or DEFAULT_LIMITS))
     stream.seek(0)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-from shards.formats import FORMAT_NAMES
-
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "shardpipe-manifest"
 FORMAT_VERSION = 3  # 2: a split's shard list may live in a side table; 3: `layout`
@@ -18,7 +16,6 @@ READ_VERSIONS = (1, 2, 3)
 # A flat manifest is written as version 2, byte for byte what earlier builds wrote, so
 # readers from before version 3 keep reading flat outputs; only `by_format` needs 3.
 FLAT_VERSION = 2
-SHARD_FORMATS = FORMAT_NAMES
 # Where a build puts its shards: `flat` beside the manifest (versions 1 and 2, and
 # version 3 when asked), or `by_format`, one directory per format (`tar/`, `parquet/`),
 # which pyarrow, polars, duckdb and HF datasets open by its path with no glob.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shards.formats import FORMAT_NAMES, get_format
+from shards.formats import FORMATS, get_format, is_format
 from shards.manifest.fields import check_fields_entry
 from shards.manifest.inline import read_inline_shards
 from shards.manifest.names import (
@@ -123,12 +123,12 @@ class ManifestReader(ReadState):
         return value
 
     def read_formats(self, value: Any) -> list[str]:
-        expected = f"a non-empty list of shard formats (from {list(FORMAT_NAMES)})"
+        expected = f"a non-empty list of shard formats (from {list(FORMATS)})"
         if type(value) is not list or not value:
             self.fail("formats", wrong_value(value, expected))
         for i, name in enumerate(value):
-            if type(name) is not str or name not in FORMAT_NAMES:
-                self.fail(f"formats[{i}]", wrong_value(name, f"one of {list(FORMAT_NAMES)}"))
+            if type(name) is not str or not is_format(name):
+                self.fail(f"formats[{i}]", wrong_value(name, f"one of {list(FORMATS)}"))
             if name in self.formats:
                 self.fail(f"formats[{i}]", f"{show_value(name)} is listed twice")
             shard_format = get_format(name)
