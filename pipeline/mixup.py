@@ -88,7 +88,9 @@ class MixupCutmix:
     ) -> None:
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha
-        self.cutmix_minmax = None if cutmix_minmax is None else tuple(cutmix_minmax)
+        self.cutmix_minmax = (
+            tuple(cutmix_minmax) if isinstance(cutmix_minmax, Sequence) else cutmix_minmax
+        )
         self.prob = prob
         self.switch_prob = switch_prob
         self.mode = mode
@@ -110,7 +112,10 @@ class MixupCutmix:
             if not number or not math.isfinite(value) or value < 0:
                 raise refuse(self, name, f" must be a number of at least 0, got {value!r}")
         minmax = self.cutmix_minmax
-        if minmax is not None and not (len(minmax) == 2 and 0 < minmax[0] < minmax[1] <= 1):
+        pair = isinstance(minmax, tuple) and len(minmax) == 2
+        if minmax is not None and not (pair and all(isinstance(v, (int, float)) for v in minmax)):
+            raise refuse(self, "cutmix_minmax", f" must be (min, max) or None, got {minmax!r}")
+        if minmax is not None and not 0 < minmax[0] < minmax[1] <= 1:
             raise refuse(
                 self, "cutmix_minmax", f" must be (min, max), 0 < min < max <= 1, got {minmax!r}"
             )
@@ -292,8 +297,7 @@ def mix_whole_batch(images: torch.Tensor, lam: float, cutmix: bool, box: np.ndar
         # Flipping only the box region copies the box, not the batch.
         images[:, :, yl:yh, xl:xh] = images[:, :, yl:yh, xl:xh].flip(0)
     else:
-        partner = images.flip(0)
-        images.mul_(lam).add_(partner, alpha=1.0 - lam)
+        images.lerp_(images.flip(0), 1.0 - lam)  # lam x own + (1 - lam) x partner
 
 
 def mix_each(images: torch.Tensor, draw: MixDraw) -> None:
@@ -304,8 +308,8 @@ def mix_each(images: torch.Tensor, draw: MixDraw) -> None:
     partner = images.flip(0)
     blend = np.where(draw.cutmix, 1.0, draw.lam)
     if (blend != 1.0).any():
-        weight = torch.as_tensor(blend, dtype=images.dtype).to(device).view(size, 1, 1, 1)
-        images.mul_(weight).add_(partner * (1.0 - weight))
+        weight = torch.as_tensor(1.0 - blend, dtype=images.dtype).to(device)
+        images.lerp_(partner, weight.view(size, 1, 1, 1))  # one pass, no temporary
     if draw.cutmix.any():
         boxes = torch.as_tensor(draw.boxes).to(device)
         rows = torch.arange(height, device=device)

@@ -209,7 +209,8 @@ def test_odd_batches_mix_in_batch_mode_only():
     [
         (dict(mixup_alpha=0.0), "nothing to mix"),
         (dict(mixup_alpha=-1.0), "mixup_alpha must be a number of at least 0"),
-        (dict(cutmix_minmax=(0.8, 0.2)), "cutmix_minmax must be"),
+        (dict(cutmix_minmax=(0.8, 0.2)), "cutmix_minmax must be .min, max., 0 < min"),
+        (dict(cutmix_minmax=0.5), "cutmix_minmax must be .min, max. or None, got 0.5"),
         (dict(prob=1.5), "prob must be a number in"),
         (dict(mode="pairs"), "mode 'pairs' is not one of batch, pair, elem"),
         (dict(label_smoothing=1.0), "label_smoothing must be a number in"),
