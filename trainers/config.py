@@ -225,7 +225,9 @@ class TrainConfig:
     `lr_ref_batch`, scaled to the effective batch by `lr_scaling`. `loader` holds the
     loader's own options (`pipeline.config.LoaderOptions`: format, shuffle buffer,
     crop, workers, reading), shared by the train and val loaders; their flags keep
-    their names (`--workers`, `--image-size`, `--shuffle-buffer`, ...).
+    their names (`--workers`, `--image-size`, `--shuffle-buffer`, ...). `recipe` holds
+    the training recipe in timm's flags (`--aa`, `--mixup`, ...; train only), with
+    `label_smoothing` (`--smoothing`) beside it.
     """
 
     # data
