@@ -62,6 +62,9 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "BuildError": (ShardpipeError, RuntimeError),
     "CacheBypass": (DataError, None),  # the shard cache's files cannot be used as found
     "_Unfit": (DataError, None),  # a name in the cache is not what it made; stays inside
+    "ByteSizeError": (UsageError, ValueError),  # a text that is not a byte size
+    "PolicyError": (UsageError, ValueError),  # an auto_augment string outside the grammar
+    "_NotAHeader": (DataError, None),  # Parquet page header bytes; stays inside
 }
 # The root and its two kinds, and one signal that never leaves `shards.storage` (an HTTP
 # status worth retrying, raised and caught inside one request).

@@ -14,6 +14,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from shards.errors import UsageError
+
 GRAMMAR = (
     "rand[-m{M}][-n{N}][-p{P}][-mstd{S}][-mmax{X}][-inc{0|1}][-w0][-t{weights|3a|3aw}], "
     "original|originalr|v0|v0r|3a[-mstd{S}], augmix[-m{M}][-w{W}][-d{D}][-a{A}][-b{0|1}]"
@@ -25,7 +27,7 @@ _WEIGHTED_SIZES = {"w0": 13, "weights": 15, "3aw": 14}  # sets drawn without rep
 _SECTION = re.compile(r"^([a-z]+)(\d.*)$")  # timm's split: the letters, then from the first digit
 
 
-class PolicyError(ValueError):
+class PolicyError(UsageError):
     """An `auto_augment` string outside the grammar; `Augment` names the field and string."""
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from shards.errors import DataError
+
 # PageHeader's fields (parquet.thrift): 2 uncompressed_page_size, 3 compressed_page_size.
 _UNCOMPRESSED, _COMPRESSED = 2, 3
 # Thrift compact types.
@@ -21,7 +23,7 @@ _LIST, _SET, _MAP, _STRUCT = 9, 10, 11, 12
 _MAX_DEPTH = 16
 
 
-class _NotAHeader(Exception):
+class _NotAHeader(DataError):
     """The bytes do not parse as a page header (cut, or not Thrift)."""
 
 

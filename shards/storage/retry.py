@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shards.errors import DataError
+from shards.errors import DataError, ShardpipeError
 from shards.redact import redact_url
 
 T = TypeVar("T")
@@ -34,7 +34,7 @@ TRANSIENT_ERRORS = (OSError, http.client.HTTPException)
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
-class RetryableStatus(Exception):
+class RetryableStatus(ShardpipeError):
     """An HTTP status worth retrying (429, 503, ...); raised and caught inside `shards.storage`."""
 
     def __init__(self, status: int, reason: str, retry_after: float) -> None:
