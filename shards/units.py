@@ -73,6 +73,3 @@ class ByteSize(int):
         if value < 0:
             raise ByteSizeError(f"{value!r} is not a byte size: sizes are not negative")
         return super().__new__(cls, value)
-
-    def __repr__(self) -> str:
-        return int.__repr__(self)
