@@ -385,7 +385,9 @@ class TrainConfig:
     # probes: find-batch-size and scan-throughput
     memory_fraction: float = option(0.7, "find-batch-size: share of device memory to fill", "probe")
     memory_budget_mb: float | None = option(
-        None, "find-batch-size: device memory to assume, MB (default: measured)", "probe"
+        None,
+        "find-batch-size: device memory to assume, in MiB (2**20 bytes; default: measured)",
+        "probe",
     )
     probe_batches: tuple[int, ...] = option(
         (4, 8, 16), "find-batch-size: batch sizes measured for the extrapolation", "probe"
