@@ -1,9 +1,11 @@
 """Each augmentation op against the Pillow call timm (or torchvision) makes, at magnitudes 0, 5, 10.
 
-Lookup-table ops and Pillow's blends (brightness, contrast, colour, sharpness) must match
-byte for byte; geometric ops and blurs, which OpenCV resamples with other filters, within a
-PSNR bound set from the value measured here minus a margin. Then robustness: no op raises on
-tiny, constant, black or white images.
+Lookup-table ops and the blends from one colour (brightness, contrast) must match byte for
+byte; the blends from a per-pixel image (colour, desaturate, sharpness: one OpenCV pass
+that rounds where Pillow truncates float32) to within rounding: no value off by more than
+1, and few off at all; geometric ops and blurs, which resample with other arithmetic or
+filters, within a PSNR bound set from the value measured here minus a margin. Then
+robustness: no op raises on tiny, constant, black or white images.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from io import BytesIO
 
 import numpy as np
 import pytest
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-pytest.importorskip("cv2")
+cv2 = pytest.importorskip("cv2")
 
 from pipeline.augment import ops  # noqa: E402
 from pipeline.augment.color import ColorJitter  # noqa: E402
@@ -60,8 +62,14 @@ SIGNED -= {"PosterizeIncreasing", "SolarizeIncreasing"}
 LUT_OPS = {"AutoContrast", "Equalize", "Invert"} | {
     name for name in TIMM_ARGUMENTS if name.startswith(("Posterize", "Solarize"))
 }
-BLEND_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Color", "Contrast", "Bright"))}
-BLEND_OPS |= {name for name in TIMM_ARGUMENTS if name.startswith("Sharpness")} | {"Desaturate"}
+CONSTANT_BLEND_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Contrast", "Bright"))}
+PIXEL_BLEND_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Color", "Sharpness"))}
+PIXEL_BLEND_OPS |= {"Desaturate"}
+# Within rounding: Pillow truncates float32 g + f * (v - g); cv2.addWeighted rounds
+# f * v + (1 - f) * g shifted by -0.5 + 2**-10. No value is off by more than 1, and at
+# most 0.72% are off at all (measured: factor 1.2 on PHOTO; most factors 0%); a plain
+# rounding would put about half the values 1 too high.
+MAX_ROUNDING_SHARE = 0.015
 GEOMETRIC_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Rotate", "Shear", "Trans"))}
 
 # PSNR floors in dB against Pillow: the lowest value measured on PHOTO over the ops,
@@ -104,15 +112,25 @@ def _ours(name: str, argument, image: np.ndarray, resample: str = "bilinear") ->
     return pixels
 
 
-@pytest.mark.parametrize("name", sorted((LUT_OPS | BLEND_OPS) - {"GaussianBlur"}))
-def test_lookup_and_blend_ops_match_pillow_exactly(name):
-    """Lookup tables and Pillow's float32 blends with truncation: identical bytes."""
+def assert_within_rounding(ours: np.ndarray, reference: np.ndarray, context) -> None:
+    """No value off by more than 1, and at most `MAX_ROUNDING_SHARE` of them off at all."""
+    difference = np.abs(ours.astype(np.int16) - reference)
+    assert difference.max() <= 1, context
+    assert np.count_nonzero(difference) <= MAX_ROUNDING_SHARE * difference.size, context
+
+
+@pytest.mark.parametrize("name", sorted(LUT_OPS | CONSTANT_BLEND_OPS | PIXEL_BLEND_OPS))
+def test_lookup_and_blend_ops_match_pillow(name):
+    """Lookup tables and blends from one colour: identical bytes; other blends: rounding."""
     for sign in (0.0, 0.9):
         for magnitude in MAGNITUDES if name in TIMM_ARGUMENTS else (0,):
             argument = op_argument(name, magnitude, HPARAMS, FixedSign(sign))
             ours = _ours(name, argument, PHOTO)
             reference = pillow(name, argument, PHOTO)
-            assert np.array_equal(ours, reference), (name, magnitude, argument)
+            if name in PIXEL_BLEND_OPS:
+                assert_within_rounding(ours, reference, (name, magnitude, argument))
+            else:
+                assert np.array_equal(ours, reference), (name, magnitude, argument)
 
 
 def test_blends_match_pillow_across_factors_and_images():
@@ -121,9 +139,27 @@ def test_blends_match_pillow_across_factors_and_images():
     images = [PHOTO, PHOTO[:3, :5].copy(), PHOTO[:2, :2].copy(), PHOTO[:1, :1].copy()]
     for image in images:
         for factor in factors:
-            for name in ("Color", "Contrast", "Brightness", "Sharpness"):
+            for name in ("Contrast", "Brightness"):
                 ours = _ours(name, factor, image)
                 assert np.array_equal(ours, pillow(name, factor, image)), (name, factor)
+            for name in ("Color", "Sharpness"):
+                ours = _ours(name, factor, image)
+                assert_within_rounding(ours, pillow(name, factor, image), (name, factor))
+
+
+def test_smoothing_is_pillows_smooth_filter_exactly():
+    """Sharpness's degenerate image: Pillow's SMOOTH kernel, border kept, to the byte."""
+    for image in (PHOTO, PHOTO[:3, :4].copy(), ODD_IMAGES["white"]):
+        reference = np.asarray(Image.fromarray(image).filter(ImageFilter.SMOOTH))
+        assert np.array_equal(ops.smooth(image), reference)
+
+
+def test_rounding_bound_fails_on_a_plain_rounded_blend():
+    """The bound can fail: OpenCV's rounding without the shift is off on many values."""
+    gray = cv2.cvtColor(ops.luma(PHOTO), cv2.COLOR_GRAY2RGB)
+    rounded = cv2.addWeighted(PHOTO, 0.3, gray, 0.7, 0.0)
+    with pytest.raises(AssertionError):
+        assert_within_rounding(rounded, pillow("Color", 0.3, PHOTO), "rounded")
 
 
 def test_grayscale_is_pillows_luma_on_every_colour():
@@ -197,9 +233,8 @@ def test_color_jitter_factors_match_pillows_enhancers():
         assert np.array_equal(pixels, np.asarray(reference))
     pixels = PHOTO.copy()
     ColorJitter(saturation=(0.6, 0.6))(pixels, random.Random(0))
-    assert np.array_equal(
-        pixels, np.asarray(ImageEnhance.Color(Image.fromarray(PHOTO)).enhance(0.6))
-    )
+    reference = np.asarray(ImageEnhance.Color(Image.fromarray(PHOTO)).enhance(0.6))
+    assert_within_rounding(pixels, reference, "saturation")
 
 
 @pytest.mark.parametrize("name", sorted(TRIVIAL_OPS))
@@ -216,6 +251,8 @@ def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
             reference = np.asarray(torchvision_pillow_op(name, value, Image.fromarray(PHOTO)))
             if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
                 assert psnr(pixels, reference) > GEOMETRY_FLOOR["bilinear"], (name, value)
+            elif name in ("Color", "Sharpness"):
+                assert_within_rounding(pixels, reference, (name, value))
             else:
                 assert np.array_equal(pixels, reference), (name, value)
 
