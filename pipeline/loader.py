@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, default_convert
 
 from pipeline.batchring import BatchRing, InlineTensor, materialize
+from pipeline.checksum import open_shard
 from pipeline.config import EPOCH_RULES, Batching, LoaderConfig, Resampled, Shuffle
 from pipeline.dataset import MAX_SEGMENTS, MixedShards, ShardStream, SharedState, StreamSettings
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
@@ -27,10 +28,10 @@ from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
-from shards.errors import UsageError
+from shards.errors import ShardError, UsageError
 from shards.image.policy import resolve_backend
 from shards.redact import redact_url
-from shards.sample import Field, missing_field_hint, resolve_fields
+from shards.sample import Field, MissingFieldError, label_free_fields, resolve_fields
 
 log = logging.getLogger("pipeline")
 STATE_VERSION = 1
@@ -75,7 +76,7 @@ class ShardLoader:
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is outside world size {self.world_size}")
         fields = resolve_fields(config.fields)
-        check_source_fields(fields, source)
+        check_source_fields(fields, source, config.io)
         settings = stream_settings(config, source, fields, self.rank, self.world_size)
         self.settings = settings
         self.shared = SharedState()
@@ -490,19 +491,44 @@ def class_weights(source: ResolvedSource, fields: Sequence[Field] = ()) -> tuple
     return tuple(1.0 / n if n else 0.0 for n in counts)
 
 
-def check_source_fields(fields: Sequence[Field], source: ResolvedSource | ResolvedMix) -> None:
-    """`check_fields_fit` for one source, or for each source of a mix, named."""
+def check_source_fields(
+    fields: Sequence[Field], source: ResolvedSource | ResolvedMix, io: Any = None
+) -> None:
+    """`check_fields_fit` for one source, or for each source of a mix, named; with `io`
+    (`LoaderConfig.io`), what a source's manifest does not say is read off its first
+    shard (`known_members`)."""
     if not isinstance(source, ResolvedMix):
-        check_fields_fit(fields, source, source.members)
+        check_fields_fit(fields, source, known_members(source, io))
         return
     for name, part in zip(source.names, source.parts, strict=True):
         try:
-            check_fields_fit(fields, part, part.members)
+            check_fields_fit(fields, part, known_members(part, io))
         except UsageError as error:
             raise UsageError(
                 f"source {name!r}: {error}; label-free sources mix with labelled ones only "
                 "when 'label' is not among the fields"
             ) from error
+
+
+def known_members(source: ResolvedSource, io: Any) -> tuple[str, ...] | None:
+    """The members `source`'s samples hold: as its manifest records them, else (given
+    `io`) as its first shard's first sample (tar) or columns (Parquet) name them, unless
+    a manifest of ours promises a class per sample (nothing to check then).
+
+    Read here, in the main process and before any worker starts, so that shards holding
+    no label (img2dataset's, a `--label none` build) read with the default fields are one
+    line naming what they do hold, not every sample skipped in every worker.
+    """
+    if source.members is not None or io is None or not len(source.shards):
+        return source.members
+    if source.manifest_url is not None and source.label_mode == "single" and source.classes:
+        return None
+    spec = source.shards[0]
+    try:
+        with open_shard(spec, io.retry, io.storage_options, False) as stream:
+            return spec.format.list_members(stream, spec.url, io.limits)
+    except (ShardError, OSError):  # an unreadable shard is the workers' counted skip
+        return None
 
 
 def check_fields_fit(
@@ -522,28 +548,36 @@ def check_fields_fit(
             members and the `Field` to write (`shards.sample.missing_field_hint`).
 
     Raises:
+        MissingFieldError: a field none of `members` gives, naming what they do hold.
         UsageError: naming the dataset and what to ask for instead.
     """
-    where = redact_url(source.manifest_url) if source.manifest_url else "the dataset"
-    if members is not None:
-        for spec in fields:
-            if spec.kind != "label" and not set(spec.source) & set(members):
-                raise UsageError(f"{where}: {missing_field_hint(spec, members)}")
+    where = redact_url(source.manifest_url) if source.manifest_url else first_shard(source)
     reads_cls = any(
         spec.kind == "label" and set(spec.source) <= {"cls", "label"} for spec in fields
     )
     if not reads_cls or source.label_mode == "single":
+        for spec in fields if members is not None else ():
+            if not set(spec.source) & set(members):
+                raise MissingFieldError(where, spec, members)
         return
     if source.label_mode == "none":
+        example = label_free_fields(members) if members is not None else "fields=('image',)"
         raise UsageError(
             f"{where} has no class labels (built with --label none): leave 'label' out of "
-            "fields, e.g. fields=('image', 'txt')"
+            f"fields, e.g. {example}"
         )
     raise UsageError(
         f"{where} holds multi-label targets (a list of class ids in 'labels', built with "
         "--label multi): ask for them with shards.sample.Field('labels', 'multi_label', "
         "num_classes=len(classes)) instead of 'label'"
     )
+
+
+def first_shard(source: ResolvedSource) -> str:
+    """`the shards (first: URL)`, redacted, for a message about shards without a manifest."""
+    if not len(source.shards):
+        return "the dataset"
+    return f"the shards (first: {redact_url(source.shards[0].url)})"
 
 
 def seed_worker(worker_id: int) -> None:

@@ -332,11 +332,18 @@ def missing_field_hint(field: Field, members_seen: Collection[str]) -> str:
         and _MEMBER_PATTERN.match(name)
         and name.lower() not in PICKLE_MEMBERS
     ]
+    likely = [name for name in _LIKELY_SOURCES[field.kind] if name in readable]
+    if field.kind in ("label", "multi_label") and not likely:
+        # A label read from whatever member is there (`json`, `txt`) is no label: such
+        # samples are label-free, and the fields that work are the ones they do hold.
+        return (
+            f"{line}: these samples hold no class labels; leave {field.name!r} out of "
+            f"fields, e.g. {label_free_fields(seen)}"
+        )
     if not readable:
         return (
             f"{line}: none of them can be read as {field.kind}; leave {field.name!r} out of fields"
         )
-    likely = [name for name in _LIKELY_SOURCES[field.kind] if name in readable]
     source = (likely or readable)[0]
     extras = "".join(
         f", {name}={value!r}"
@@ -347,6 +354,32 @@ def missing_field_hint(field: Field, members_seen: Collection[str]) -> str:
         f"{line}: to read {source} as {field.kind}, write "
         f"Field({field.name!r}, {field.kind!r}, source={source!r}{extras})"
     )
+
+
+def label_free_fields(members_seen: Collection[str]) -> str:
+    """The `fields=` that reads label-free samples holding `members_seen`: the image, and
+    their text as `txt` when a member holds some (`txt`, or img2dataset's `caption`
+    column, read through a `Field`)."""
+    if "txt" in set(members_seen):
+        return "fields=('image', 'txt')"
+    text = [name for name in _LIKELY_SOURCES["text"] if name in set(members_seen)]
+    if not text:
+        return "fields=('image',)"
+    return f"fields=('image', Field('txt', 'text', source={text[0]!r})) (Field: shards.sample)"
+
+
+class MissingFieldError(UsageError):
+    """A field reads a member that the samples do not hold, found before any worker starts.
+
+    Attributes:
+        field: the field asked for.
+        members: the members (tar) or columns (Parquet) the samples do hold.
+    """
+
+    def __init__(self, where: str, field: Field, members: Collection[str]) -> None:
+        self.field = field
+        self.members = tuple(sorted(name for name in members if not name.startswith("__")))
+        super().__init__(f"{where}: {missing_field_hint(field, members)}")
 
 
 def missing_reason(field: Field) -> str:

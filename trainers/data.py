@@ -22,9 +22,10 @@ from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
 from pipeline.mixing import ResolvedMix
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
 from shards.errors import DataError, ShardpipeError, UsageError
+from shards.formats import FORMATS
 from shards.manifest import MANIFEST_NAME, SplitNotFoundError
 from shards.redact import redact_url
-from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField
+from shards.sample import MULTI_LABEL_MEMBER, Field, LabelField, MissingFieldError
 from shards.storage import DEFAULT_RETRY, url_scheme
 from shards.storage.patterns import expand_urls
 from trainers.config import TrainConfig
@@ -140,10 +141,11 @@ def check_source(flag: str, source: str | None) -> None:
     except UsageError as error:
         raise DataError(f"{flag} {redact_url(source)}: {error}") from error
     if len(paths) == 1 and os.path.isdir(paths[0]):
-        if not os.path.exists(os.path.join(paths[0], MANIFEST_NAME)):
+        if not os.path.exists(os.path.join(paths[0], MANIFEST_NAME)) and not holds_shards(paths[0]):
             raise DataError(
-                f"{flag} {source}: this directory holds no {MANIFEST_NAME}; pass the output "
-                f"directory of `preprocess build-shards`, a {MANIFEST_NAME}, or shard files"
+                f"{flag} {source}: this directory holds no {MANIFEST_NAME} and no shard files; "
+                f"pass the output directory of `preprocess build-shards`, a {MANIFEST_NAME}, "
+                "or shard files"
             )
         return
     if any(os.path.exists(path) for path in paths):
@@ -157,6 +159,13 @@ def check_source(flag: str, source: str | None) -> None:
         f"{flag} {source}: none of its {len(paths)} shard files exist (the first would be "
         f"{paths[0]}); check the directory and the brace range"
     )
+
+
+def holds_shards(directory: str) -> bool:
+    """Whether `directory` holds shard files (img2dataset's, webdataset's): the loader
+    reads such a folder without a manifest, counting its shards."""
+    suffixes = tuple(fmt.suffix for fmt in FORMATS.values())
+    return any(name.endswith(suffixes) for name in os.listdir(directory))
 
 
 def build_loaders(config: TrainConfig, info: DistInfo) -> Loaders:
@@ -274,12 +283,26 @@ def build_split_loader(
 
 def source_error(flag: str, settings: LoaderConfig, error: Exception) -> DataError:
     text = " ".join(str(error).split())  # one line, whatever the cause wrapped
+    if isinstance(error, MissingFieldError) and error.field.kind in ("label", "multi_label"):
+        text = missing_label_hint(error)
     source = settings.source
     if isinstance(source, (str, os.PathLike)):
         source = redact_url(os.fspath(source))
     else:  # a mix: its datasets, redacted
         source = "::".join(redact_url(os.fspath(item.source)) for item in source)
     return DataError(f"{flag} {source} (split {settings.split!r}): {text}")
+
+
+def missing_label_hint(error: MissingFieldError) -> str:
+    """What `train` says of shards whose samples hold no label member: in flags, since
+    the loader's `Field(...)` hint cannot be given on the command line."""
+    wanted = " or ".join(error.field.source)
+    return (
+        f"the samples hold {', '.join(error.members) or 'no members'} and no {wanted}: train "
+        "fits a class per sample; name the member that holds it with --label-field MEMBER "
+        "(or json:KEY), or build labelled shards (preprocess build-shards --input LIST.csv "
+        "with path,label); for image-text pairs see docs/examples/contrastive.py"
+    )
 
 
 def iter_shard_keys(spec: ShardSpec) -> Iterator[str]:

@@ -26,6 +26,7 @@ from shards.formats import get_format
 from shards.parquet import iter_parquet_samples
 from shards.sample import (
     Field,
+    MissingFieldError,
     member_caps,
     missing_field_hint,
     read_fields,
@@ -392,15 +393,14 @@ def test_the_skip_budget_hint_says_a_field_is_missing_only_when_that_is_every_sk
 
 
 def test_reading_a_field_no_sample_has_stops_naming_the_members_and_the_field_to_write(tmp_path):
-    """Shards without a manifest cannot be checked before reading: the worker's stop says
-    the field is wrong (not the data), from the members the first shard's samples hold."""
+    """Shards without a manifest are checked against their first shard's first sample
+    before any worker starts: the line says the field is wrong (not the data)."""
     img2dataset_tar(tmp_path / "00000.tar", range(0, 20))
-    loader = loader_for(
-        str(tmp_path / "00000.tar"),
-        fields=("image", Field("caption", "text", source="caption")),
-    )
-    with pytest.raises(RuntimeError) as stopped:
-        next(iter(loader))
+    with pytest.raises(MissingFieldError) as stopped:
+        loader_for(
+            str(tmp_path / "00000.tar"),
+            fields=("image", Field("caption", "text", source="caption")),
+        )
     message = str(stopped.value)
     assert "field 'caption' reads member caption, which no sample has" in message
     assert "the samples have jpg, json, txt" in message

@@ -20,7 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.dataset import LoaderDataError, check_class_range, class_ranged_fields
+from pipeline.dataset import check_class_range, class_ranged_fields
 from shards.errors import UsageError
 from shards.manifest import read_manifest
 from shards.sample import (
@@ -233,8 +233,9 @@ def test_label_free_fields_read_shards_without_cls(shard_dir, tmp_path, rich_key
     loader = loader_for(pattern, fields=("image", "txt"), epoch_rule="uneven", drop_last=False)
     keys = [k for images, texts, keys in loader for k in keys]
     assert sorted(keys) == sorted(rich_keys)
-    with pytest.raises(LoaderDataError, match="no_label"):
-        list(loader_for(pattern))  # the default asks for a label: every sample is a skip
+    # The default asks for a label: refused before any worker starts, not a skip per sample.
+    with pytest.raises(UsageError, match="hold no class labels; .* fields=\\('image', 'txt'\\)"):
+        loader_for(pattern)
 
 
 # --- shards written by webdataset's own ShardWriter ---------------------------------------
