@@ -285,7 +285,7 @@ class ShardLoader:
 class Expect:
     """One field of a loader state: its exact type (a bool is not a count, a float not an
     int), and for an int its lowest value, or for a field tying the state to this loader
-    the only value it may hold (`tied`) and what a mismatch means (`why`)."""
+    the only value it may hold and what a mismatch means (`why`)."""
 
     kind: type
     low: int | None = None
