@@ -5,8 +5,9 @@ torchvision==0.29.1`, a multi-GB CUDA build), so this script makes a virtual
 environment of its own (default `/tmp/shardpipe-timm-venv`, kept for reruns),
 builds a small dataset with this checkout (the default `by_format` layout), and runs
 `timm.data.create_dataset("wds/...", root=OUT, split=...)` there for `train`,
-`val` and `validation`, iterating each split whole. It prints one JSON line per
-split and exits 1 when a split is missing samples or fails.
+`val` and `validation`, iterating each split whole, then `create_loader(...,
+num_workers=2)` over `train` (3 shards) as a training script would. It prints one JSON
+line per run and exits 1 when one is missing samples or fails.
 
     .venv/bin/python benchmarks/timm_check.py [--venv DIR] [--keep OUT]
 
@@ -48,6 +49,16 @@ for split in ("train", "val", "validation"):
                           "labels": sorted(labels)}))
     except Exception as error:  # report every split, then fail in the parent
         print(json.dumps({"split": split, "error": f"{type(error).__name__}: {error}"}))
+# As a training script runs it: timm's create_loader with 2 workers, each given whole
+# shards (a split with fewer shards than workers would wait forever on the idle one).
+from timm.data import create_loader
+dataset = create_dataset("wds/shardpipe", root=root, split="train", is_training=False,
+                         batch_size=8)
+loader = create_loader(dataset, input_size=(3, 64, 64), batch_size=8, is_training=False,
+                       num_workers=2, use_prefetcher=False)
+seen = sum(len(target) for _, target in loader)
+print(json.dumps({"split": "train (create_loader, 2 workers)", "samples": seen,
+                  "expected": len(dataset), "labels": []}))
 """
 
 
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     for result in results:
         print(json.dumps(result))
-    if run.returncode != 0 or len(results) != 3:
+    if run.returncode != 0 or len(results) != 4:
         print(run.stderr[-4000:], file=sys.stderr)
         return 1
     ok = all("error" not in r and r["samples"] == r["expected"] > 0 for r in results)

@@ -207,6 +207,7 @@ def run_build_shards(config: BuildConfig, args: argparse.Namespace) -> int:
 
 def format_summary(summary) -> str:
     from preprocess.verify import human_bytes
+    from preprocess.worker_shards import few_shards_line
 
     m = summary.manifest
     rows = [("split", "images", "shards")]
@@ -214,6 +215,8 @@ def format_summary(summary) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(cell.rjust(width[i]) for i, cell in enumerate(row)) for row in rows]
     lines.append(f"inputs {m.inputs}, written {m.written}, skipped {sum(m.skipped.values())}")
+    few = few_shards_line({name: (s.samples, len(s.shards)) for name, s in m.splits.items()})
+    lines += [few] if few else []
     lines += [f"  skipped {reason}: {n}" for reason, n in sorted(m.skipped.items())]
     if summary.left_out:
         lines.append(

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from preprocess.worker_shards import few_shards_line
 from shards.errors import DataError, ShardError
 from shards.formats import get_format, is_format
 from shards.image.policy import check_image
@@ -399,7 +400,8 @@ def describe(manifest: Manifest) -> str:
         )
         for fmt, pattern in split.patterns().items():
             lines.append(f"  {fmt}: {pattern}")
-    return "\n".join(lines)
+    few = few_shards_line({name: (s.samples, len(s.shards)) for name, s in manifest.splits.items()})
+    return "\n".join([*lines, few] if few else lines)
 
 
 def human_bytes(count: float) -> str:

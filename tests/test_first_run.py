@@ -22,6 +22,10 @@ from PIL import Image
 
 from pipeline.config import LoaderConfig
 from pipeline.loader import build_loader
+from preprocess.cli import main as preprocess_main
+from preprocess.sample import make_sample
+from preprocess.worker_shards import CLIENT_WORKERS
+from shards.manifest import read_manifest
 from shards.sample import Field, MissingFieldError
 from tests.pipeline.test_field_mapping import FAILED, ROWS, write_img2dataset_parquet
 from trainers.train import main as train_main
@@ -133,3 +137,24 @@ def test_train_on_label_free_tars_is_one_line_in_flags_not_a_worker_traceback(
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert str(i2d_tars) in err[0] and "jpg, json, txt and no cls or label" in err[0]
     assert "--label-field" in err[0] and "Field(" not in err[0]
+
+
+# --- a small build's splits against the workers of readers that split by shard -------------
+
+
+def test_a_small_build_says_its_splits_starve_workers_and_the_size_it_names_fixes_it(
+    tmp_path, capsys
+):
+    make_sample(tmp_path / "images", 80, classes=4, seed=3, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--val-fraction", "0.1"]
+    build += ["--executor", "inline", "--no-progress", "--image-size", "32"]
+    assert preprocess_main([*build, "--output", str(tmp_path / "one")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("few shards"))
+    assert "train 1 shard, val 1 shard" in line and "create_loader" in line
+    size = re.search(r"--shard-size (\d+)", line).group(1)
+    assert preprocess_main(["info", str(tmp_path / "one")]) == 0
+    assert line in capsys.readouterr().out.splitlines()  # info says it too
+    assert preprocess_main([*build, "--output", str(tmp_path / "many"), "--shard-size", size]) == 0
+    assert "few shards" not in capsys.readouterr().out
+    manifest = read_manifest(str(tmp_path / "many"))
+    assert all(len(split.shards) >= CLIENT_WORKERS for split in manifest.splits.values())
