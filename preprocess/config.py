@@ -32,8 +32,7 @@ from shards.flags import (
 )
 from shards.formats import FORMAT_NAMES, FORMATS, is_format
 from shards.manifest import LAYOUTS
-from shards.redact import url_credentials_problem
-from shards.storage import READ_SCHEMES, is_remote, validate_url
+from shards.storage import READ_SCHEMES, credentials_problem, is_remote, validate_url
 from shards.units import ByteSize
 
 # Where shard tasks run (see `preprocess.pool.resolve_executor`); all write the same bytes.
@@ -279,7 +278,7 @@ class BuildConfig:
             location = getattr(self, name)
             if not isinstance(location, str) or not location:
                 raise refuse(self, name, f" must be a path or URL, got {location!r}")
-            credentials = url_credentials_problem(location)
+            credentials = credentials_problem(location)
             if credentials is not None:
                 raise refuse(self, name, f" {credentials}")
         self._check_input_location()

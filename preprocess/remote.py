@@ -23,22 +23,17 @@ from preprocess.listing import (
     file_suffix,
     is_hidden,
 )
-from shards.redact import redact_url, url_credentials_problem
+from shards.redact import redact_url
 from shards.storage import (
     DEFAULT_RETRY,
-    HTTP_SCHEMES,
-    OBJECT_STORE_SCHEMES,
     READ_SCHEMES,
     RetryPolicy,
+    credentials_problem,
+    is_remote,
     open_stream,
+    transport_of,
     url_scheme,
-    walk,
 )
-
-# Where a remote input may live: an object store (a tree or a list file), or an http(s)
-# server (a list file only: a web server cannot be listed). No scheme that can run
-# commands or reach arbitrary local paths is accepted.
-REMOTE_INPUT_SCHEMES = tuple(sorted(OBJECT_STORE_SCHEMES | HTTP_SCHEMES))
 
 
 def is_list_file_url(url: str) -> bool:
@@ -68,25 +63,26 @@ def iter_remote(
         ShardReadError: the store or server failed past `retry`'s budget.
     """
     listing = listing if listing is not None else Listing([])
-    scheme = url_scheme(url)
-    if scheme not in REMOTE_INPUT_SCHEMES:
-        raise InputError(
-            f"input scheme {scheme}:// is not supported; use one of {REMOTE_INPUT_SCHEMES}"
-        )
-    credentials = url_credentials_problem(url)
+    # Where a remote input may live: any registered store (a tree where it can be
+    # listed, else a list file). No scheme that can run commands is ever registered.
+    transport = transport_of(url_scheme(url))
+    if transport is None or not is_remote(url):
+        remote = sorted(f"{s}://" for s in READ_SCHEMES if is_remote(f"{s}://x"))
+        raise InputError(f"input scheme {url_scheme(url)}:// is not supported; use one of {remote}")
+    credentials = credentials_problem(url)
     if credentials is not None:
         raise InputError(f"input {credentials}")
     if is_list_file_url(url):
         reader = _RemoteListReader(url, storage_options, retry)
         yield from _iter_remote_list_file(reader, listing, columns or InputColumns())
         return
-    if scheme in HTTP_SCHEMES:
+    if not transport.listable:
         raise InputError(
             f"input {redact_url(url)} is not a list file: a web server cannot be listed; "
             f"pass a list ({', '.join(MANIFEST_SUFFIXES)}) of paths relative to it"
         )
     base = url.rstrip("/")
-    for relative, subdirs, files in walk(base, storage_options, retry):
+    for relative, subdirs, files in transport.walk(base, retry, storage_options or {}):
         subdirs[:] = [name for name in subdirs if not is_hidden(name)]
         for name in files:
             rel = f"{relative}/{name}" if relative else name
@@ -127,7 +123,7 @@ class _RemoteListReader:
 
     def url_of(self, rel: str) -> str:
         """The URL of a row's path: percent-encoded on http(s), where RFC 3986 rules."""
-        quoted = quote(rel) if url_scheme(self.url) in HTTP_SCHEMES else rel
+        quoted = quote(rel) if transport_of(url_scheme(self.url)).rfc3986 else rel
         return f"{self.base.rstrip('/')}/{quoted}"
 
     def __call__(self, name: str, mode: str = "rb") -> BinaryIO:

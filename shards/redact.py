@@ -71,11 +71,6 @@ def _redact_userinfo(url: str) -> str:
     return url if at < 0 else f"{url[:start]}***{url[at:]}"
 
 
-# Schemes whose authority may carry `user:password@` by design: HTTP Basic auth, which the
-# loader sends only to the URL's own origin and redacts everywhere else.
-USERINFO_SCHEMES = frozenset({"http", "https"})
-# Stores whose authority is `container@account` (adlfs): an `@` alone is no credential there.
-_ACCOUNT_SCHEMES = frozenset({"az", "abfs", "abfss", "adl"})
 CREDENTIALS_HINT = (
     "put no credentials in the URL: pass them as storage_options (LoaderConfig("
     "storage_options={'key': ..., 'secret': ...}) for s3) or use the store's own credential "
@@ -84,17 +79,19 @@ CREDENTIALS_HINT = (
 )
 
 
-def url_credentials_problem(url: str) -> str | None:
+def url_credentials_problem(url: str, shape: str = "none") -> str | None:
     """Why an object-store URL must be refused for the credentials it holds, or None.
 
     `s3://KEY:SECRET@bucket/x` reaches s3fs as a bucket named `KEY:SECRET@bucket`, which
-    it logs at DEBUG: a secret in a URL leaks wherever the URL goes. Any `userinfo@` in
-    an object-store URL is refused (a bucket name never holds `@`); Azure URLs name
-    `container@account`, so there only a `user:password@` is. http(s) may carry Basic
-    auth (`USERINFO_SCHEMES`). The message shows the URL redacted, never the secret.
+    it logs at DEBUG: a secret in a URL leaks wherever the URL goes. What is refused
+    depends on the store's credential `shape` (its `Transport.credentials`; ask
+    `shards.storage.urls.credentials_problem`, which looks it up): `none`, any
+    `userinfo@` (a bucket name never holds `@`); `account`, URLs naming
+    `container@account` (Azure), only a `user:password@`; `basic` (http(s)), nothing,
+    as `user:password@` is Basic auth. The message shows the URL redacted, never the secret.
     """
     match = _SCHEME.match(url) if isinstance(url, str) else None
-    if match is None or match.group(1).lower() in USERINFO_SCHEMES:
+    if match is None or shape == "basic":
         return None
     start = url.find("://")
     if start < 0:
@@ -102,7 +99,7 @@ def url_credentials_problem(url: str) -> str | None:
     start += 3
     end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
     at = url.rfind("@", start, end)
-    if at < 0 or (match.group(1).lower() in _ACCOUNT_SCHEMES and ":" not in url[start:at]):
+    if at < 0 or (shape == "account" and ":" not in url[start:at]):
         return None
     return f"{redact_url(url)!r} holds credentials before its bucket (user:secret@); " + (
         CREDENTIALS_HINT

@@ -33,7 +33,9 @@ from shards.storage.retry import (
     StreamClock,
     describe,
 )
-from shards.storage.urls import HTTP_SCHEMES, url_scheme, validate_url
+from shards.storage.urls import url_scheme, validate_url
+
+SCHEMES = ("http", "https")  # what this transport serves, and where a redirect may lead
 
 HTTP_BUFFER_SIZE = 1 << 20
 MAX_REDIRECTS = 5
@@ -378,7 +380,7 @@ def _check_status(
 def _redirect_target(url: str, current: str, location: str) -> str:
     target = urljoin(current, location)
     try:
-        validate_url(target, schemes=HTTP_SCHEMES)
+        validate_url(target, schemes=SCHEMES)
     except ValueError as exc:
         raise ShardReadError(url, f"redirect to {redact_url(target)!r} refused: {exc}") from None
     if url_scheme(current) == "https" and url_scheme(target) == "http":

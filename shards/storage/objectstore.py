@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 from shards.redact import is_secret_name, redact_text
+from shards.storage.registry import transport_of
 from shards.storage.retry import (
     DEFAULT_RETRY,
     ObjectIdentity,
@@ -32,8 +33,6 @@ from shards.storage.retry import (
     describe,
 )
 from shards.storage.urls import url_scheme
-
-FSSPEC_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 
 # Object-store reads go through fsspec's block cache. "readahead" fetches what a
 # read asks for plus one block in a single ranged GET and keeps it. Tar shards are
@@ -78,7 +77,8 @@ def _filesystem(scheme: str, storage_options: Mapping[str, Any], retry: RetryPol
     try:
         return object_store_filesystem(scheme, storage_options, retry)
     except ImportError as exc:
-        package = FSSPEC_PACKAGES.get(scheme, "the fsspec backend")
+        transport = transport_of(scheme)
+        package = transport.package if transport and transport.package else "the fsspec backend"
         raise ImportError(
             f"reading {scheme}:// URLs needs the {package!r} package: pip install {package}"
         ) from exc
@@ -93,31 +93,24 @@ def object_store_filesystem(
 ) -> Any:
     """An fsspec filesystem whose own retries are off, so `retry` is the only budget.
 
-    s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its
-    own, which would multiply any budget we set; they are reduced to one try
-    each, and botocore's connect and read timeouts come from `retry.timeout`
-    (a stall limit, capped at `retry.deadline`), unless
-    `storage_options["config_kwargs"]` sets them. One instance per process and
-    options: instances hold sockets and an event loop that must not cross a fork
-    into DataLoader workers.
+    The scheme's transport tunes the client (`Transport.tune`): its retry loops are
+    reduced to one try (s3fs nests two, 5 x 5 tries on a stall, and botocore adds its
+    own, which would multiply any budget we set) and its socket waits come from
+    `retry.timeout` (a stall limit, capped at `retry.deadline`), unless
+    `storage_options` sets them. One instance per process and options: instances hold
+    sockets and an event loop that must not cross a fork into DataLoader workers.
     """
     import fsspec  # lazily: only object-store users pay for the import
 
-    options = dict(storage_options)
-    if scheme == "s3":
-        config = dict(options.get("config_kwargs") or {})
-        # One socket wait is at most the stall limit, and never longer than the deadline.
-        config.setdefault("connect_timeout", min(retry.timeout, retry.deadline))
-        config.setdefault("read_timeout", min(retry.timeout, retry.deadline))
-        config.setdefault("retries", {"total_max_attempts": 1})
-        options["config_kwargs"] = config
+    transport = transport_of(scheme)
+    options = transport.tune(storage_options, retry) if transport else dict(storage_options)
     key = (os.getpid(), scheme, json.dumps(options, sort_keys=True, default=repr))
     with _FILESYSTEMS_LOCK:
         fs = _FILESYSTEMS.get(key)
         if fs is None:
             fs = fsspec.filesystem(scheme, skip_instance_cache=True, **options)
-            if scheme == "s3":
-                fs.retries = 1  # s3fs's public per-instance retry count (class default 5)
+            if hasattr(fs, "retries"):
+                fs.retries = 1  # the client's public per-instance retry count (s3fs: 5)
             _FILESYSTEMS[key] = fs
     return fs
 

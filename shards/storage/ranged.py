@@ -21,9 +21,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shards.storage.http import RetryingStream
-from shards.storage.objectstore import RetryingFsspecFile, object_store_filesystem, secrets_in
 from shards.storage.read import open_stream
+from shards.storage.registry import TRANSPORTS, Transport
 from shards.storage.retry import (
     ObjectChangedError,
     ObjectIdentity,
@@ -31,7 +30,7 @@ from shards.storage.retry import (
     ShardReadError,
     StreamClock,
 )
-from shards.storage.urls import HTTP_SCHEMES, OBJECT_STORE_SCHEMES, url_scheme, validate_url
+from shards.storage.urls import url_scheme, validate_url
 
 DEFAULT_PREFETCH_BYTES = 256 * 2**20  # per worker, fetched ahead and not yet read
 DEFAULT_CONNECTIONS = 4  # ranged requests in parallel per shard
@@ -71,7 +70,8 @@ def fetch_into(
     """
     url = validate_url(url)
     tick = progress or (lambda count: None)
-    if size is None or url_scheme(url) not in (*HTTP_SCHEMES, *OBJECT_STORE_SCHEMES):
+    transport = TRANSPORTS[url_scheme(url)]
+    if size is None or type(transport).open_span is Transport.open_span:
         with open_stream(url, retry, storage_options=storage_options, expected_size=size) as f:
             return _copy(f, fd, 0, None, tick)
     if size == 0:
@@ -126,9 +126,10 @@ def _fetch_spans(
                     start, stop = job
                     reader, _ = opener.open(start, stop)
                 with reader:
-                    # An object-store read is one ranged GET of what it asks for, so
-                    # the span goes in one read: one request, not one per copy chunk.
-                    chunk = COPY_CHUNK if opener.http else stop - start
+                    # Where each read is one request (an object-store ranged GET), the
+                    # span goes in one read: one request, not one per copy chunk.
+                    whole = opener.transport.request_per_read
+                    chunk = stop - start if whole else COPY_CHUNK
                     _copy(reader, fd, start, stop - start, tick, url, chunk)
                 reader = None
         except BaseException as exc:  # handed to the caller's thread below
@@ -155,8 +156,8 @@ def _fetch_spans(
 
 
 class _RangeOpener:
-    """Opens one retrying reader positioned at a span's start, for either transport; all
-    its readers share one deadline clock and one pinned object identity."""
+    """Opens one retrying reader positioned at a span's start through the URL's transport;
+    all its readers share one deadline clock and one pinned object identity."""
 
     def __init__(
         self,
@@ -167,37 +168,23 @@ class _RangeOpener:
         clock: StreamClock,
     ):
         self.url, self.retry, self.size, self.clock = url, retry, size, clock
+        self.options = options
         self.identity = ObjectIdentity()
-        self.http = url_scheme(url) in HTTP_SCHEMES
-        if not self.http:
-            self.fs = object_store_filesystem(url_scheme(url), options, retry)
-            self.secrets = secrets_in(options)
+        self.transport = TRANSPORTS[url_scheme(url)]
 
     def open(self, start: int, stop: int) -> tuple[Any, int | None]:
-        """A reader at `start` (its requests end at `stop` over http) and the object's size."""
-        if self.http:
-            reader: Any = RetryingStream(
-                self.url,
-                self.retry,
-                start,
-                expected_size=self.size,
-                end=stop,
-                clock=self.clock,
-                identity=self.identity,
-            )
-        else:
-            # cache_type "none": each read is one ranged GET of what it asks for.
-            reader = RetryingFsspecFile(
-                self.url,
-                self.fs,
-                self.retry,
-                {"cache_type": "none"},
-                self.secrets,
-                expected_size=self.size,
-                clock=self.clock,
-                identity=self.identity,
-            )
-            reader.seek(start)
+        """A reader at `start` (its requests end at `stop` where ranges allow) and the
+        object's size."""
+        reader = self.transport.open_span(
+            self.url,
+            self.retry,
+            storage_options=self.options,
+            size=self.size,
+            start=start,
+            stop=stop,
+            clock=self.clock,
+            identity=self.identity,
+        )
         return reader, reader.size
 
 

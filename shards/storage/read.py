@@ -1,4 +1,4 @@
-"""Open any location for reading: the one entry point, which validates and picks the transport.
+"""Open any location for reading: the one entry point, which validates and asks the registry.
 
 `open_stream` is what the loader, `verify`, the trainer and a build's remote inputs
 read through; `read_bytes` reads a whole small object (an input image, a side table)
@@ -10,17 +10,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, BinaryIO
 
-from shards.storage.http import open_http
-from shards.storage.local import open_local
-from shards.storage.objectstore import open_object
+from shards.storage.registry import SHARD_SCHEMES, TRANSPORTS
 from shards.storage.retry import DEFAULT_RETRY, RetryPolicy
-from shards.storage.urls import (
-    HTTP_SCHEMES,
-    OBJECT_STORE_SCHEMES,
-    SHARD_SCHEMES,
-    url_scheme,
-    validate_url,
-)
+from shards.storage.urls import url_scheme, validate_url
 
 
 def open_stream(
@@ -76,12 +68,14 @@ def open_stream(
     url = validate_url(url, schemes=schemes)
     if expected_size is not None and not (isinstance(expected_size, int) and expected_size >= 0):
         raise ValueError(f"expected_size must be a byte count >= 0, got {expected_size!r}")
-    scheme = url_scheme(url)
-    if scheme in HTTP_SCHEMES:
-        return open_http(url, retry, random_access=random_access, expected_size=expected_size)
-    if scheme in OBJECT_STORE_SCHEMES:
-        return open_object(url, retry, storage_options or {}, random_access, expected_size)
-    return open_local(url, expected_size)
+    # `validate_url` made a `file://` URL its path; one lookup picks the store.
+    return TRANSPORTS[url_scheme(url)].open(
+        url,
+        retry,
+        storage_options=storage_options or {},
+        random_access=random_access,
+        expected_size=expected_size,
+    )
 
 
 def read_bytes(

@@ -25,17 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 from shards.errors import UsageError
 from shards.redact import redact_url, url_credentials_problem
-
-LOCAL_SCHEMES = frozenset({"", "file"})
-HTTP_SCHEMES = frozenset({"http", "https"})
-# Object stores read through fsspec. The loader reads shards from s3 and gs
-# (`SHARD_SCHEMES`); a build's inputs may also live in Azure, under gcsfs's other
-# name, or in fsspec's in-process `memory://` store (tests).
-OBJECT_STORE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "memory"})
-READ_SCHEMES = LOCAL_SCHEMES | HTTP_SCHEMES | OBJECT_STORE_SCHEMES
-SHARD_SCHEMES = LOCAL_SCHEMES | HTTP_SCHEMES | frozenset({"s3", "gs"})
-# Stores with no bucket or host: one per process.
-_HOSTLESS_SCHEMES = frozenset({"memory"})
+from shards.storage.registry import READ_SCHEMES, SHARD_SCHEMES, Transport, transport_of
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -58,7 +48,7 @@ def is_remote(location: str | os.PathLike[str]) -> bool:
     """
     text = os.fspath(location)
     scheme = url_scheme(text)
-    return bool(scheme) and scheme not in LOCAL_SCHEMES and text[len(scheme) + 1 :][:2] == "//"
+    return bool(scheme) and scheme != "file" and text[len(scheme) + 1 :][:2] == "//"
 
 
 def local_path(location: str | os.PathLike[str]) -> str:
@@ -91,9 +81,9 @@ def validate_url(
     """
     check_characters(url)
     scheme = check_scheme(url, schemes)
-    if scheme in LOCAL_SCHEMES:
+    if scheme in ("", "file"):
         return _absolute_path(url, data_root)
-    _check_remote(url, scheme)
+    _check_remote(url, transport_of(scheme))
     return url
 
 
@@ -101,7 +91,7 @@ def check_scheme(url: str, schemes: Collection[str]) -> str:
     """The scheme of `url`, refused unless it is in `schemes` (and one we can read)."""
     scheme = url_scheme(url)
     if scheme not in schemes or scheme not in READ_SCHEMES:
-        allowed = sorted(s + "://" if s else "local paths" for s in set(schemes) & READ_SCHEMES)
+        allowed = sorted(s + "://" if s else "local paths" for s in schemes if s in READ_SCHEMES)
         raise UsageError(
             f"scheme not allowed: {scheme!r} in {redact_url(url)!r}; allowed: {', '.join(allowed)}"
             " (a local file whose name starts with 'word:' must be written './word:...')"
@@ -162,12 +152,19 @@ def file_url_path(url: str) -> str:
     return unquote(parts.path)
 
 
-def _check_remote(url: str, scheme: str) -> None:
-    credentials = url_credentials_problem(url)  # s3://KEY:SECRET@bucket: never handed on
+def credentials_problem(url: str) -> str | None:
+    """Why `url` must be refused for the credentials it holds, by its store's credential
+    shape (`shards.redact.url_credentials_problem`), or None."""
+    transport = transport_of(url_scheme(url))
+    return url_credentials_problem(url, transport.credentials if transport else "none")
+
+
+def _check_remote(url: str, transport: Transport) -> None:
+    credentials = credentials_problem(url)  # s3://KEY:SECRET@bucket: never handed on
     if credentials is not None:
         raise UsageError(credentials)
     # http.client needs RFC 3986 anyway; object-store keys may hold spaces and more.
-    if scheme in HTTP_SCHEMES and not _REMOTE_URL_CHARS.match(url):
+    if transport.rfc3986 and not _REMOTE_URL_CHARS.match(url):
         raise UsageError(
             f"character outside RFC 3986 in {redact_url(url)!r} "
             "(space, backtick, braces, quotes, non-ASCII, ...); percent-encode it"
@@ -179,8 +176,7 @@ def _check_remote(url: str, scheme: str) -> None:
         port = parts.port  # raises ValueError on a malformed port
     except ValueError as exc:
         raise UsageError(f"malformed URL {redact_url(url)!r}: {exc}") from None
-    if not parts.hostname and scheme not in _HOSTLESS_SCHEMES:
-        what = "host" if scheme in HTTP_SCHEMES else "bucket"
-        raise UsageError(f"URL {redact_url(url)!r} has no {what}")
+    if not parts.hostname and transport.authority:
+        raise UsageError(f"URL {redact_url(url)!r} has no {transport.authority}")
     if port == 0:
         raise UsageError(f"URL {redact_url(url)!r} has port 0")

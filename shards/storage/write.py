@@ -21,13 +21,16 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from shards.storage import is_remote, local_path, read_regular_file
+from shards.errors import UsageError
+from shards.storage.local import read_regular_file
+from shards.storage.registry import Transport, transport_of
+from shards.storage.retry import DEFAULT_RETRY, ObjectNotFoundError
+from shards.storage.urls import is_remote, local_path, url_scheme
 
 TMP_MARK = ".tmp-"
 _HASH_CHUNK = 4 * 2**20
-OUTPUT_SCHEMES = ("s3", "gs")  # object stores a build can write to, through fsspec
 STAGING_PREFIX = ".shardpipe-staging-"
 
 
@@ -324,21 +327,86 @@ class FsspecStore(OutputStore):
         return []  # nothing is ever written under a temporary key
 
 
+class TransportStore(OutputStore):
+    """An `OutputStore` over any transport that can write, list and read (`Transport`):
+    small files (manifests, client files) written whole; a shard is staged locally, then
+    written in one `write_bytes`."""
+
+    def __init__(self, transport: Transport, url: str, options: Mapping[str, Any]) -> None:
+        self.transport, self.options = transport, options
+        self.url = url.rstrip("/")
+
+    def location(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def info(self, name: str) -> Any:
+        try:
+            return StoredInfo(len(self.read_bytes(name)))
+        except FileNotFoundError:
+            return None
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            with self._open(name, DEFAULT_RETRY) as stream:
+                return stream.read()
+        except ObjectNotFoundError as exc:
+            raise FileNotFoundError(self.location(name)) from exc
+
+    def write_bytes_atomic(self, name: str, data: bytes) -> None:
+        self.transport.write_bytes(self.location(name), data, self.options)
+
+    @contextlib.contextmanager
+    def staged(self, name: str) -> Iterator[Path]:
+        handle, tmp_name = tempfile.mkstemp(prefix=STAGING_PREFIX)
+        os.close(handle)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            self.write_bytes_atomic(name, tmp.read_bytes())
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def sha256(self, name: str) -> str:
+        return hashlib.sha256(self.read_bytes(name)).hexdigest()
+
+    def list(self) -> list[str]:
+        names = []
+        for relative, _, files in self.transport.walk(self.url, DEFAULT_RETRY, self.options):
+            names += [f"{relative}/{name}" if relative else name for name in files]
+        return sorted(names)
+
+    def is_empty(self) -> bool:
+        return not self.list()
+
+    def remove(self, name: str) -> None:
+        self.transport.remove(self.location(name), self.options)
+
+    def remove_tree(self, name: str) -> None:
+        for file in self.list():
+            if file.startswith(f"{name}/"):
+                self.remove(file)
+
+    def remove_stale_temps(self) -> list[str]:
+        return []  # nothing is written under a temporary name
+
+    def _open(self, name: str, retry: Any) -> BinaryIO:
+        return self.transport.open(self.location(name), retry, storage_options=self.options)
+
+
 def open_output_store(
     location: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
 ) -> OutputStore:
-    """The store for a build's `--output`: a directory, `file://`, `s3://` or `gs://` URL.
+    """The store for a build's `--output` (or `index`'s): a directory, `file://` or a URL
+    of a store its transport can write (`s3://`, `gs://`, ...).
 
     Raises:
-        ValueError: an unsupported scheme.
+        UsageError: no store is registered for the scheme, or it cannot be written.
     """
     text = os.fspath(location)
     if not is_remote(text):
         return LocalStore(local_path(text))
-    scheme = text.split("://", 1)[0].lower()
-    if scheme not in OUTPUT_SCHEMES:
-        raise ValueError(
-            f"cannot write shards to {scheme}:// URLs; use a directory or one of "
-            f"{', '.join(s + '://' for s in OUTPUT_SCHEMES)}"
-        )
-    return FsspecStore(text, storage_options)
+    transport = transport_of(url_scheme(text))
+    if transport is None:
+        raise UsageError(f"cannot write to {url_scheme(text)}:// URLs: no store serves them")
+    store = transport.output_store(text, storage_options)
+    return store if store is not None else TransportStore(transport, text, storage_options or {})

@@ -13,7 +13,7 @@ import pytest
 from shards.storage import RetryingStream, RetryPolicy, ShardReadError, open_stream, validate_url
 from shards.storage.patterns import expand_urls
 from tests.httpserver import LocalHTTPServer
-from tests.pipeline.test_urls import HOSTILE_URLS
+from tests.shards.storage.test_urls import HOSTILE_URLS
 
 FAST = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.01, timeout=2.0)
 SIZE = 300_000  # several socket buffers, so cuts land mid-body

@@ -372,12 +372,14 @@ def test_object_store_urls_with_credentials_are_refused_redacted(url):
 
 def test_http_credentials_stay_basic_auth_and_azure_containers_stay_legal():
     assert validate_url("https://alice:pw@h/a.tar") == "https://alice:pw@h/a.tar"
-    from shards.redact import url_credentials_problem
+    from shards.storage import credentials_problem
 
-    assert url_credentials_problem("abfs://container@account.dfs.core.windows.net/a.tar") is None
-    assert "***@account" in url_credentials_problem("abfs://container:key@account/a.tar")
-    assert url_credentials_problem("s3://bucket/key@2x.tar") is None  # '@' in the key is fine
-    assert url_credentials_problem("/data/user:pw@x.tar") is None
+    # Each store's credential shape (`Transport.credentials`) decides what is a secret.
+    assert credentials_problem("abfs://container@account.dfs.core.windows.net/a.tar") is None
+    assert "***@account" in credentials_problem("abfs://container:key@account/a.tar")
+    assert credentials_problem("s3://bucket/key@2x.tar") is None  # '@' in the key is fine
+    assert credentials_problem("/data/user:pw@x.tar") is None
+    assert credentials_problem("https://alice:pw@h/a.tar") is None
 
 
 # --- globs: local paths only, after the braces ----------------------------------------------
