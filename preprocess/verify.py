@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from preprocess.worker_shards import few_shards_line
-from shards.errors import DataError, ShardError
+from shards.errors import DataError, ShardError, UsageError
 from shards.formats import get_format, is_format
 from shards.image.policy import check_image
 from shards.manifest import (
@@ -32,6 +32,7 @@ from shards.manifest import (
 from shards.manifest.foreign import (
     MEMBER_KINDS,
     is_indexed,
+    list_shards,
     local_shards,
     members_line,
     survey_fields,
@@ -78,8 +79,8 @@ class VerifyReport:
         return (
             f"{self.shards} {self.foreign} shards without a manifest, {self.samples} samples; "
             f"members: {members_line(self.members, self.samples)}; decode failures: "
-            f"{sum(self.skipped.values()) or 'none'}{repeats}; run `preprocess index "
-            f"{self.folder}` to save the counts"
+            f"{sum(self.skipped.values()) or 'none'}{repeats}; run "
+            f"`{index_command(self.folder, self.foreign)}` to save the counts"
         )
 
     def record_skip(self, file_name: str, key: str, error: SampleError) -> None:
@@ -351,7 +352,7 @@ def describe_foreign(paths: list[str], fmt: str) -> str:
         f"members: {members_line(members, total)}",
         class_line([], "single" if any(members[n] == total for n in ("cls", "label")) else "none"),
         f"bytes: {fmt} {human_bytes(sum(survey.bytes for survey in surveys))}",
-        f"run `preprocess index {folder}` to save the counts as a manifest (exact epochs, "
+        f"run `{index_command(folder, fmt)}` to save the counts as a manifest (exact epochs, "
         "equal batches, resume)",
     ]
     return "\n".join(lines)
@@ -402,6 +403,16 @@ def describe(manifest: Manifest) -> str:
             lines.append(f"  {fmt}: {pattern}")
     few = few_shards_line({name: (s.samples, len(s.shards)) for name, s in manifest.splits.items()})
     return "\n".join([*lines, few] if few else lines)
+
+
+def index_command(folder: str, fmt: str) -> str:
+    """The `preprocess index` command that indexes `folder`'s `fmt` shards as pasted:
+    with `--format` when the folder holds shards of another format too."""
+    try:
+        list_shards(folder)
+    except UsageError:  # both formats (or none to pick from): name the one read here
+        return f"preprocess index {folder} --format {fmt}"
+    return f"preprocess index {folder}"
 
 
 def human_bytes(count: float) -> str:

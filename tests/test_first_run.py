@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import tarfile
 import time
 
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline.config import LoaderConfig
+from pipeline.config import Batching, Crop, LoaderConfig, Workers
 from pipeline.loader import build_loader
 from preprocess.cli import main as preprocess_main
 from preprocess.sample import make_sample
@@ -79,9 +80,15 @@ def i2d_parquet(tmp_path_factory):
     return folder
 
 
-def loader_config(source, **options) -> LoaderConfig:
-    settings = dict(batch_size=4, image_size=16, num_workers=0, train=False, seed=0)
-    return LoaderConfig(source=str(source), **{**settings, **options})
+def loader_config(source, batch: int = 4, workers: int = 0, **options) -> LoaderConfig:
+    return LoaderConfig(
+        source=str(source),
+        train=False,
+        batch=Batching(size=batch),
+        crop=Crop(image_size=16),
+        workers=Workers(count=workers),
+        **options,
+    )
 
 
 def pasted_fields(message: str) -> tuple:
@@ -101,7 +108,7 @@ def first_batch_fields(config: LoaderConfig) -> int:
 
 
 def test_label_free_tars_are_one_line_before_workers_and_its_hint_reads_them(i2d_tars):
-    config = loader_config(f"{i2d_tars}/*.tar", num_workers=2)
+    config = loader_config(f"{i2d_tars}/*.tar", workers=2)
     started = time.monotonic()
     with pytest.raises(MissingFieldError) as refused:
         build_loader(config)  # no worker has started: the first shard was read here
@@ -121,7 +128,7 @@ def test_label_free_parquet_names_its_caption_column_and_the_hint_reads_it(i2d_p
     assert "caption" in message and "max_skip_fraction" not in message
     fields = pasted_fields(message)
     assert fields == ("image", Field("txt", "text", source="caption"))
-    loader = build_loader(loader_config(i2d_parquet, fields=fields, batch_size=16))
+    loader = build_loader(loader_config(i2d_parquet, fields=fields, batch=16))
     captions = [text for _, texts in loader for text in texts]
     assert len(captions) == ROWS - len(FAILED)
 
@@ -158,3 +165,30 @@ def test_a_small_build_says_its_splits_starve_workers_and_the_size_it_names_fixe
     assert "few shards" not in capsys.readouterr().out
     manifest = read_manifest(str(tmp_path / "many"))
     assert all(len(split.shards) >= CLIENT_WORKERS for split in manifest.splits.values())
+
+
+# --- img2dataset's folder, and hints that work when pasted ----------------------------------
+
+
+def test_an_img2dataset_folder_is_its_tars_for_verify_info_index_and_the_loader(tmp_path, capsys):
+    folder = write_img2dataset_tars(tmp_path / "out")
+    assert preprocess_main(["verify", str(folder)]) == 0
+    assert "2 tar shards without a manifest, 12 samples" in capsys.readouterr().out
+    assert preprocess_main(["info", str(folder)]) == 0
+    assert f"run `preprocess index {folder}` to save" in capsys.readouterr().out
+    config = loader_config(folder, fields=("image", "txt"))
+    assert sum(len(texts) for _, texts in build_loader(config)) == I2D_SHARDS * I2D_SAMPLES
+    assert preprocess_main(["index", str(folder)]) == 0
+    assert preprocess_main(["verify", str(folder)]) == 0
+    assert "OK: 2 shards" in capsys.readouterr().out
+
+
+def test_the_index_command_verify_and_info_print_runs_as_pasted_on_a_mixed_folder(tmp_path, capsys):
+    folder = write_img2dataset_tars(tmp_path / "mixed", status_parquet=False)
+    write_img2dataset_parquet(folder / "other.parquet")  # shards of another format beside
+    for command in ("verify", "info"):
+        assert preprocess_main([command, str(folder), "--format", "tar"]) == 0
+        pasted = re.search(r"run `(preprocess index [^`]+)`", capsys.readouterr().out).group(1)
+        assert pasted == f"preprocess index {folder} --format tar"
+    assert preprocess_main(shlex.split(pasted)[1:]) == 0
+    assert read_manifest(str(folder)).splits["train"].samples == I2D_SHARDS * I2D_SAMPLES

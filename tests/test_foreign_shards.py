@@ -136,9 +136,15 @@ def test_a_glob_and_the_folder_name_the_same_shards(shardwriter_dir):
         resolve_source(str(shardwriter_dir / "*.parquet"), "train")
 
 
-def test_mixed_formats_are_refused_naming_both_and_format_chooses(img2dataset_dir):
+def test_mixed_formats_are_refused_naming_both_and_format_chooses(img2dataset_dir, tmp_path):
+    """img2dataset's status Parquet beside its tars (with `_stats.json`) is no shard: the
+    folder is its tars. Tar and Parquet shards side by side otherwise are refused."""
+    assert resolve_source(str(img2dataset_dir), "train").shards.fmt == "tar"
+    mixed = shutil.copytree(img2dataset_dir, tmp_path / "mixed")
+    for stats in mixed.glob("*_stats.json"):
+        stats.unlink()
     with pytest.raises(UsageError) as refusal:
-        resolve_source(str(img2dataset_dir), "train")
+        resolve_source(str(mixed), "train")
     line = str(refusal.value)
     assert "\n" not in line and "2 parquet, 2 tar" in line
     assert "format='parquet' or format='tar'" in line

@@ -61,7 +61,23 @@ def list_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
         shard_format = shard_format_of(path)
         if shard_format is not None:
             found.setdefault(shard_format, []).append(path)
+    if fmt is None and is_img2dataset_status(found, candidates):
+        found.pop("parquet")
     return pick_format(found, where, fmt)
+
+
+def is_img2dataset_status(found: dict[str, list[str]], candidates: Sequence[str]) -> bool:
+    """Whether the Parquet files beside tar shards are img2dataset's download status
+    (`00000.parquet` beside `00000.tar` and `00000_stats.json`, the layout of its
+    `--output_format webdataset`), not shards: the tars are then what the folder holds."""
+    if not found.get("tar") or not found.get("parquet"):
+        return False
+    tars = {os.path.splitext(path)[0] for path in found["tar"]}
+    names = set(candidates)
+    return all(
+        stem in tars and f"{stem}_stats.json" in names
+        for stem in (os.path.splitext(path)[0] for path in found["parquet"])
+    )
 
 
 def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
