@@ -85,6 +85,12 @@ class VerifyOptions:
         "verify",
     )
     format: str | None = option(None, FORMAT_TEXT, "verify", FORMAT_NAMES)
+    accept_failed_rows: bool = option(
+        False,
+        "accept rows with a null cell, as img2dataset writes each failed download (a null "
+        "jpg): counted and named in the summary, not failures (the loader skips them)",
+        "verify",
+    )
 
 
 @dataclass(frozen=True)
@@ -374,7 +380,12 @@ def run_verify(options: VerifyOptions, args: argparse.Namespace) -> int:
     from preprocess.verify import verify_source
 
     try:
-        report = verify_source(options.source, check_images=options.images, fmt=options.format)
+        report = verify_source(
+            options.source,
+            check_images=options.images,
+            fmt=options.format,
+            accept_failed=options.accept_failed_rows,
+        )
     except (ShardpipeError, FileNotFoundError) as error:
         return fail("verify", error, "FAILED")
     print(f"verify: OK: {report.summary()}")

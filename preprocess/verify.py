@@ -50,6 +50,9 @@ from shards.sample import (
 )
 from shards.storage.write import file_sha256
 
+# The skip reason of a row whose cell the writer left null: img2dataset keeps each failed
+# download as a row with a null `jpg`.
+FAILED_ROW_REASON = "null_cell"
 MAX_EXAMPLES = 5
 
 
@@ -70,10 +73,11 @@ class VerifyReport:
     members: Counter = field(default_factory=Counter)
     # Parquet rows read under a made key (`{key}-{row:09d}`): file name -> rows.
     repeated_keys: Counter = field(default_factory=Counter)
+    accepted: int = 0  # null-cell rows accepted by `--accept-failed-rows`
 
     def summary(self) -> str:
         """The one line `preprocess verify` prints when nothing would be skipped."""
-        repeats = repeated_keys_note(self.repeated_keys)
+        repeats = repeated_keys_note(self.repeated_keys) + self.accepted_note()
         if self.foreign is None:
             return f"{self.shards} shards, {self.files} files, {self.samples} samples{repeats}"
         return (
@@ -81,6 +85,30 @@ class VerifyReport:
             f"members: {members_line(self.members, self.samples)}; decode failures: "
             f"{sum(self.skipped.values()) or 'none'}{repeats}; run "
             f"`{index_command(self.folder, self.foreign)}` to save the counts"
+        )
+
+    def accept_failed_rows(self, accept: bool) -> None:
+        """With `accept` (`verify --accept-failed-rows`), rows with a null cell leave the
+        skips for `accepted`: a writer's failed rows (img2dataset's failed downloads)."""
+        if accept:
+            self.accepted = self.skipped.pop(FAILED_ROW_REASON, 0)
+
+    def failed_rows_hint(self) -> str:
+        """How to accept the null-cell rows among the skips, or "" when there are none."""
+        if not self.skipped.get(FAILED_ROW_REASON):
+            return ""
+        return (
+            f"; rows with a null cell are how img2dataset keeps its failed downloads (a "
+            f"null jpg): if that is what these are, rerun with --accept-failed-rows (the "
+            f"loader skips them, counted as {FAILED_ROW_REASON})"
+        )
+
+    def accepted_note(self) -> str:
+        if not self.accepted:
+            return ""
+        return (
+            f"; accepted {self.accepted} rows with a null cell (--accept-failed-rows: the "
+            f"writer's failed rows, which the loader skips as {FAILED_ROW_REASON})"
         )
 
     def record_skip(self, file_name: str, key: str, error: SampleError) -> None:
@@ -119,8 +147,13 @@ def manifest_directory(source: str) -> Path | None:
     return None
 
 
-def verify_source(source: str, check_images: bool = True, fmt: str | None = None) -> VerifyReport:
+def verify_source(
+    source: str, check_images: bool = True, fmt: str | None = None, accept_failed: bool = False
+) -> VerifyReport:
     """`verify_directory` for a dataset with a manifest, else `verify_foreign` of its shards.
+
+    `accept_failed`: rows with a null cell (img2dataset keeps each failed download as a
+    row with a null `jpg`) are counted as accepted, not as samples that fail.
 
     Raises:
         VerifyError: as `verify_directory` (for shards without a manifest: a malformed
@@ -129,12 +162,14 @@ def verify_source(source: str, check_images: bool = True, fmt: str | None = None
     """
     directory = manifest_directory(source)
     if directory is not None:
-        return verify_directory(directory, check_images)
+        return verify_directory(directory, check_images, accept_failed)
     found, paths = local_shards(source, fmt)
-    return verify_foreign(paths, found, check_images)
+    return verify_foreign(paths, found, check_images, accept_failed)
 
 
-def verify_foreign(paths: list[str], fmt: str, check_images: bool = True) -> VerifyReport:
+def verify_foreign(
+    paths: list[str], fmt: str, check_images: bool = True, accept_failed: bool = False
+) -> VerifyReport:
     """Read every sample of shards we did not build and judge each member it holds as the
     loader reads it (images decoded, text, JSON, class ids); a skip is a decode failure.
 
@@ -147,13 +182,14 @@ def verify_foreign(paths: list[str], fmt: str, check_images: bool = True) -> Ver
         report.samples += verify_foreign_shard(path, fmt, check_images, report)
         report.shards += 1
         report.files += 1
+    report.accept_failed_rows(accept_failed)
     if report.skipped:
         total = sum(report.skipped.values())
         reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
         raise VerifyError(
             f"{total} of {report.samples} samples in {report.shards} {fmt} shards would be "
             f"skipped by the loader ({reasons}); e.g. {'; '.join(report.examples)}. Members: "
-            f"{members_line(report.members, report.samples)}"
+            f"{members_line(report.members, report.samples)}{report.failed_rows_hint()}"
         )
     return report
 
@@ -198,7 +234,9 @@ def common_folder(paths: list[str]) -> str:
     return os.path.commonpath([os.path.dirname(path) for path in paths]) if paths else ""
 
 
-def verify_directory(directory: str | Path, check_images: bool = True) -> VerifyReport:
+def verify_directory(
+    directory: str | Path, check_images: bool = True, accept_failed: bool = False
+) -> VerifyReport:
     """Check every shard listed in the manifest.
 
     Raises:
@@ -214,12 +252,14 @@ def verify_directory(directory: str | Path, check_images: bool = True) -> Verify
             report.samples += verify_shard(directory, manifest, shard, check_images, report)
             report.shards += 1
             report.files += len(shard.files)
+    report.accept_failed_rows(accept_failed)
     if report.skipped:
         total = sum(report.skipped.values())
         reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.skipped.items()))
         raise VerifyError(
             f"{total} of {report.samples} samples would be skipped by the loader ({reasons}); "
             f"e.g. {'; '.join(report.examples)}. Rebuild those shards from good inputs"
+            f"{report.failed_rows_hint()}"
         )
     return report
 

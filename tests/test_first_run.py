@@ -192,3 +192,28 @@ def test_the_index_command_verify_and_info_print_runs_as_pasted_on_a_mixed_folde
         assert pasted == f"preprocess index {folder} --format tar"
     assert preprocess_main(shlex.split(pasted)[1:]) == 0
     assert read_manifest(str(folder)).splits["train"].samples == I2D_SHARDS * I2D_SAMPLES
+
+
+def test_verify_on_img2dataset_parquet_names_the_flag_that_accepts_its_failed_rows(
+    tmp_path, capsys
+):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    write_img2dataset_parquet(folder / "00000.parquet")
+    for indexed in (False, True):  # before `preprocess index` and after
+        assert preprocess_main(["verify", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert f"null_cell: {len(FAILED)}" in err and "--accept-failed-rows" in err
+        assert preprocess_main(["verify", str(folder), "--accept-failed-rows"]) == 0
+        out = capsys.readouterr().out
+        assert f"{ROWS} samples" in out and f"accepted {len(FAILED)} rows with a null" in out
+        if not indexed:
+            assert preprocess_main(["index", str(folder)]) == 0
+    broken = tmp_path / "broken"  # a bad image is still a failure with the flag
+    broken.mkdir()
+    table = pq.read_table(folder / "00000.parquet")
+    images = table.column("jpg").to_pylist()
+    images[0] = b"not an image"
+    table = table.set_column(table.schema.get_field_index("jpg"), "jpg", pa.array(images))
+    pq.write_table(table, broken / "00000.parquet")
+    assert preprocess_main(["verify", str(broken), "--accept-failed-rows"]) == 1
