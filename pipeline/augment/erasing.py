@@ -3,13 +3,18 @@
 timm erases after normalisation, filling with 0 (the mean) or N(0, 1) noise; here the
 crop is still uint8, so the same fills are the mean colour, or mean + std * N(0, 1),
 scaled to 0-255, rounded and clipped. Box sizes, aspect and count are drawn as timm's.
+Per-pixel noise is drawn as 16-bit uniforms mapped through a table of the normal's
+quantiles (no float normals per value): the uint8 distribution is the exact one, each
+value's probability to within 2**-16.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -66,13 +71,30 @@ class RandomErasing:
 
     def fill(self, height: int, width: int, rng: random.Random) -> np.ndarray:
         """The uint8 values of one box, (height, width, 3)."""
-        mean, std = np.array(self.mean), np.array(self.std)
-        if self.mode == "const":
-            normal = np.zeros(3)
-        elif self.mode == "rand":
+        if self.mode == "pixel":  # a generator seeded from rng: the noise stays the sample's own
+            count = height * width
+            bits = np.random.PCG64(rng.getrandbits(64)).random_raw((3 * count + 3) // 4)
+            draws = bits.view(np.uint16)[: 3 * count].reshape(3, count)  # 4 uniforms a draw
+            box = np.empty((height, width, 3), dtype=np.uint8)
+            for channel, table in enumerate(quantile_tables(self.mean, self.std)):
+                box[..., channel] = np.take(table, draws[channel]).reshape(height, width)
+            return box
+        normal = np.zeros(3)
+        if self.mode == "rand":
             normal = np.array([rng.gauss(0.0, 1.0) for _ in range(3)])
-        else:  # a generator seeded from rng: the noise stays the sample's own
-            noise = np.random.default_rng(rng.getrandbits(64))
-            normal = noise.standard_normal((height, width, 3), dtype=np.float32)
-        values = np.clip(np.rint((mean + std * normal) * 255), 0, 255).astype(np.uint8)
-        return solid(values, height, width) if values.ndim == 1 else values
+        values = np.clip(np.rint((np.array(self.mean) + np.array(self.std) * normal) * 255), 0, 255)
+        return solid(values.astype(np.uint8), height, width)
+
+
+@functools.lru_cache(maxsize=4)
+def quantile_tables(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """Per channel, uint8 round(clip(255 (mean + std * z))) for z the normal quantile at the
+    centre of each of 2**16 equal steps of probability: a 16-bit uniform through it is
+    `pixel` mode's noise. Built from the bin edges of the uint8 values (255 quantiles)."""
+    steps = (np.arange(1 << 16) + 0.5) / (1 << 16)
+    tables = []
+    for m, s in zip(mean, std, strict=True):
+        # value v takes the z with 255 (m + s z) in [v - 0.5, v + 0.5): edges in probability
+        edges = [NormalDist(m * 255, s * 255).cdf(v + 0.5) for v in range(255)]
+        tables.append(np.searchsorted(np.array(edges), steps, side="right").astype(np.uint8))
+    return tuple(tables)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.augment import ops
+from pipeline.augment import ops, warp
 
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitude 10 is an op's full strength
 
@@ -118,19 +118,19 @@ def _resample(hp: Hparams, rng: random.Random) -> str:
 
 
 def _shear_x(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
-    ops.affine(pixels, (1, factor, 0, 0, 1, 0), _resample(hp, rng), hp.fill)
+    warp.affine(pixels, (1, factor, 0, 0, 1, 0), _resample(hp, rng), hp.fill)
 
 
 def _shear_y(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
-    ops.affine(pixels, (1, 0, 0, factor, 1, 0), _resample(hp, rng), hp.fill)
+    warp.affine(pixels, (1, 0, 0, factor, 1, 0), _resample(hp, rng), hp.fill)
 
 
 def _translate_x(pixels: np.ndarray, shift: float, hp: Hparams, rng: random.Random) -> None:
-    ops.affine(pixels, (1, 0, shift, 0, 1, 0), _resample(hp, rng), hp.fill)
+    warp.affine(pixels, (1, 0, shift, 0, 1, 0), _resample(hp, rng), hp.fill)
 
 
 def _translate_y(pixels: np.ndarray, shift: float, hp: Hparams, rng: random.Random) -> None:
-    ops.affine(pixels, (1, 0, 0, 0, 1, shift), _resample(hp, rng), hp.fill)
+    warp.affine(pixels, (1, 0, 0, 0, 1, shift), _resample(hp, rng), hp.fill)
 
 
 def _translate_x_rel(pixels: np.ndarray, pct: float, hp: Hparams, rng: random.Random) -> None:
@@ -142,7 +142,7 @@ def _translate_y_rel(pixels: np.ndarray, pct: float, hp: Hparams, rng: random.Ra
 
 
 def _rotate(pixels: np.ndarray, degrees: float, hp: Hparams, rng: random.Random) -> None:
-    ops.rotate(pixels, degrees, _resample(hp, rng), hp.fill)
+    warp.rotate(pixels, degrees, _resample(hp, rng), hp.fill)
 
 
 def _desaturate(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:

@@ -4,20 +4,19 @@ Each one gives the pixels of the Pillow call timm (or torchvision) makes, comput
 numpy and OpenCV on the uint8 crop, one or two SIMD passes where possible: lookup tables
 as masks and saturating adds (posterize, solarize) or `cv2.LUT` (a scalar pass, ~4x a
 SIMD one), Pillow's blends from one colour as tables, blends from an image in one
-`cv2.addWeighted` (within 1 of Pillow's truncated float32), affine warps with the matrix
-Pillow's `Image.transform` uses. Arrays must be C-contiguous (`pipeline.augment.Augmenter`
+`cv2.addWeighted` (within 1 of Pillow's truncated float32). Geometry is
+`pipeline.augment.warp`'s. Arrays must be C-contiguous (`pipeline.augment.Augmenter`
 ensures it). None raises on a valid image; one that cannot apply leaves it unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
-
-RESAMPLE = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
 
 _LEVELS = np.arange(256, dtype=np.int32)
 # Pillow's RGB -> L: (R * 19595 + G * 38470 + B * 7471 + 0x8000) >> 16 (ITU-R 601-2 luma).
@@ -212,75 +211,56 @@ def solid(color: Sequence[int], height: int, width: int) -> np.ndarray:
     return np.frombuffer(row * (height * width), np.uint8).reshape(height, width, 3)
 
 
-def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Sequence[int]) -> None:
-    """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`.
-
-    Pillow maps output pixel (x, y) to input point `(a, b, c, d, e, f)` applied to the
-    pixel's centre (x + 0.5, y + 0.5) in a frame whose pixels span [i, i + 1); OpenCV
-    samples at integer centres, so the offsets shift by a half pixel each way. Pillow
-    fills exactly the pixels whose point falls outside the image and samples the rest
-    with the edge repeated; a nearest-neighbour warp of an all-zero image (its border 1)
-    finds those pixels, so the border band matches too (52 dB where OpenCV's own
-    constant border, which blends the fill into the edge, gives 34).
-    """
-    a, b, c, d, e, f = matrix
-    inverse = np.array(
-        [[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]], dtype=np.float64
-    )
-    height, width = pixels.shape[:2]
-    size, flags = (width, height), RESAMPLE[resample] | cv2.WARP_INVERSE_MAP
-    source = pixels.copy()
-    cv2.warpAffine(source, inverse, size, dst=pixels, flags=flags, borderMode=cv2.BORDER_REPLICATE)
-    outside = cv2.warpAffine(
-        np.zeros((height, width), np.uint8),
-        inverse,
-        size,
-        flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
-        borderMode=cv2.BORDER_CONSTANT,
-        borderValue=1,
-    )
-    cv2.copyTo(solid(fill, height, width), outside, pixels)
-
-
-def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:
-    """The matrix Pillow's `img.rotate(degrees)` hands to `transform` (about the centre)."""
-    angle = -math.radians(degrees)
-    matrix = [
-        round(math.cos(angle), 15),
-        round(math.sin(angle), 15),
-        0.0,
-        round(-math.sin(angle), 15),
-        round(math.cos(angle), 15),
-        0.0,
-    ]
-    cx, cy = width / 2, height / 2
-    a, b, _, d, e, _ = matrix
-    matrix[2] = a * -cx + b * -cy + cx
-    matrix[5] = d * -cx + e * -cy + cy
-    return matrix
-
-
-def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int]) -> None:
-    """`img.rotate(degrees, resample, fillcolor=fill)`: counter-clockwise, size kept."""
-    degrees %= 360.0
-    if degrees == 0:
-        return
-    height, width = pixels.shape[:2]
-    affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
-
-
 def gaussian_blur(pixels: np.ndarray, sigma: float, kernel: int | None = None) -> None:
-    """A Gaussian blur of standard deviation `sigma`.
+    """A Gaussian blur of standard deviation `sigma`, one separable 1-D kernel each way.
 
-    Without `kernel`: Pillow's `ImageFilter.GaussianBlur(radius=sigma)` (edges repeated;
-    Pillow approximates the Gaussian with three box blurs). With `kernel`: torchvision's
-    `GaussianBlur(kernel)`, edges reflected.
+    Without `kernel`: Pillow's `ImageFilter.GaussianBlur(radius=sigma)`, whose three box
+    blurs (fractional ends) compose into one kernel (`pillow_blur_kernel`), edges repeated;
+    Pillow rounds after each of its 6 passes, here once. With `kernel`: torchvision's
+    `GaussianBlur(kernel)` kernel, edges reflected. Taps under 1e-4 are dropped (their sum
+    moves no value by 0.03): `cv2.sepFilter2D` costs by the tap.
     """
     if sigma <= 0:
         return
-    size = (kernel, kernel) if kernel else (0, 0)
-    border = cv2.BORDER_REFLECT_101 if kernel else cv2.BORDER_REPLICATE
-    cv2.GaussianBlur(pixels, size, sigma, dst=pixels, borderType=border)
+    if kernel:
+        weights, border = _torchvision_kernel(kernel, float(sigma)), cv2.BORDER_REFLECT_101
+    else:
+        weights, border = pillow_blur_kernel(float(sigma)), cv2.BORDER_REPLICATE
+    cv2.sepFilter2D(pixels, -1, weights, weights, dst=pixels, borderType=border)
+
+
+def _trimmed(weights: np.ndarray) -> np.ndarray:
+    """`weights` less the outer taps under 1e-4 (symmetric), as a float32 column, sum 1."""
+    keep = np.flatnonzero(weights >= 1e-4)
+    side = min(keep[0], len(weights) - 1 - keep[-1])
+    weights = weights[side : len(weights) - side]
+    return (weights / weights.sum()).astype(np.float32)[:, None]
+
+
+@functools.lru_cache(maxsize=64)
+def pillow_blur_kernel(radius: float, passes: int = 3) -> np.ndarray:
+    """The 1-D kernel of Pillow's `GaussianBlur(radius)`: `passes` box blurs of the radius
+    its `_gaussian_blur_radius` gives, each 2l + 1 taps and two fractional ends (BoxBlur.c)."""
+    sigma2 = radius * radius / passes
+    whole = math.floor((math.sqrt(12.0 * sigma2 + 1.0) - 1.0) / 2.0)
+    extra = (2 * whole + 1) * (whole * (whole + 1) - 3 * sigma2)
+    box_radius = whole + extra / (6 * (sigma2 - (whole + 1) * (whole + 1)))
+    inner = int(box_radius)
+    weight = int((1 << 24) / (box_radius * 2 + 1))
+    edge = ((1 << 24) - (inner * 2 + 1) * weight) // 2
+    box = np.array([edge] + [weight] * (2 * inner + 1) + [edge], dtype=np.float64) / (1 << 24)
+    composed = box
+    for _ in range(passes - 1):
+        composed = np.convolve(composed, box)
+    return _trimmed(composed)
+
+
+@functools.lru_cache(maxsize=64)
+def _torchvision_kernel(size: int, sigma: float) -> np.ndarray:
+    """torchvision's `_get_gaussian_kernel1d(size, sigma)`, trimmed."""
+    x = np.linspace(-(size - 1) / 2, (size - 1) / 2, size)
+    pdf = np.exp(-0.5 * (x / sigma) ** 2)
+    return _trimmed(pdf / pdf.sum())
 
 
 def hue(pixels: np.ndarray, factor: float) -> None:

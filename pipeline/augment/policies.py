@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.augment import ops
+from pipeline.augment import ops, warp
 from pipeline.augment.grammar import PolicySpec
 from pipeline.augment.levels import AugmentOp, Hparams
 
@@ -326,13 +326,13 @@ def apply_trivial(pixels: np.ndarray, name: str, magnitude: float, resample: str
     """torchvision's `_apply_op` for a PIL image, at `magnitude`."""
     if name in ("ShearX", "ShearY"):  # F.affine(shear=degrees(atan(m)), center=[0, 0])
         matrix = (1, magnitude, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, magnitude, 1, 0)
-        ops.affine(pixels, matrix, resample, fill)
+        warp.affine(pixels, matrix, resample, fill)
     elif name in ("TranslateX", "TranslateY"):  # F.affine(translate=[int(m), 0])
         shift = -int(magnitude)
         matrix = (1, 0, shift, 0, 1, 0) if name == "TranslateX" else (1, 0, 0, 0, 1, shift)
-        ops.affine(pixels, matrix, resample, fill)
+        warp.affine(pixels, matrix, resample, fill)
     elif name == "Rotate":
-        ops.rotate(pixels, magnitude, resample, fill)
+        warp.rotate(pixels, magnitude, resample, fill)
     elif name in ("Brightness", "Color", "Contrast", "Sharpness"):
         getattr(ops, name.lower())(pixels, 1.0 + magnitude)
     elif name == "Posterize":

@@ -19,7 +19,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 cv2 = pytest.importorskip("cv2")
 
-from pipeline.augment import ops  # noqa: E402
+from pipeline.augment import ops, warp  # noqa: E402
 from pipeline.augment.color import ColorJitter  # noqa: E402
 from pipeline.augment.levels import OPS, AugmentOp, Hparams, op_argument  # noqa: E402
 from pipeline.augment.policies import TRIVIAL_BINS, TRIVIAL_OPS, apply_trivial  # noqa: E402
@@ -72,12 +72,16 @@ PIXEL_BLEND_OPS |= {"Desaturate"}
 MAX_ROUNDING_SHARE = 0.015
 GEOMETRIC_OPS = {name for name in TIMM_ARGUMENTS if name.startswith(("Rotate", "Shear", "Trans"))}
 
-# PSNR floors in dB against Pillow: the lowest value measured on PHOTO over the ops,
+# Shears and translations move whole rows (or columns): 1-D interpolation with Pillow's
+# own weights (bicubic a = -1) in float32, so within rounding of Pillow (measured at most
+# 0.25% of values off, by 1: 74-83 dB; whole-pixel shifts identical). Rotations go
+# through cv2.warpAffine: PSNR floors in dB, the lowest value measured on PHOTO over
 # signs and magnitudes 5 and 10 (bilinear 51.6, bicubic 50.9, TrivialAugment's bilinear
 # with black fill 52.1), less about 3.5 dB so another OpenCV build passes. What the gap
-# allows: OpenCV's bilinear weighs with 5-bit fixed point, and its bicubic kernel is
-# a = -0.75 where Pillow's is -0.5. A shift, shear or rotation of the wrong sign gives
-# 10-16 dB on this image (`test_geometry_in_the_wrong_direction_...`), far below.
+# allows: OpenCV's bilinear weighs with 5-bit fixed point, its bicubic kernel is a = -0.75
+# where Pillow's is -1, and it rounds where Pillow truncates. A shift, shear or rotation
+# of the wrong sign gives 10-16 dB on this image (`test_geometry_in_the_wrong_...`).
+ROW_SHIFT_OPS = {name for name in GEOMETRIC_OPS if name.startswith(("Shear", "Trans"))}
 GEOMETRY_FLOOR = {"bilinear": 48.0, "bicubic": 47.0}
 # Pillow's GaussianBlur runs three box blurs (an approximation) where OpenCV convolves a
 # true Gaussian: measured 54.1 dB at radius 1.05, 54.9 at 2.0; at 0.1 both are the identity.
@@ -195,7 +199,79 @@ def test_geometric_ops_match_pillow_within_psnr(name, resample):
             reference = pillow(name, argument, PHOTO, resample)
             if magnitude == 0:  # no motion: both copy the image
                 assert np.array_equal(ours, reference)
+            if name in ROW_SHIFT_OPS:
+                assert_within_rounding(ours, reference, (name, magnitude, sign))
             assert psnr(ours, reference) > GEOMETRY_FLOOR[resample], (name, magnitude, sign)
+
+
+# Matrices Pillow's transform gets: fractional and whole shifts both ways, shears with a
+# shift, shifts past the image, and rotations (about the centre) at and between 90 degrees.
+SHIFT_MATRICES = [
+    (1, 0, 10.37, 0, 1, 0),
+    (1, 0, -33.71, 0, 1, 0),
+    (1, 0, 0, 0, 1, 7.5),
+    (1, 0, 0, 0, 1, -50.123),
+    (1, 0.3, 3.3, 0, 1, 0),
+    (1, 0.3, -3.3, 0, 1, 4),
+    (1, 0, 2, -0.27, 1, 1.7),
+    (1, 0, 0, 0.99, 1, -100.5),
+    (1, 0, 0, 0, 1, 500.5),
+]
+ROTATIONS = (90.0, 180.0, 13.5, -27.0, 135.0)
+
+
+def _transformed(image: np.ndarray, matrix, resample: str, fill) -> tuple:
+    """(ours, Pillow's) for `image` under the affine `matrix`."""
+    ours = image.copy()
+    warp.affine(ours, matrix, resample, fill)
+    img = Image.fromarray(image)
+    method = getattr(Image.Resampling, resample.upper())
+    reference = img.transform(img.size, Image.Transform.AFFINE, matrix, method, fillcolor=fill)
+    return ours, np.asarray(reference)
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_row_and_column_shifts_match_pillow_within_rounding(resample):
+    for matrix in SHIFT_MATRICES:
+        ours, reference = _transformed(PHOTO, matrix, resample, HPARAMS.fill)
+        assert_within_rounding(ours, reference, matrix)
+        if matrix[1] == matrix[3] == 0 and float(matrix[2] + matrix[5]).is_integer():
+            assert np.array_equal(ours, reference), matrix  # whole pixels: a copy
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+def test_fill_goes_exactly_where_pillow_fills(resample):
+    """A fill no interpolation of the image can reach (all values below 200) marks it."""
+    image = (PHOTO // 2 + 20).astype(np.uint8)
+    matrices = SHIFT_MATRICES + [
+        warp.rotate_matrix(degrees, image.shape[1], image.shape[0]) for degrees in ROTATIONS
+    ]
+    with_fill = 0
+    for matrix in matrices:
+        ours, reference = _transformed(image, matrix, resample, (255, 255, 255))
+        filled = (reference == 255).all(axis=-1)
+        with_fill += filled.any()
+        assert np.array_equal((ours == 255).all(axis=-1), filled), matrix
+    assert with_fill >= len(matrices) - 2  # all but the shear-y of 2 px and the 180 degrees
+
+
+def test_inside_spans_are_pillows_on_every_row():
+    """The spans against Pillow's per-pixel test, rows at exact ties included (90 degrees)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        width, height = rng.choice([(224, 224), (160, 120), (7, 5), (1, 3)])
+        degrees = rng.choice([rng.uniform(-180, 180), 4.5 * rng.randrange(-30, 31)])
+        matrix = warp.rotate_matrix(degrees, width, height)
+        low, high = warp.inside_spans(matrix, width, height)
+        a, b, c, d, e, f = matrix
+        x = np.arange(width) + 0.5
+        for row in range(height):
+            x_in = a * x + b * (row + 0.5) + c
+            y_in = d * x + e * (row + 0.5) + f
+            inside = (x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height)
+            expected = np.zeros(width, bool)
+            expected[low[row] : high[row]] = True
+            assert np.array_equal(inside, expected), (degrees, width, height, row)
 
 
 def test_geometry_in_the_wrong_direction_is_far_below_the_floor():

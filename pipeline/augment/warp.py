@@ -1,0 +1,297 @@
+"""Pillow's affine `Image.transform` on the uint8 crop: the policies' rotate, shear and translate.
+
+Pillow maps output pixel (x, y) to the input point `matrix . (x + 0.5, y + 0.5, 1)`, fills
+where that point falls outside the image and otherwise interpolates with the edge repeated
+(bilinear, or bicubic with a = -1, its `Geometry.c`), truncating to uint8. A shear or a
+translation moves every row (or column) by one amount, so it is 1-D interpolation with
+Pillow's own weights: each row gathered at its whole shift and one weighted sum of 2 or 4
+shifted views (`numpy.einsum`), or one 1-D `cv2.filter2D` when every row moves alike. That
+is within a value of Pillow, where OpenCV's 2-D bicubic warp (a scalar loop, ~6x the time)
+is 51 dB. Other matrices (rotation) go through `cv2.warpAffine`. Every way, the fill goes
+exactly where Pillow's goes: each row's inside span is solved from the matrix and checked
+with Pillow's own float arithmetic at its ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
+
+from pipeline.augment.ops import solid
+
+RESAMPLE = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
+# Pillow truncates its double result. Ours is float32, a few 1e-5 off, so whole numbers
+# (flat regions) can land just below: truncating after adding 2**-10 keeps them, and only
+# values within 2**-10 under a whole number round the other way (off by 1).
+_NUDGE = 2.0**-10
+_TAPS = {"bilinear": 2, "bicubic": 4}  # interpolation taps; bicubic's start one to the left
+
+
+def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Sequence[int]) -> None:
+    """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`, in place."""
+    a, b, c, d, e, f = (float(value) for value in matrix)
+    if resample in _TAPS and a == 1.0 and e == 1.0:
+        if d == 0.0 and f.is_integer():  # rows move along x: shear-x, translate-x
+            _shift_rows(pixels, b, c, int(f), resample, fill)
+            return
+        if b == 0.0 and c.is_integer():  # columns move along y: the same, transposed
+            work = cv2.transpose(pixels)
+            _shift_rows(work, d, f, int(c), resample, fill)
+            cv2.transpose(work, dst=pixels)
+            return
+    _warp(pixels, (a, b, c, d, e, f), resample, fill)
+
+
+def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:
+    """The matrix Pillow's `img.rotate(degrees)` hands to `transform` (about the centre)."""
+    angle = -math.radians(degrees)
+    matrix = [
+        round(math.cos(angle), 15),
+        round(math.sin(angle), 15),
+        0.0,
+        round(-math.sin(angle), 15),
+        round(math.cos(angle), 15),
+        0.0,
+    ]
+    cx, cy = width / 2, height / 2
+    a, b, _, d, e, _ = matrix
+    matrix[2] = a * -cx + b * -cy + cx
+    matrix[5] = d * -cx + e * -cy + cy
+    return matrix
+
+
+def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int]) -> None:
+    """`img.rotate(degrees, resample, fillcolor=fill)`: counter-clockwise, size kept."""
+    degrees %= 360.0
+    if degrees == 0:
+        return
+    height, width = pixels.shape[:2]
+    affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
+
+
+def _warp(pixels: np.ndarray, matrix: tuple[float, ...], resample: str, fill) -> None:
+    """Any matrix through `cv2.warpAffine`, edge repeated, then Pillow's fill.
+
+    Pillow samples at pixel centres in a frame whose pixels span [i, i + 1); OpenCV at
+    integer centres, so the offsets shift by a half pixel each way.
+    """
+    a, b, c, d, e, f = matrix
+    inverse = np.array(
+        [[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]], dtype=np.float64
+    )
+    height, width = pixels.shape[:2]
+    flags = RESAMPLE[resample] | cv2.WARP_INVERSE_MAP
+    source = pixels.copy()
+    cv2.warpAffine(
+        source, inverse, (width, height), dst=pixels, flags=flags, borderMode=cv2.BORDER_REPLICATE
+    )
+    _fill_outside(pixels, inside_spans(matrix, width, height), fill)
+
+
+def _shift_rows(
+    pixels: np.ndarray, shear: float, shift: float, row_shift: int, resample: str, fill
+) -> None:
+    """Output row y is input row y + `row_shift`, sampled at x + `shear` (y + 0.5) + `shift`."""
+    if shear == 0.0:
+        _translate_rows(pixels, shift, row_shift, resample, fill)
+        return
+    height, width = pixels.shape[:2]
+    row_terms = shear * (np.arange(height) + 0.5)
+    offsets = row_terms + shift  # Pillow's x_in - 0.5, less x
+    whole = np.floor(offsets)
+    _shift_rows_each(pixels, whole, offsets - whole, row_shift, resample)
+    _fill_outside(pixels, _row_spans(row_terms, shift, row_shift, width), fill)
+
+
+# Pillow's weights of the taps as polynomials in the fraction d: [1, d, d^2, d^3] @ this.
+# Bilinear a + d (b - a); bicubic p1 + d (p2 + d (p3 + d p4)) of its BICUBIC macro (a = -1).
+_POLYNOMIALS = {
+    "bilinear": np.array([[1, 0], [-1, 1]], dtype=np.float64),
+    "bicubic": np.array(
+        [[0, 1, 0, 0], [-1, 0, 1, 0], [2, -2, 1, -1], [-1, 1, -1, 1]], dtype=np.float64
+    ),
+}
+
+
+def _weights(fraction: np.ndarray, resample: str) -> np.ndarray:
+    """Pillow's interpolation weights (len(fraction), taps) at each `fraction` in [0, 1)."""
+    polynomial = _POLYNOMIALS[resample]
+    powers = fraction[:, None] ** np.arange(len(polynomial))
+    return (powers @ polynomial).astype(np.float32)
+
+
+def _padded(pixels: np.ndarray, whole_min: int, whole_max: int, taps: int) -> tuple:
+    """`pixels` with the edge columns repeated as far as the taps reach: (array, left pad)."""
+    first = taps // 2 - 1  # taps start this far left of the whole shift
+    left = max(0, first - whole_min)
+    right = max(0, whole_max - first + taps - 1)
+    padded = cv2.copyMakeBorder(pixels, 0, 0, left, right, cv2.BORDER_REPLICATE)
+    return padded, left - first
+
+
+def _shift_rows_each(
+    pixels: np.ndarray, whole: np.ndarray, fraction: np.ndarray, row_shift: int, resample: str
+) -> None:
+    """A shear: each row gathered at its whole shift, then one weighted sum of the taps."""
+    height, width = pixels.shape[:2]
+    taps = _TAPS[resample]
+    whole = np.clip(whole, -width - 2, width + 2).astype(np.int64)  # rows past this: all fill
+    padded, origin = _padded(pixels, int(whole.min()), int(whole.max()), taps)
+    window = (width + taps - 1) * 3
+    rows = np.clip(np.arange(height) + row_shift, 0, height - 1)
+    starts = rows * padded.shape[1] * 3 + (origin + whole) * 3
+    gathered = sliding_window_view(padded.reshape(-1), window)[starts].astype(np.float32)
+    views = as_strided(
+        gathered, (height, taps, width * 3), (gathered.strides[0], 12, 4), writeable=False
+    )
+    out = np.einsum("yk,ykx->yx", _weights(fraction, resample), views)
+    _truncate(out, pixels.reshape(height, -1))
+
+
+def _truncate(values: np.ndarray, out: np.ndarray) -> None:
+    """Pillow's clip and truncation of float32 `values` (nudged up by `_NUDGE`) into uint8.
+
+    Negative values to 0 first; then |v + _NUDGE - 0.5| rounded (OpenCV saturates at 255)
+    is the truncation of v + _NUDGE, in two SIMD passes.
+    """
+    cv2.threshold(values, 0, 0, cv2.THRESH_TOZERO, dst=values)
+    cv2.convertScaleAbs(values, dst=out, alpha=1.0, beta=_NUDGE - 0.5)
+
+
+def _translate_rows(pixels: np.ndarray, shift: float, row_shift: int, resample: str, fill) -> None:
+    """A translation: every inside row alike, so one 1-D filter (or a copy) and fill slabs."""
+    height, width = pixels.shape[:2]
+    low, high = _first_inside(0.0, shift, width), _first_inside(float(width), shift, width)
+    top, bottom = max(0, -row_shift), min(height, height - row_shift)
+    if low < high and top < bottom:
+        whole = math.floor(shift)
+        taps = _TAPS[resample]
+        padded, origin = _padded(pixels, whole, whole, taps)
+        start = origin + whole + low
+        source = padded[top + row_shift : bottom + row_shift, start : start + high - low + taps - 1]
+        if shift == whole:  # a whole-pixel shift: Pillow's weights are 0 and 1, a copy
+            moved = source[:, taps // 2 - 1 :]
+        else:
+            kernel = _weights(np.array([shift - whole]), resample)
+            moved = cv2.filter2D(
+                source,
+                -1,
+                kernel,
+                anchor=(0, 0),
+                delta=-0.5 + _NUDGE,
+                borderType=cv2.BORDER_REPLICATE,
+            )
+        pixels[top:bottom, low:high] = moved[:, : high - low]
+    else:
+        top = bottom = low = high = 0
+    color = _fill_image(tuple(int(value) for value in fill), height, width)
+    pixels[:top], pixels[bottom:] = color[:top], color[bottom:]
+    pixels[top:bottom, :low] = color[top:bottom, :low]
+    pixels[top:bottom, high:] = color[top:bottom, high:]
+
+
+def _first_inside(limit: float, shift: float, width: int) -> int:
+    """The first x in [0, width] whose x_in = (x + 0.5) + shift (Pillow's double) >= limit."""
+    x = min(max(math.ceil(limit - shift - 0.5), 0), width)
+    while x > 0 and (x - 0.5) + shift >= limit:
+        x -= 1
+    while x < width and (x + 0.5) + shift < limit:
+        x += 1
+    return x
+
+
+def inside_spans(matrix: Sequence[float], width: int, height: int) -> tuple:
+    """Per output row, the columns [low, high) whose input point Pillow samples (not fills).
+
+    Pillow fills where x_in = a (x + 0.5) + b (y + 0.5) + c is outside [0, width) or y_in
+    (d, e, f) outside [0, height). Both are linear in x, so a row's inside is one span,
+    solved in closed form; a row where an edge crossing falls within 1e-6 of a pixel
+    centre (where double rounding could decide) is scanned with Pillow's own arithmetic.
+    """
+    a, b, c, d, e, f = (float(value) for value in matrix)
+    centres = np.arange(height) + 0.5
+    rows_x, rows_y = b * centres, e * centres
+    low_x, high_x, near_x = _span(a, rows_x + c, width, width)
+    low_y, high_y, near_y = _span(d, rows_y + f, height, width)
+    low = np.maximum(low_x, low_y)
+    high = np.maximum(low, np.minimum(high_x, high_y))
+    columns = np.arange(width) + 0.5
+    for row in np.flatnonzero(near_x | near_y):
+        x_in = a * columns + rows_x[row] + c  # Pillow: a0 * xin + a1 * yin + a2
+        y_in = d * columns + rows_y[row] + f
+        inside = np.flatnonzero((x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height))
+        low[row], high[row] = (inside[0], inside[-1] + 1) if inside.size else (0, 0)
+    return low, high
+
+
+def _span(slope: float, rest: np.ndarray, limit: int, width: int) -> tuple:
+    """Per row, the x in [0, width) with 0 <= slope (x + 0.5) + rest < limit: low, high and
+    whether a crossing is within 1e-6 of a pixel centre."""
+    if slope == 0.0:
+        inside = (rest >= 0) & (rest < limit)
+        return np.where(inside, 0, width), np.full(rest.shape, width), np.zeros(rest.shape, bool)
+    with np.errstate(over="ignore", invalid="ignore"):
+        crossings = np.stack([-rest, limit - rest]) / slope - 0.5  # where it meets 0, limit
+        near = (np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0)
+        if slope > 0:  # inside from the first x at or past the 0 crossing
+            low, high = np.ceil(crossings)
+        else:
+            high, low = np.floor(crossings) + 1
+    low, high = np.clip(low, 0, width), np.clip(high, 0, width)
+    return low.astype(np.int64), np.maximum(low, high).astype(np.int64), near
+
+
+def _row_spans(row_terms: np.ndarray, shift: float, row_shift: int, width: int) -> tuple:
+    """`inside_spans` of a row shift (matrix 1, b, c, 0, 1, f): x_in = (x + 0.5) + b y_in + c.
+
+    Closed form, then both ends checked with Pillow's double arithmetic in its order; a
+    row whose check fails moves its end by one (x_in rises by exactly 1 a column).
+    """
+    height = len(row_terms)
+    low = np.clip(np.ceil(-(row_terms + shift) - 0.5), 0, width)
+    high = np.clip(np.ceil(width - (row_terms + shift) - 0.5), 0, width)
+    for end, limit in ((low, 0.0), (high, float(width))):
+        below = ((end + 0.5) + row_terms) + shift < limit
+        end += below & (end < width)
+        above = ((end - 0.5) + row_terms) + shift >= limit
+        end -= above & (end > 0)
+    rows = np.arange(height) + row_shift
+    outside = (rows < 0) | (rows >= height)
+    low, high = low.astype(np.int64), high.astype(np.int64)
+    low[outside] = high[outside] = 0
+    return low, np.maximum(low, high)
+
+
+@functools.lru_cache(maxsize=8)
+def _fill_image(fill: tuple[int, ...], height: int, width: int) -> np.ndarray:
+    """A cached read-only image of the fill colour (policies reuse one fill and size)."""
+    return solid(fill, height, width)
+
+
+@functools.lru_cache(maxsize=8)
+def _steps(width: int) -> np.ndarray:
+    """`width` ones then `width` zeros: its windows are the rows of a span mask."""
+    return np.repeat(np.array([1, 0], dtype=np.uint8), width)
+
+
+def _fill_outside(pixels: np.ndarray, spans: tuple, fill: Sequence[int]) -> None:
+    """Paint `fill` outside each row's [low, high): a mask of the spans, one masked copy.
+
+    Row y of the mask is a window of `_steps`: ones before low (window at width - low),
+    and ones from high on (1 minus the window at width - high); gathering 2 windows a row
+    costs a quarter of numpy's broadcast comparisons.
+    """
+    low, high = spans
+    height, width = pixels.shape[:2]
+    if (low == 0).all() and (high == width).all():
+        return
+    windows = sliding_window_view(_steps(width), width)
+    outside = windows[width - low]
+    np.bitwise_or(outside, 1 - windows[width - high], out=outside)
+    color = _fill_image(tuple(int(value) for value in fill), height, width)
+    cv2.copyTo(color, outside, pixels)
