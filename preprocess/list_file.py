@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import posixpath
@@ -327,6 +328,9 @@ def iter_rows(
     first = next(rows, None)
     if first is None:
         return
+    if "path" in required and "path" not in first[1] and URL_COLUMN in first[1]:
+        rows = _url_as_path(manifest, opener, required, suffix, first, rows)
+        first = next(rows)
     missing = [name for name in required if name not in first[1]]
     if missing:
         declared = " (--fields and --label name the columns beyond `path`)"
@@ -334,10 +338,40 @@ def iter_rows(
             f"{manifest} needs columns {', '.join(f'`{n}`' for n in required)}; it has no "
             f"{', '.join(f'`{n}`' for n in missing)} (has {sorted(map(str, first[1]))[:20]})"
             + (declared if len(required) > 2 or "label" not in required else "")
+            + _label_free_hint(missing, first[1])
             + "; fix the list or the options and rerun"
         )
     yield first
     yield from rows
+
+
+# img2dataset's input lists name the image's location `url` (its `--url_col` default) and
+# its text `caption` (`--caption_col`): a list without `path` reads `url` as the path.
+URL_COLUMN = "url"
+CAPTION_COLUMN = "caption"
+
+
+def _url_as_path(
+    manifest: Path | str, opener, required: tuple[str, ...], suffix: str, first, rows
+) -> Iterator[tuple[str, dict]]:
+    """The rows of a list with `url` and no `path` column, `url` read as `path`."""
+    if suffix == ".parquet":  # its reader decodes only the columns asked for: ask again
+        asked = tuple(URL_COLUMN if name == "path" else name for name in required)
+        rows = _iter_parquet_rows(manifest, opener, asked)
+    else:
+        rows = itertools.chain([first], rows)
+    for where, row in rows:
+        row["path"] = row.pop(URL_COLUMN)
+        yield where, row
+
+
+def _label_free_hint(missing: list[str], columns) -> str:
+    """For a list without `label`: the flags that build it without classes (and with its
+    captions, when it has img2dataset's `caption` column)."""
+    if "label" not in missing:
+        return ""
+    captions = f" --fields {CAPTION_COLUMN}:txt" if CAPTION_COLUMN in columns else ""
+    return f"; a list without classes builds with --label none{captions}"
 
 
 # Bounds on one row of an input list, so that no row costs more than its share of memory

@@ -22,6 +22,7 @@ from preprocess.list_file import iter_manifest
 from preprocess.listing import MANIFEST_SUFFIXES, InputError, LeftOut, Listing, SourceItem
 from preprocess.remote import is_list_file_url, iter_remote
 from preprocess.tree import TreeScan
+from shards.manifest.foreign import shard_format_of
 from shards.redact import redact_url
 from shards.storage import is_remote, local_path
 
@@ -137,10 +138,30 @@ def _account(
         refused = Counter(entry.reason for entry in listing.refused)
         why = f" ({', '.join(f'{r}: {n}' for r, n in sorted(refused.items()))} refused)"
         raise InputError(
-            f"no images found under {input_path}{why if refused else ''}; " + _no_classes_hint(scan)
+            f"no images found under {input_path}{why if refused else ''}; "
+            + (_shards_hint(input_path) or _no_classes_hint(scan))
         )
     if classes:
         warn_class_balance(input_path, classes)
+
+
+def _shards_hint(input_path: str) -> str | None:
+    """For a folder of shards (img2dataset's tars, say) given as build input: they are
+    read as they are, and `preprocess index` gives them a manifest. None otherwise."""
+    if is_remote(input_path) or not os.path.isdir(input_path):
+        return None
+    found = Counter(fmt for fmt in map(shard_format_of, os.listdir(input_path)) if fmt is not None)
+    if not found:
+        return None
+    from preprocess.verify import index_command  # verify reads shards: only when needed
+
+    held = ", ".join(f"{n} {fmt} shard files" for fmt, n in sorted(found.items()))
+    index = index_command(input_path, found.most_common(1)[0][0])
+    return (
+        f"it holds {held}, which are shards already: the loader reads them as they are "
+        f"(LoaderConfig(source={input_path!r}), train --train-shards {input_path}), and "
+        f"`{index}` saves their counts as a manifest"
+    )
 
 
 def _no_classes_hint(scan: TreeScan | None) -> str:

@@ -28,6 +28,7 @@ from preprocess.sample import make_sample
 from preprocess.worker_shards import CLIENT_WORKERS
 from shards.manifest import read_manifest
 from shards.sample import Field, MissingFieldError
+from tests.httpserver import LocalHTTPServer
 from tests.pipeline.test_field_mapping import FAILED, ROWS, write_img2dataset_parquet
 from trainers.train import main as train_main
 
@@ -217,3 +218,45 @@ def test_verify_on_img2dataset_parquet_names_the_flag_that_accepts_its_failed_ro
     table = table.set_column(table.schema.get_field_index("jpg"), "jpg", pa.array(images))
     pq.write_table(table, broken / "00000.parquet")
     assert preprocess_main(["verify", str(broken), "--accept-failed-rows"]) == 1
+
+
+# --- img2dataset's inputs: its url,caption list, and its tars given to build-shards ---------
+
+
+def test_an_img2dataset_url_caption_list_builds_with_the_flags_its_refusal_names(tmp_path, capsys):
+    make_sample(tmp_path / "images", 12, classes=2, seed=4, workers=1)
+    images = sorted((tmp_path / "images").rglob("*.jpg"))
+    server = LocalHTTPServer(tmp_path / "images")
+    with server as base_url:
+        rows = [
+            {
+                "url": f"{base_url}/{p.relative_to(tmp_path / 'images').as_posix()}",
+                "caption": f"c{i}",
+            }
+            for i, p in enumerate(images)
+        ]
+        listing = tmp_path / "urls.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), listing)
+        build = ["build-shards", "--input", str(listing), "--output", str(tmp_path / "out")]
+        build += ["--executor", "inline", "--no-progress", "--image-size", "32"]
+        assert preprocess_main(build) == 1
+        err = capsys.readouterr().err
+        assert "no `label`" in err and "`path`" not in err.split("it has no")[1]
+        flags = shlex.split(re.search(r"builds with (--label none[^;]*);", err).group(1))
+        assert flags == ["--label", "none", "--fields", "caption:txt"]
+        assert preprocess_main([*build, *flags]) == 0
+    loader = build_loader(loader_config(tmp_path / "out", fields=("image", "txt")))
+    assert sorted(text for _, texts in loader for text in texts) == sorted(
+        r["caption"] for r in rows
+    )
+
+
+def test_build_shards_on_a_folder_of_tars_points_to_index_and_the_loader(tmp_path, capsys):
+    folder = write_img2dataset_tars(tmp_path / "tars")
+    build = ["build-shards", "--input", str(folder), "--output", str(tmp_path / "out")]
+    assert preprocess_main([*build, "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "2 tar shard files" in err
+    pasted = re.search(r"`(preprocess index [^`]+)`", err).group(1)
+    assert preprocess_main(shlex.split(pasted)[1:]) == 0
+    assert read_manifest(str(folder)).splits["train"].samples == I2D_SHARDS * I2D_SAMPLES
