@@ -126,6 +126,21 @@ def blend(first: np.ndarray | float, second: np.ndarray, alpha: float) -> np.nda
     return np.clip(out, 0, 255, out=out)
 
 
+def blend_image(pixels: np.ndarray, other: np.ndarray, alpha: float) -> None:
+    """`pixels` = Pillow's `Image.blend(pixels, other, alpha)`, to the byte, in place.
+
+    The float32 steps of `blend`, without its copies: each is one correctly rounded float32
+    operation on exact inputs (whole-number differences, Pillow's float alpha), so the same
+    values as Pillow's C; then clipped when alpha extrapolates, and truncated.
+    """
+    values = cv2.subtract(other, pixels, dtype=cv2.CV_32F)
+    np.multiply(values, np.float32(alpha), out=values)  # (cv2's scalar multiply is slower)
+    np.add(values, pixels, out=values)
+    if not 0.0 <= alpha <= 1.0:
+        np.clip(values, 0, 255, out=values)
+    np.copyto(pixels, values, casting="unsafe")  # truncates, as Pillow's (UINT8) cast
+
+
 def blend_constant(pixels: np.ndarray, degenerate: int, factor: float) -> None:
     """`ImageEnhance`'s blend from a one-colour image: a lookup table, Pillow's bytes exactly."""
     if factor != 1.0:

@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 
 from pipeline.augment import ops, warp
@@ -258,13 +259,15 @@ class AugMix:
         return pixels
 
     def mix_basic(self, pixels: np.ndarray, weights: np.ndarray, mix: float, rng) -> None:
+        """timm's numpy sum of weight * chain in float32 (each step one correctly rounded
+        float32 operation, without the copies), clipped, truncated, blended."""
         mixed = np.zeros(pixels.shape, dtype=np.float32)
+        term = np.empty_like(mixed)
         for weight in weights:
-            chained = self.chain(pixels, rng).astype(np.float32)
-            chained *= weight
-            mixed += chained
-        np.clip(mixed, 0, 255, out=mixed)
-        np.copyto(pixels, ops.blend(pixels, mixed.astype(np.uint8), mix), casting="unsafe")
+            np.multiply(self.chain(pixels, rng), weight, out=term)  # uint8 * float32
+            cv2.add(mixed, term, dst=mixed)
+        np.minimum(mixed, 255, out=mixed)  # weights >= 0: never below 0
+        ops.blend_image(pixels, mixed.astype(np.uint8), mix)
 
     def mix_blended(self, pixels: np.ndarray, weights: np.ndarray, mix: float, rng) -> None:
         scaled, remaining, alphas = weights * mix, 1.0, []
@@ -274,8 +277,7 @@ class AugMix:
             alphas.append(alpha)
         original = pixels.copy()
         for alpha in np.array(alphas[::-1], dtype=np.float32):
-            chained = self.chain(original, rng)
-            np.copyto(pixels, ops.blend(pixels, chained, alpha), casting="unsafe")
+            ops.blend_image(pixels, self.chain(original, rng), alpha)
 
 
 TRIVIAL_BINS = 31

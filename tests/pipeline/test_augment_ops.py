@@ -151,6 +151,16 @@ def test_blends_match_pillow_across_factors_and_images():
                 assert_within_rounding(ours, pillow(name, factor, image), (name, factor))
 
 
+def test_blend_image_is_pillows_image_blend_exactly():
+    """AugMix's blend of two images: Pillow's float32 steps and truncation, to the byte."""
+    other = np.ascontiguousarray(PHOTO[::-1])
+    for alpha in (0.0, 0.013, 0.37, 0.5, 0.999, 1.0, 1.3, -0.2):
+        pixels = PHOTO.copy()
+        ops.blend_image(pixels, other, alpha)
+        reference = Image.blend(Image.fromarray(PHOTO), Image.fromarray(other), alpha)
+        assert np.array_equal(pixels, np.asarray(reference)), alpha
+
+
 def test_smoothing_is_pillows_smooth_filter_exactly():
     """Sharpness's degenerate image: Pillow's SMOOTH kernel, border kept, to the byte."""
     for image in (PHOTO, PHOTO[:3, :4].copy(), ODD_IMAGES["white"]):

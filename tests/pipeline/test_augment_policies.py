@@ -9,6 +9,7 @@ import math
 import pickle
 import random
 from io import BytesIO
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ pytest.importorskip("cv2")
 
 from pipeline.augment import Augment, Augmenter, build_augmenter  # noqa: E402
 from pipeline.augment import policies as policies_module  # noqa: E402
-from pipeline.augment.erasing import RandomErasing  # noqa: E402
+from pipeline.augment.erasing import RandomErasing, quantile_tables  # noqa: E402
 from pipeline.augment.grammar import PolicySpec, parse_policy  # noqa: E402
 from pipeline.augment.levels import AugmentOp, Hparams  # noqa: E402
 from pipeline.augment.policies import (  # noqa: E402
@@ -389,6 +390,17 @@ def test_erasing_modes_fill_as_timm_after_normalisation():
         else:  # per-pixel noise of std * 255 around the mean (some clipped at 0 or 255)
             assert 45 < box.astype(float).std(axis=0).mean() < 60
             assert np.abs(box.astype(float).mean(axis=0) - MEAN_PIXEL).max() < 8
+
+
+def test_pixel_noise_table_is_the_rounded_normal_to_within_its_quantisation():
+    """Each uint8 value's share of the 2**16 table entries is its probability under
+    round(clip(255 * (mean + std * N(0, 1)))), to within one entry."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    for table, m, s in zip(quantile_tables(mean, std), mean, std, strict=True):
+        share = np.bincount(table, minlength=256) / len(table)
+        normal = NormalDist(255 * m, 255 * s)
+        edges = [0.0] + [normal.cdf(v + 0.5) for v in range(255)] + [1.0]
+        assert np.abs(share - np.diff(edges)).max() <= 1.01 / len(table)
 
 
 def test_erasing_probability_and_tiny_images():
