@@ -8,7 +8,9 @@ new image). Both run in the same rounds, the ops in a rotating order and the two
 alternating first, on CPU time, OpenCV on one thread as in the loader's workers. Prints a
 markdown table: microseconds an image each way, the median over rounds of Pillow / ours
 with its spread ((max - min) / median), and the fidelity: `exact` (every byte equal) or
-the PSNR in dB against Pillow. A last row times whole policies (ours only).
+the PSNR in dB against Pillow. A last table times whole recipes (ours only): the
+policies, DeiT's worker recipe with random erasing, and erasing alone, also as a multiple
+of a reference op (cv2.resize) timed in the same rounds.
 
     python benchmarks/augment_ops.py [--rounds 7] [--calls 200] [--magnitude 9]
 """
@@ -45,6 +47,11 @@ SIZE = 224
 RESAMPLE = "bilinear"
 EXTRA_OPS = ("PosterizeOriginal", "TranslateX", "TranslateY", "Desaturate", "GaussianBlur")
 POLICIES = ("rand-m9-mstd0.5-inc1", "original", "augmix-m5-w3-d2", "trivialaugment", "3a")
+# whole recipes as `Augment` keywords: the policies above, DeiT's worker recipe, erasing
+RECIPES = {policy: {"auto_augment": policy} for policy in POLICIES} | {
+    "rand-m9-mstd0.5-inc1 + re 0.25": {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25},
+    "erasing (re_prob 1, pixel)": {"re_prob": 1.0, "re_mode": "pixel"},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,19 +135,39 @@ def fidelity(name: str, argument, hparams: Hparams, image: np.ndarray) -> str:
 
 
 def policy_table(image: np.ndarray, rounds: int, calls: int) -> str:
-    """Whole policies as the loader runs them (ours only): microseconds an image."""
+    """Whole recipes as the loader runs them (ours only): microseconds an image, and as a
+    multiple of a fixed reference op timed in the same rounds (cv2.resize of the crop to
+    half size), a figure that survives a loaded host."""
     rows = []
-    for policy in POLICIES:
-        augmenter = build_augmenter(Augment(auto_augment=policy), SIZE)
-        pixels, spent = np.empty_like(image), []
+    for name, keywords in RECIPES.items():
+        augmenter = build_augmenter(Augment(**keywords), SIZE)
+        pixels, spent, ratios = np.empty_like(image), [], []
         for round_index in range(rounds):
             started = time.process_time()
             for call in range(calls):
                 np.copyto(pixels, image)
                 augmenter(pixels, SampleRandom(f"{round_index}/{call}"))
             spent.append((time.process_time() - started) / calls * 1e6)
-        rows.append([policy, f"{statistics.median(spent):.0f}", f"{spread(spent):.0%}"])
-    return markdown_table(["policy (ours, per image)", "us", "spread"], rows)
+            ratios.append(spent[-1] / reference_us(image, calls))
+        rows.append(
+            [
+                name,
+                f"{statistics.median(spent):.0f}",
+                f"{statistics.median(ratios):.1f}x",
+                f"{spread(spent):.0%}",
+            ]
+        )
+    header = ["recipe (ours, per image)", "us", "/ reference op", "spread"]
+    return markdown_table(header, rows)
+
+
+def reference_us(image: np.ndarray, calls: int) -> float:
+    """Microseconds of CPU for one cv2.resize of `image` to half its side (INTER_LINEAR)."""
+    size = (image.shape[1] // 2, image.shape[0] // 2)
+    started = time.process_time()
+    for _ in range(calls):
+        cv2.resize(image, size, interpolation=cv2.INTER_LINEAR)
+    return (time.process_time() - started) / calls * 1e6
 
 
 def _argument_text(argument) -> str:
