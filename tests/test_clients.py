@@ -32,9 +32,10 @@ def ours_snippets(text: str) -> list[str]:
 
 @pytest.fixture
 def in_built(tmp_path, monkeypatch):
-    """A working directory holding `shards/`, built as MIGRATION.md says (the default layout)."""
+    """A working directory holding `data/shards/`, built as MIGRATION.md says (the default
+    layout)."""
     make_sample(tmp_path / "images", 48, classes=3, seed=2, workers=1)
-    run_build(small_build_config(tmp_path / "images", tmp_path / "shards", shard_size=16))
+    run_build(small_build_config(tmp_path / "images", tmp_path / "data" / "shards", shard_size=16))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
