@@ -37,7 +37,13 @@ def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Seq
     """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`, in place."""
     a, b, c, d, e, f = (float(value) for value in matrix)
     if resample in _TAPS and a == 1.0 and e == 1.0:
-        if d == 0.0 and f.is_integer():  # rows move along x: shear-x, translate-x
+        if b == 0.0 and d == 0.0 and f.is_integer():  # translate-x
+            _translate(pixels, c, int(f), 1, resample, fill)
+            return
+        if b == 0.0 and d == 0.0 and c.is_integer():  # translate-y
+            _translate(pixels, f, int(c), 0, resample, fill)
+            return
+        if d == 0.0 and f.is_integer():  # rows move along x: shear-x
             _shift_rows(pixels, b, c, int(f), resample, fill)
             return
         if b == 0.0 and c.is_integer():  # columns move along y: the same, transposed
@@ -106,9 +112,6 @@ def _shift_rows(
     pixels: np.ndarray, shear: float, shift: float, row_shift: int, resample: str, fill
 ) -> None:
     """Output row y is input row y + `row_shift`, sampled at x + `shear` (y + 0.5) + `shift`."""
-    if shear == 0.0:
-        _translate_rows(pixels, shift, row_shift, resample, fill)
-        return
     height, width = pixels.shape[:2]
     row_terms = shear * (np.arange(height) + 0.5)
     offsets = row_terms + shift  # Pillow's x_in - 0.5, less x
@@ -134,13 +137,15 @@ def _weights(fraction: np.ndarray, resample: str) -> np.ndarray:
     return (powers @ polynomial).astype(np.float32)
 
 
-def _padded(pixels: np.ndarray, whole_min: int, whole_max: int, taps: int) -> tuple:
-    """`pixels` with the edge columns repeated as far as the taps reach: (array, left pad)."""
-    first = taps // 2 - 1  # taps start this far left of the whole shift
-    left = max(0, first - whole_min)
-    right = max(0, whole_max - first + taps - 1)
-    padded = cv2.copyMakeBorder(pixels, 0, 0, left, right, cv2.BORDER_REPLICATE)
-    return padded, left - first
+def _padded(pixels: np.ndarray, whole_min: int, whole_max: int, taps: int, axis: int = 1) -> tuple:
+    """`pixels` with the edge lines along `axis` repeated as far as the taps reach:
+    (array, padding before less the taps' lead)."""
+    first = taps // 2 - 1  # taps start this far before the whole shift
+    before = max(0, first - whole_min)
+    after = max(0, whole_max - first + taps - 1)
+    sides = (0, 0, before, after) if axis == 1 else (before, after, 0, 0)
+    padded = cv2.copyMakeBorder(pixels, *sides, cv2.BORDER_REPLICATE)
+    return padded, before - first
 
 
 def _shift_rows_each(
@@ -172,36 +177,49 @@ def _truncate(values: np.ndarray, out: np.ndarray) -> None:
     cv2.convertScaleAbs(values, dst=out, alpha=1.0, beta=_NUDGE - 0.5)
 
 
-def _translate_rows(pixels: np.ndarray, shift: float, row_shift: int, resample: str, fill) -> None:
-    """A translation: every inside row alike, so one 1-D filter (or a copy) and fill slabs."""
-    height, width = pixels.shape[:2]
-    low, high = _first_inside(0.0, shift, width), _first_inside(float(width), shift, width)
-    top, bottom = max(0, -row_shift), min(height, height - row_shift)
+def _translate(
+    pixels: np.ndarray, shift: float, cross_shift: int, axis: int, resample: str, fill
+) -> None:
+    """A translation by `shift` along `axis` (1: x, 0: y) and a whole `cross_shift` across:
+    every line alike, so one 1-D filter (or a copy) of what stays inside, and fill slabs."""
+
+    def index(along: slice, across: slice) -> tuple:
+        return (across, along) if axis == 1 else (along, across)
+
+    size, cross_size = pixels.shape[axis], pixels.shape[1 - axis]
+    low, high = _first_inside(0.0, shift, size), _first_inside(float(size), shift, size)
+    top, bottom = max(0, -cross_shift), min(cross_size, cross_size - cross_shift)
     if low < high and top < bottom:
         whole = math.floor(shift)
         taps = _TAPS[resample]
-        padded, origin = _padded(pixels, whole, whole, taps)
+        padded, origin = _padded(pixels, whole, whole, taps, axis)
         start = origin + whole + low
-        source = padded[top + row_shift : bottom + row_shift, start : start + high - low + taps - 1]
+        lines = slice(top + cross_shift, bottom + cross_shift)
+        source = padded[index(slice(start, start + high - low + taps - 1), lines)]
         if shift == whole:  # a whole-pixel shift: Pillow's weights are 0 and 1, a copy
-            moved = source[:, taps // 2 - 1 :]
+            first = taps // 2 - 1
+            moved = source[index(slice(first, first + high - low), slice(None))]
         else:
             kernel = _weights(np.array([shift - whole]), resample)
             moved = cv2.filter2D(
                 source,
                 -1,
-                kernel,
+                kernel if axis == 1 else kernel.T,
                 anchor=(0, 0),
                 delta=-0.5 + _NUDGE,
                 borderType=cv2.BORDER_REPLICATE,
-            )
-        pixels[top:bottom, low:high] = moved[:, : high - low]
+            )[index(slice(0, high - low), slice(None))]
+        pixels[index(slice(low, high), slice(top, bottom))] = moved
     else:
         top = bottom = low = high = 0
-    color = _fill_image(tuple(int(value) for value in fill), height, width)
-    pixels[:top], pixels[bottom:] = color[:top], color[bottom:]
-    pixels[top:bottom, :low] = color[top:bottom, :low]
-    pixels[top:bottom, high:] = color[top:bottom, high:]
+    color = _fill_image(tuple(int(value) for value in fill), *pixels.shape[:2])
+    for part in (
+        index(slice(None), slice(None, top)),
+        index(slice(None), slice(bottom, None)),
+        index(slice(None, low), slice(top, bottom)),
+        index(slice(high, None), slice(top, bottom)),
+    ):
+        pixels[part] = color[part]
 
 
 def _first_inside(limit: float, shift: float, width: int) -> int:
