@@ -34,7 +34,6 @@ from pipeline.mixing import Mix, MixedWorkerPlan, SourceSlot, source_rng
 from pipeline.plan import (
     SEGMENT_INTS,
     Partition,
-    Piece,
     Segment,
     WorkerPlan,
     plan_epoch,
@@ -42,6 +41,7 @@ from pipeline.plan import (
     shuffle_buffer,
     worker_rng,
 )
+from pipeline.positions import Piece
 from pipeline.sources import ShardSpec
 from pipeline.transforms import SampleRandom
 from shards.errors import DataError, ShardError, UsageError

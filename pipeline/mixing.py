@@ -36,11 +36,7 @@ import numpy as np
 
 from pipeline.config import Source, source_names
 from pipeline.plan import (
-    EpochLayout,
     Partition,
-    Piece,
-    Pieces,
-    Runs,
     Segment,
     batches_for,
     check_segment,
@@ -48,6 +44,7 @@ from pipeline.plan import (
     shuffle_buffer,
     worker_slice,
 )
+from pipeline.positions import EpochLayout, Piece, Pieces, Runs
 from pipeline.sources import ResolvedSource, resolve_source
 from shards.errors import DataError, ShardpipeError, UsageError
 

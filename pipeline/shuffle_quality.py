@@ -20,7 +20,8 @@ import numpy as np
 from pipeline.checksum import open_shard
 from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
-from pipeline.plan import Partition, Pieces, Runs, plan_epoch, shuffle_buffer, worker_rng
+from pipeline.plan import Partition, plan_epoch, shuffle_buffer, worker_rng
+from pipeline.positions import Pieces, Runs
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import DataError, ShardError, UsageError
 from shards.formats import FORMATS

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import pyarrow as pa
 
-from pipeline.plan import compact_dtype
+from pipeline.positions import compact_dtype
 from shards.errors import DataError, ShardError, UsageError
 from shards.formats import DEFAULT_FORMAT, ShardFormat, format_of_url, get_format, is_format
 from shards.manifest import (

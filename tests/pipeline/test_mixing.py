@@ -12,7 +12,8 @@ import pytest
 
 from pipeline import Mixing, Source
 from pipeline.mixing import Mix, SourceEpoch, interleave_counts, source_quotas
-from pipeline.plan import EpochLayout, Partition, Runs
+from pipeline.plan import Partition
+from pipeline.positions import EpochLayout, Runs
 from preprocess.job import run_build
 from shards.errors import UsageError
 from shards.manifest import read_manifest

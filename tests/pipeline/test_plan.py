@@ -11,19 +11,17 @@ from pipeline.config import Batching, Shuffle
 from pipeline.plan import (
     SEGMENT_INTS,
     Partition,
-    Runs,
     Segment,
     batches_for,
     consumed_positions,
     plan_epoch,
-    positions_to_pieces,
     rank_slice,
     remaining_runs,
-    shard_order,
     shuffle_buffer,
     worker_runs,
     worker_slice,
 )
+from pipeline.positions import Runs, positions_to_pieces, shard_order
 from tests.pipeline.conftest import epoch_keys, loader_for
 
 

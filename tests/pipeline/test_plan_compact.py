@@ -17,19 +17,9 @@ import random
 import numpy as np
 import pytest
 
-from pipeline import plan as plan_module
-from pipeline.plan import (
-    EpochLayout,
-    Partition,
-    Runs,
-    Segment,
-    compact_dtype,
-    plan_epoch,
-    remaining_runs,
-    shard_order,
-    shard_permutation,
-    worker_runs,
-)
+from pipeline import positions as positions_module
+from pipeline.plan import Partition, Segment, plan_epoch, remaining_runs, worker_runs
+from pipeline.positions import EpochLayout, Runs, compact_dtype, shard_order, shard_permutation
 from pipeline.sources import ShardSpecs, resolve_source
 from tests.conftest import shard_path
 
@@ -71,7 +61,7 @@ def random_runs(rng: random.Random, total: int) -> Runs:
 @pytest.mark.parametrize("block", [1, 2, 3, 5, 64])
 def test_pieces_cut_in_any_block_size_equal_the_int64_computation(monkeypatch, block):
     # Small blocks put run starts, run ends and empty shards on every side of a block edge.
-    monkeypatch.setattr(plan_module, "_SLOT_BLOCK", block)
+    monkeypatch.setattr(positions_module, "_SLOT_BLOCK", block)
     for case in range(120):
         rng = random.Random(case)
         counts = [rng.choice([0, 0, 1, 2, rng.randint(0, 40)]) for _ in range(rng.randint(1, 30))]
@@ -141,7 +131,7 @@ def test_the_permutation_is_the_list_shuffle_in_int32_or_int64(monkeypatch):
     compact = shard_permutation(1000, 5, 2)
     assert compact.dtype == np.int32 and compact.tolist() == listed == shard_order(1000, 5, 2)
     # Past 2**31 shards the permutation is int64 (too large to run here): the same values.
-    monkeypatch.setattr(plan_module, "compact_dtype", lambda largest: np.int64)
+    monkeypatch.setattr(positions_module, "compact_dtype", lambda largest: np.int64)
     wide = shard_permutation(1000, 5, 2)
     assert wide.dtype == np.int64 and wide.tolist() == listed
 

@@ -27,16 +27,15 @@ import pytest
 from pipeline.dataset import batch_sizes
 from pipeline.plan import (
     Partition,
-    Runs,
     Segment,
     batches_for,
     plan_epoch,
     rank_slice,
     remaining_runs,
-    shard_order,
     shuffle_buffer,
     worker_rng,
 )
+from pipeline.positions import Runs, shard_order
 from pipeline.shuffle_quality import plan_delivery
 
 REPO = Path(__file__).resolve().parents[2]
