@@ -205,6 +205,7 @@ def inspect_shuffle(
     for epoch in range(epochs):
         orders.append(epoch_delivery(part, counts, config.seed, epoch))
         labels.append([stream_labels(o, labels_by_shard) for o in orders[-1]])
+    check_delivers(config, source, sum(len(x) for x in labels[0]))
     measured, ideal_runs = measure(labels, orders, classes, trials, config.seed)
     stream = measured.mean(axis=0)
     ideal_all = np.concatenate(ideal_runs)
@@ -231,6 +232,22 @@ def inspect_shuffle(
         labels=labels,
         orders=orders,
         label_field=label_field,
+    )
+
+
+def check_delivers(config: LoaderConfig, source: ResolvedSource, delivered: int) -> None:
+    """Refuse a configuration whose epoch delivers no sample (a rank's share under one
+    batch per worker): its metrics would be zeros that read as a perfect shuffle."""
+    if delivered:
+        return
+    ranks, workers = config.world_size or 1, max(1, config.workers.count)
+    share = source.total_samples // ranks
+    fits = max(1, share // workers)
+    raise UsageError(
+        f"{source.total_samples} samples over {ranks} ranks x {workers} workers deliver no "
+        f"batch of {config.batch.size} (each rank's {share} samples are under one batch a "
+        f"worker, and only whole batches are delivered): measure with --batch-size {fits} "
+        "or fewer, or with a smaller --world-size or --workers"
     )
 
 

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from pipeline.cli import main as pipeline_main
 from pipeline.config import Batching, Crop, LoaderConfig, Workers
 from pipeline.loader import build_loader
 from preprocess.cli import main as preprocess_main
@@ -260,3 +261,22 @@ def test_build_shards_on_a_folder_of_tars_points_to_index_and_the_loader(tmp_pat
     pasted = re.search(r"`(preprocess index [^`]+)`", err).group(1)
     assert preprocess_main(shlex.split(pasted)[1:]) == 0
     assert read_manifest(str(folder)).splits["train"].samples == I2D_SHARDS * I2D_SAMPLES
+
+
+# --- inspect-shuffle with a run's settings on a small dataset --------------------------------
+
+
+def test_inspect_shuffle_that_would_deliver_nothing_says_the_batch_size_that_does(tmp_path, capsys):
+    make_sample(tmp_path / "images", 80, classes=4, seed=3, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--output", str(tmp_path / "out")]
+    assert preprocess_main([*build, "--executor", "inline", "--no-progress"]) == 0
+    capsys.readouterr()
+    inspect = ["inspect-shuffle", str(tmp_path / "out"), "--split", "train", "--workers", "8"]
+    inspect += ["--world-size", "8", "--shuffle-buffer", "2000"]  # LOADER.md's, before
+    assert pipeline_main([*inspect, "--batch-size", "256"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "deliver no batch of 256" in err
+    size = re.search(r"--batch-size (\d+) or fewer", err).group(1)
+    assert pipeline_main([*inspect, "--batch-size", size]) == 0
+    samples = int(re.search(r"(\d+) samples/epoch", capsys.readouterr().out).group(1))
+    assert samples > 0
