@@ -133,7 +133,10 @@ _POLYNOMIALS = {
 def _weights(fraction: np.ndarray, resample: str) -> np.ndarray:
     """Pillow's interpolation weights (len(fraction), taps) at each `fraction` in [0, 1)."""
     polynomial = _POLYNOMIALS[resample]
-    powers = fraction[:, None] ** np.arange(len(polynomial))
+    powers = np.empty((len(fraction), len(polynomial)))
+    powers[:, 0] = 1.0
+    for degree in range(1, len(polynomial)):
+        np.multiply(powers[:, degree - 1], fraction, out=powers[:, degree])
     return (powers @ polynomial).astype(np.float32)
 
 
@@ -151,29 +154,36 @@ def _padded(pixels: np.ndarray, whole_min: int, whole_max: int, taps: int, axis:
 def _shift_rows_each(
     pixels: np.ndarray, whole: np.ndarray, fraction: np.ndarray, row_shift: int, resample: str
 ) -> None:
-    """A shear: each row gathered at its whole shift, then one weighted sum of the taps."""
+    """A shear: each row gathered at its whole shift, then one weighted sum of the taps.
+
+    The taps of a point Pillow samples lie within `_MARGIN` columns of the image, so the
+    rows get only that much repeated edge (and as many spare rows above and below): a
+    row's window may run on into the next row's bytes, but only under points Pillow fills,
+    which `_fill_outside` paints after.
+    """
     height, width = pixels.shape[:2]
-    taps = _TAPS[resample]
-    whole = np.clip(whole, -width - 2, width + 2).astype(np.int64)  # rows past this: all fill
-    padded, origin = _padded(pixels, int(whole.min()), int(whole.max()), taps)
+    taps, margin = _TAPS[resample], _MARGIN
+    padded = cv2.copyMakeBorder(pixels, margin, margin, margin, margin, cv2.BORDER_REPLICATE)
     window = (width + taps - 1) * 3
-    rows = np.clip(np.arange(height) + row_shift, 0, height - 1)
-    starts = rows * padded.shape[1] * 3 + (origin + whole) * 3
+    whole = np.clip(whole, -width - margin, width + margin).astype(np.int64)  # past: all fill
+    rows = np.clip(np.arange(height) + row_shift, 0, height - 1) + margin
+    starts = rows * padded.shape[1] * 3 + (margin - (taps // 2 - 1) + whole) * 3
     gathered = _windows(padded.reshape(-1), window)[starts].astype(np.float32)
     views = as_strided(
         gathered, (height, taps, width * 3), (gathered.strides[0], 12, 4), writeable=False
     )
     out = np.einsum("yk,ykx->yx", _weights(fraction, resample), views)
-    _truncate(out, pixels.reshape(height, -1))
+    _truncate(out, pixels.reshape(height, -1), signed=resample == "bicubic")
 
 
-def _truncate(values: np.ndarray, out: np.ndarray) -> None:
+def _truncate(values: np.ndarray, out: np.ndarray, signed: bool = True) -> None:
     """Pillow's clip and truncation of float32 `values` (nudged up by `_NUDGE`) into uint8.
 
-    Negative values to 0 first; then |v + _NUDGE - 0.5| rounded (OpenCV saturates at 255)
-    is the truncation of v + _NUDGE, in two SIMD passes.
+    Negative values (bicubic's undershoot; `signed`) to 0 first; then |v + _NUDGE - 0.5|
+    rounded (OpenCV saturates at 255) is the truncation of v + _NUDGE: SIMD passes.
     """
-    cv2.threshold(values, 0, 0, cv2.THRESH_TOZERO, dst=values)
+    if signed:
+        cv2.threshold(values, 0, 0, cv2.THRESH_TOZERO, dst=values)
     cv2.convertScaleAbs(values, dst=out, alpha=1.0, beta=_NUDGE - 0.5)
 
 
@@ -275,21 +285,20 @@ def inside_spans(matrix: Sequence[float], width: int, height: int) -> tuple:
 def _row_spans(row_terms: np.ndarray, shift: float, row_shift: int, width: int) -> tuple:
     """`inside_spans` of a row shift (matrix 1, b, c, 0, 1, f): x_in = (x + 0.5) + b y_in + c.
 
-    Closed form, then both ends checked with Pillow's double arithmetic in its order; a
-    row whose check fails moves its end by one (x_in rises by exactly 1 a column).
+    Closed form; a row whose edge crossing falls within 1e-6 of a pixel centre is scanned
+    with Pillow's double arithmetic in its order.
     """
     height = len(row_terms)
-    low = np.clip(np.ceil(-(row_terms + shift) - 0.5), 0, width)
-    high = np.clip(np.ceil(width - (row_terms + shift) - 0.5), 0, width)
-    for end, limit in ((low, 0.0), (high, float(width))):
-        below = ((end + 0.5) + row_terms) + shift < limit
-        end += below & (end < width)
-        above = ((end - 0.5) + row_terms) + shift >= limit
-        end -= above & (end > 0)
-    rows = np.arange(height) + row_shift
-    outside = (rows < 0) | (rows >= height)
-    low, high = low.astype(np.int64), high.astype(np.int64)
-    low[outside] = high[outside] = 0
+    crossings = np.stack([-shift - row_terms, width - shift - row_terms]) - 0.5
+    low, high = np.clip(np.ceil(crossings), 0, width).astype(np.int64)
+    columns = np.arange(width) + 0.5
+    for row in np.flatnonzero((np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0)):
+        x_in = (columns + row_terms[row]) + shift
+        inside = np.flatnonzero((x_in >= 0) & (x_in < width))
+        low[row], high[row] = (inside[0], inside[-1] + 1) if inside.size else (0, 0)
+    outside = slice(None, max(0, -row_shift)), slice(min(height, height - row_shift), None)
+    for rows in outside:  # input row y + row_shift off the image: all fill
+        low[rows] = high[rows] = 0
     return low, np.maximum(low, high)
 
 
