@@ -16,12 +16,11 @@ from __future__ import annotations
 import logging
 import operator
 import os
-import posixpath
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -31,10 +30,9 @@ from shards.errors import DataError, ShardError, UsageError
 from shards.formats import DEFAULT_FORMAT, ShardFormat, format_of_url, get_format, is_format
 from shards.manifest import (
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    LocalTableReader,
     Manifest,
-    ManifestError,
+    manifest_base,
+    read_manifest,
     shard_name,
 )
 from shards.manifest.foreign import list_shards, pick_format
@@ -43,9 +41,9 @@ from shards.storage import (
     DEFAULT_RETRY,
     ObjectNotFoundError,
     RetryPolicy,
+    exists,
     is_remote,
     open_stream,
-    url_scheme,
 )
 from shards.storage.patterns import expand_urls
 
@@ -67,6 +65,9 @@ class ShardSpec:
         samples: how many samples it holds (the manifest's count, or counted).
         sha256: the manifest's checksum, when there is one.
         bytes: the manifest's byte count, when there is one: caps the read.
+        counted: False for a remote shard read without counts (resampled mode, no
+            manifest): `samples` is then 1, the shard's weight in the draws (webdataset
+            draws shards uniformly), and the shard is read to its end.
     """
 
     url: str = field(repr=False)
@@ -74,6 +75,7 @@ class ShardSpec:
     samples: int
     sha256: str | None = None
     bytes: int | None = None
+    counted: bool = True
 
     @property
     def format(self) -> ShardFormat:
@@ -109,6 +111,7 @@ class ShardSpecs(Sequence[ShardSpec]):
         checked: which rows of `digests` are real; None when all are.
         table_sha256: the sha256 of the manifest's side table these shards came
             from, which covers their digests; None for inline lists and URLs.
+        counted: False when the counts are not known (`ShardSpec.counted`).
     """
 
     def __init__(
@@ -123,8 +126,10 @@ class ShardSpecs(Sequence[ShardSpec]):
         digests: np.ndarray | None = None,
         checked: np.ndarray | None = None,
         table_sha256: str | None = None,
+        counted: bool = True,
     ) -> None:
         self.fmt = fmt
+        self.counted = counted
         self.samples = _read_only(np.asarray(samples, np.int64))
         self.prefix = prefix
         self.split = split
@@ -135,7 +140,7 @@ class ShardSpecs(Sequence[ShardSpec]):
         self.table_sha256 = table_sha256
 
     @classmethod
-    def from_specs(cls, specs: Sequence[ShardSpec]) -> ShardSpecs:
+    def from_specs(cls, specs: Sequence[ShardSpec], counted: bool = True) -> ShardSpecs:
         """From a list of specs of one format (shards given as URLs).
 
         Raises:
@@ -158,6 +163,7 @@ class ShardSpecs(Sequence[ShardSpec]):
             sizes=np.array(sizes, np.int64),
             digests=digests,
             checked=checked,
+            counted=counted and all(spec.counted for spec in specs),
         )
 
     def __len__(self) -> int:
@@ -177,6 +183,7 @@ class ShardSpecs(Sequence[ShardSpec]):
             int(self.samples[index]),
             self.sha256(index),
             self.size(index),
+            self.counted,
         )
 
     def __iter__(self) -> Iterator[ShardSpec]:
@@ -298,12 +305,14 @@ def manifest_path(url: str) -> str:
 
 
 def is_manifest_source(source: Any) -> bool:
-    """A `.json` file or URL (presigned ones included), or a local dataset directory."""
+    """A `.json` file or URL (presigned ones included), or a dataset directory: local, or
+    a remote folder (`is_remote_directory`)."""
     if not isinstance(source, (str, os.PathLike)):
         return False
     text = os.fspath(source)
     local = not is_remote(text)
-    return manifest_path(text).endswith(".json") or (local and os.path.isdir(text))
+    folder = os.path.isdir(text) if local else is_remote_directory(text)
+    return manifest_path(text).endswith(".json") or folder
 
 
 def resolve_source(
@@ -315,6 +324,7 @@ def resolve_source(
     storage_options: Mapping[str, Any] | None = None,
     checksums: bool = False,
     allow_missing: bool = False,
+    remote_counts: str = "refuse",
 ) -> ResolvedSource:
     """Shard specs for `split` from a manifest (path, dir or URL) or from shards.
 
@@ -328,6 +338,10 @@ def resolve_source(
     Inline shard lists and the manifest beside shard URLs always give them.
     `allow_missing` reads the shards that exist when some named ones do not (a brace
     range that half exists); without it that is an error naming them.
+    `remote_counts` says what to do about remote tar shards without a manifest, whose
+    count means reading them whole (`REMOTE_COUNTS`): `refuse` (one line saying how
+    else), `stream` (count them by reading each once, with progress in the log) or
+    `skip` (resampled mode: leave them uncounted, `ShardSpec.counted`).
 
     Raises:
         ManifestError: the manifest is malformed (the message names it and the field),
@@ -336,13 +350,20 @@ def resolve_source(
             named shards missing.
         UnreadableSourceError: none of the shard URLs could be read.
     """
+    counting = (retry, storage_options, allow_missing, remote_counts)
     if is_manifest_source(source):
         url = os.fspath(source)
+        if is_remote_directory(url):
+            url, fmt = remote_dataset_manifest(url, fmt, retry, storage_options)
+            if url is None:  # shards we did not build
+                options = {"retry": retry, "storage_options": storage_options}
+                found, paths = list_shards(os.fspath(source), fmt, **options)
+                return resolve_urls(paths, found, *counting)
         if not is_remote(url) and os.path.isdir(url):
             url, fmt = dataset_manifest(url, fmt)
             if not os.path.exists(url):  # shards we did not build
                 found, paths = list_shards(os.fspath(source), fmt)
-                return resolve_urls(paths, found, retry, storage_options, allow_missing)
+                return resolve_urls(paths, found, *counting)
         manifest = read_manifest_url(
             url, retry, storage_options, split=split, fmt=fmt, checksums=checksums
         )
@@ -354,7 +375,7 @@ def resolve_source(
         return resolved
     urls = expand_urls(source)
     found, urls = one_format(urls, fmt)
-    return resolve_urls(urls, found, retry, storage_options, allow_missing)
+    return resolve_urls(urls, found, *counting)
 
 
 def one_format(urls: list[str], fmt: str | None) -> tuple[str, list[str]]:
@@ -369,19 +390,35 @@ def one_format(urls: list[str], fmt: str | None) -> tuple[str, list[str]]:
 
 
 def resolve_urls(
-    urls: list[str], fmt: str, retry: RetryPolicy, storage_options, allow_missing: bool
+    urls: list[str],
+    fmt: str,
+    retry: RetryPolicy,
+    storage_options,
+    allow_missing: bool,
+    remote_counts: str = "refuse",
 ) -> ResolvedSource:
-    """Specs of shards given as URLs: the neighbour manifest's, else counted once."""
+    """Specs of shards given as URLs: the neighbour manifest's, else counted once (remote
+    tar shards as `remote_counts` says: see `resolve_source`)."""
     urls = present_urls(urls, allow_missing)
     known = neighbour_manifest(urls, fmt, retry, storage_options)
+    if known is None and needs_streaming(urls, fmt):
+        if remote_counts == "skip":
+            return ResolvedSource(
+                ShardSpecs.from_specs([ShardSpec(u, fmt, 1, counted=False) for u in urls])
+            )
+        if remote_counts != "stream":
+            raise UsageError(no_counts_hint(urls))
     specs, unreadable, missing, counted = [], [], [], 0
-    started = time.perf_counter()
+    started = progress = time.perf_counter()
     for url in urls:
         spec = known.spec(url) if known else None
         if spec is None:
             try:
                 spec = ShardSpec(url, fmt, count_samples(url, fmt, retry, storage_options))
                 counted += 1
+                if time.perf_counter() - progress > COUNT_PROGRESS_S:
+                    progress = time.perf_counter()
+                    log.info("counting shards without a manifest: %d of %d", counted, len(urls))
             except ObjectNotFoundError:
                 missing.append(url)
                 continue
@@ -473,60 +510,22 @@ def read_manifest_url(
     fmt: str | None = None,
     checksums: bool = True,
 ) -> Manifest:
-    """Fetch and validate a manifest and the side tables the loader needs.
+    """The manifest and the side tables the loader needs (`shards.manifest.read_manifest`).
 
     With `split`, only that split's side table is read; with `fmt`, only that
     format's columns (without, the loader's default: tar, else the first format);
     without `checksums`, not the side tables' sha256 column. Per-shard class
     counts are never read. Any malformed content is one `ManifestError`.
     """
-    with open_stream(url, retry, storage_options=storage_options) as stream:
-        data = stream.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(
-            url, "(file)", f"larger than {MAX_MANIFEST_BYTES} bytes; not a manifest"
-        )
-    return Manifest.from_json(
-        data,
+    return read_manifest(
         url,
-        read_table=table_reader(url, retry, storage_options),
+        retry=retry,
+        storage_options=storage_options,
         splits=None if split is None else (split,),
         formats=(fmt or DEFAULT_FORMAT,),
         shard_class_counts=False,
         shard_digests=checksums,
     )
-
-
-def table_reader(url: str, retry: RetryPolicy, storage_options):
-    """How to read the side tables of the manifest at `url`: mapped when a local path."""
-    if url_scheme(url) == "":
-        return LocalTableReader(manifest_base(url))
-    return RemoteTableReader(manifest_base(url), retry, storage_options)
-
-
-class RemoteTableReader:
-    """Reads a manifest's side tables through `open_stream`: the shards' retries,
-    deadline and redaction, and no more than the manifest's byte count."""
-
-    def __init__(self, base: str, retry: RetryPolicy, storage_options) -> None:
-        self.base = base
-        self.retry = retry
-        self.storage_options = storage_options
-
-    def __call__(self, name: str, size: int) -> bytes:
-        url = f"{self.base}/{name}"
-        with open_stream(
-            url, self.retry, storage_options=self.storage_options, expected_size=size
-        ) as stream:
-            return stream.read(size + 1)
-
-
-def manifest_base(url: str) -> str:
-    """The directory shard names in a manifest are relative to (no query string)."""
-    if not is_remote(url):
-        return os.path.dirname(os.path.abspath(url))
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, posixpath.dirname(parts.path), "", ""))
 
 
 def from_manifest(manifest: Manifest, url: str, split: str, fmt: str | None) -> ResolvedSource:
@@ -640,20 +639,71 @@ def neighbour_manifest(
     return None
 
 
+REMOTE_COUNTS = ("refuse", "stream", "skip")
+COUNT_PROGRESS_S = 5.0  # seconds between two progress lines of a counting pass
+
+
+def needs_streaming(urls: list[str], fmt: str) -> bool:
+    """Whether counting these shards means reading remote ones whole (a format that can
+    count from a footer, as Parquet, reads only that)."""
+    return not get_format(fmt).random_access and any(is_remote(url) for url in urls)
+
+
+def no_counts_hint(urls: list[str]) -> str:
+    """Why remote shards without a manifest have no counts, and the three ways on."""
+    first = redact_url(next(url for url in urls if is_remote(url)))
+    return (
+        f"no sample counts for {len(urls)} remote shards without a manifest ({first}, ...): "
+        "exact epochs need counts. Draw samples instead with "
+        "LoaderConfig(sampling=Resampled(epoch_samples=N)), count them by reading each once "
+        "with ReadOptions(count_remote_shards=True), or save a manifest beside them with "
+        f"`preprocess index {redact_url(manifest_base(urls[0]))}`"
+    )
+
+
+def is_remote_directory(source: Any) -> bool:
+    """A remote URL naming a folder (prefix), not shard files nor a `.json` manifest."""
+    if not isinstance(source, (str, os.PathLike)) or not is_remote(os.fspath(source)):
+        return False
+    path = urlsplit(os.fspath(source)).path
+    if path.endswith(".json") or "{" in path or any(char in "*?[" for char in path):
+        return False
+    try:
+        format_of_url(path)
+    except ValueError:
+        return True
+    return False
+
+
+def remote_dataset_manifest(
+    url: str, fmt: str | None, retry: RetryPolicy, storage_options
+) -> tuple[str | None, str | None]:
+    """The manifest of a remote dataset folder and the format to read, as
+    `dataset_manifest` for a local one (a `by_format` folder takes the one above it);
+    None when neither is there (shards we did not build)."""
+    base = url.rstrip("/")
+    candidate = f"{base}/{MANIFEST_NAME}"
+    if exists(candidate, retry, storage_options=storage_options):
+        return candidate, fmt
+    parent, _, leaf = base.rpartition("/")
+    above = f"{parent}/{MANIFEST_NAME}"
+    if (
+        is_format(leaf)
+        and fmt in (None, leaf)
+        and exists(above, retry, storage_options=storage_options)
+    ):
+        return above, leaf
+    return None, fmt
+
+
 def count_samples(url: str, fmt: str, retry: RetryPolicy, storage_options) -> int:
-    """Samples in one shard without a manifest: tar headers or the Parquet footer.
+    """Samples in one shard without a manifest: tar headers (a remote tar streamed once)
+    or the Parquet footer.
 
     Raises:
         ShardError: the shard is malformed (named in the message).
-        UsageError: a remote tar shard: counting it would download it whole.
     """
     shard_format = get_format(fmt)
-    if not shard_format.random_access and is_remote(url):
-        raise UsageError(
-            f"no sample counts for remote shard {redact_url(url)}: pass the dataset's "
-            "manifest.json as the source (exact epochs need counts), or use resampled=True "
-            "with epoch_samples"
-        )
     with open_stream(
         url, retry, storage_options=storage_options, random_access=shard_format.random_access
     ) as stream:

@@ -65,7 +65,8 @@ class SampleOptions:
 
 SOURCE_TEXT = (
     "a shard directory (a build-shards --output, or shards another tool wrote, without a "
-    "manifest.json), a manifest.json, a quoted glob ('DIR/*.tar') or one shard file"
+    "manifest.json), a manifest.json, a quoted glob ('DIR/*.tar') or brace pattern, or one "
+    "shard file; local or a URL (s3://, gs://, http(s)://: listed where the store can list)"
 )
 FORMAT_TEXT = (
     "the shard format to read where both tar and Parquet files are there (default: the one "
@@ -106,15 +107,18 @@ class IndexOptions:
     """Options of `index`."""
 
     source: str = option(
-        text="a build-shards --output (local or object-store URL: its client files are "
-        "rewritten), or shards another tool wrote: their directory, a quoted glob or one file",
+        text="a build-shards --output (its client files are rewritten), or shards another "
+        "tool wrote: their directory, a quoted glob or brace pattern, or one file; local or "
+        "a URL (s3://, gs://, http(s)://: listed where the store can list)",
         group="index",
         positional=True,
     )
     output: str | None = option(
         None,
-        "where the manifest goes for shards another tool wrote (default: their folder, the "
-        "only choice: a manifest names its shards relative to itself)",
+        "where the manifest (or the client files) go (default: beside the shards, in the "
+        "store they are in; for local shards the only choice: a manifest names its shards "
+        "relative to itself; for a web server, which cannot be written, a folder to copy "
+        "them from)",
         "index",
     )
     format: str | None = option(None, FORMAT_TEXT, "index", FORMAT_NAMES)
@@ -395,12 +399,12 @@ def run_verify(options: VerifyOptions, args: argparse.Namespace) -> int:
 def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
     from preprocess.verify import describe, describe_foreign, manifest_directory
     from shards.manifest import read_manifest
-    from shards.manifest.foreign import local_shards, names_shards
+    from shards.manifest.foreign import find_shards, names_shards
 
     source = options.source
     try:
         if manifest_directory(source) is None and names_shards(source):
-            fmt, paths = local_shards(source, options.format)
+            fmt, paths = find_shards(source, options.format)
             print(describe_foreign(paths, fmt))
         else:
             print(describe(read_manifest(source)))
@@ -411,12 +415,11 @@ def run_info(options: InfoOptions, args: argparse.Namespace) -> int:
 
 def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
     from preprocess.verify import manifest_directory
-    from shards.storage import is_remote
 
     source = options.source
     try:
-        if is_remote(source) or manifest_directory(source) is not None:
-            return rewrite_index(source)
+        if manifest_directory(source) is not None:
+            return rewrite_index(source, options.output)
         return index_foreign(options)
     except FileNotFoundError as error:
         return fail("index", error)
@@ -426,15 +429,16 @@ def run_index(options: IndexOptions, args: argparse.Namespace) -> int:
         return fail("index", f"{error}; fix the cause and rerun", "environment error")
 
 
-def rewrite_index(output: str) -> int:
+def rewrite_index(source: str, output: str | None = None) -> int:
     """`index` of one of our builds: its client files, from the manifest alone."""
     from preprocess.commit import rewrite_client_files
+    from shards.redact import redact_url
 
-    names = rewrite_client_files(output)
+    names = rewrite_client_files(source, output)
     if not names:
-        print(f"index: nothing written: {output} has no tar shards")
+        print(f"index: nothing written: {redact_url(source)} has no tar shards")
         return 0
-    print(f"index: wrote {', '.join(names)} in {output}")
+    print(f"index: wrote {', '.join(names)} in {redact_url(output or source)}")
     return 0
 
 
@@ -442,9 +446,10 @@ def index_foreign(options: IndexOptions) -> int:
     """`index` of shards another tool wrote: one pass, then a manifest and client files."""
     from preprocess.commit import index_shards
     from preprocess.verify import repeated_keys_note
-    from shards.manifest.foreign import local_shards
+    from shards.manifest.foreign import find_shards
+    from shards.redact import redact_url
 
-    fmt, paths = local_shards(options.source, options.format)
+    fmt, paths = find_shards(options.source, options.format)
     summary = index_shards(paths, fmt, options.output, options.split, options.source)
     split = summary.manifest.splits[options.split]
     print(
@@ -452,6 +457,12 @@ def index_foreign(options: IndexOptions) -> int:
         f"{summary.manifest_path}"
         + (f" and {', '.join(summary.client_files)}" if summary.client_files else "")
         + repeated_keys_note(summary.repeated_keys)
+        + (
+            f"; the loader reads a manifest beside its shards: copy it (and the files beside "
+            f"it) to {redact_url(summary.elsewhere)}"
+            if summary.elsewhere
+            else ""
+        )
     )
     return 0
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from preprocess.build import ShardResult, image_field
 from preprocess.config import BuildConfig
@@ -31,9 +33,10 @@ from shards.manifest import (
     SplitInfo,
     write_manifest,
 )
-from shards.manifest.files import missing_manifest
+from shards.manifest.files import manifest_base, manifest_url, read_manifest
 from shards.manifest.foreign import foreign_manifest, survey_shard
 from shards.redact import redact_url
+from shards.storage import DEFAULT_RETRY, READ_SCHEMES, RetryPolicy, exists, is_remote
 from shards.storage.write import OutputStore, open_output_store
 
 
@@ -136,35 +139,22 @@ def enforce_skip_budget(manifest: Manifest, config: BuildConfig, store: OutputSt
         )
 
 
-def rewrite_client_files(output: str) -> list[str]:
+def rewrite_client_files(source: str, output: str | None = None) -> list[str]:
     """(Re)write the client index files of a finished build from its manifest alone.
 
-    For any output whose manifest this version reads (old flat layouts included); no
-    shard is opened. Returns the names written (none for an output without tar shards).
+    For any output whose manifest this version reads (old flat layouts included), in any
+    store (`read_manifest`); no shard is opened. They are written beside the manifest, or
+    into `output` (a directory or store) when given: a web server cannot be written.
+    Returns the names written (none for an output without tar shards).
 
     Raises:
         FileNotFoundError: the output has no manifest (the build did not finish).
         ManifestError: the manifest (or a side table it names) is not valid.
+        UsageError: the store cannot be written (pass `output`).
     """
-    store = open_output_store(output)
-    try:
-        data = store.read_bytes(MANIFEST_NAME)
-    except FileNotFoundError:
-        raise FileNotFoundError(missing_manifest(store.location(MANIFEST_NAME))) from None
-    manifest = Manifest.from_json(
-        data, store.location(MANIFEST_NAME), read_table=StoreTableReader(store)
-    )
-    return write_client_files(store, manifest)
-
-
-class StoreTableReader:
-    """Reads a manifest's side tables from an `OutputStore` (a `TableReader`)."""
-
-    def __init__(self, store: OutputStore) -> None:
-        self.store = store
-
-    def __call__(self, name: str, size: int) -> bytes:
-        return self.store.read_bytes(name)[: size + 1]
+    manifest = read_manifest(source)
+    target = output if output is not None else manifest_base(manifest_url(source))
+    return write_client_files(open_output_store(target), manifest)
 
 
 @dataclass(frozen=True)
@@ -176,47 +166,68 @@ class IndexSummary:
     client_files: list[str]
     # Parquet rows read under a made key (their own repeats an earlier row's): file -> rows.
     repeated_keys: Counter
+    # The shards' folder when the manifest went elsewhere (`--output` for remote shards):
+    # the manifest is read beside them, so it is to be copied there.
+    elsewhere: str | None = None
 
 
 def index_shards(
-    paths: list[str], fmt: str, output: str | None = None, split: str = "train", source: str = ""
+    paths: list[str],
+    fmt: str,
+    output: str | None = None,
+    split: str = "train",
+    source: str = "",
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> IndexSummary:
     """Read shards another tool wrote once and commit a manifest beside them, then the
     client files: the loader then reads them with exact counts, checksums and resume.
 
     Args:
-        paths: the shard files, in the order the manifest lists them.
+        paths: the shard files (local paths or URLs of one store), in the order the
+            manifest lists them; remote ones are read through the storage layer.
         fmt: their format.
-        output: where to write (default: their folder); a manifest names its shards
-            relative to its own folder, so it must be theirs.
+        output: where to write (default: their folder, in the store they are in); a
+            manifest names its shards relative to its own folder, so for local shards it
+            must be theirs. Remote shards may have it written elsewhere (a web server
+            cannot be written), to be copied beside them.
         split: the split they make.
         source: what the user named, recorded in the manifest's `config`.
 
     Raises:
-        UsageError: the shards are not all in one folder, `output` is another folder, or
-            a manifest is there already (ours: rerun its build; `index` refuses to
-            replace it).
+        UsageError: the shards are not all in one folder, `output` is another folder of
+            local shards, the store cannot be written, or a manifest is there already
+            (ours: rerun its build; `index` refuses to replace it).
         ShardError: a shard is malformed (named).
     """
-    folders = {os.path.dirname(os.path.abspath(path)) for path in paths}
+    folders = {manifest_base(path) for path in paths}
     if len(folders) != 1:
+        shown = ", ".join(redact_url(folder) for folder in sorted(folders)[:3])
         raise UsageError(
-            f"the shards are in {len(folders)} folders ({', '.join(sorted(folders)[:3])}); a "
+            f"the shards are in {len(folders)} folders ({shown}); a "
             "manifest lists the shards of its own folder: index each folder"
         )
     folder = folders.pop()
-    if output is not None and os.path.abspath(output) != folder:
+    if output is not None and not is_remote(folder) and os.path.abspath(output) != folder:
         raise UsageError(
             f"--output {output}: a manifest names its shards relative to its own folder, so "
             f"it is written beside them, in {folder}; leave --output out or give that folder"
         )
-    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
+    target = folder if output is None else output
+    if exists(manifest_url(target), retry, storage_options=storage_options, schemes=READ_SCHEMES):
+        shown = redact_url(target)
         raise UsageError(
-            f"{folder} has a {MANIFEST_NAME} already; `preprocess index {folder}` rewrites "
+            f"{shown} has a {MANIFEST_NAME} already; `preprocess index {shown}` rewrites "
             "its client files, and a dataset we built is rebuilt with build-shards"
         )
-    surveys = [survey_shard(path, fmt) for path in paths]
+    store = open_output_store(target, storage_options)
+    surveys = [
+        survey_shard(path, fmt, retry=retry, storage_options=storage_options) for path in paths
+    ]
     manifest = foreign_manifest(surveys, split, source)
-    written = write_manifest(folder, manifest)
+    written = write_manifest(store, manifest)
     repeated = Counter({os.path.basename(s.path): s.repeated_keys for s in surveys})
-    return IndexSummary(manifest, str(written), write_client_files(folder, manifest), repeated)
+    elsewhere = folder if manifest_base(manifest_url(target)) != folder else None
+    client_files = write_client_files(store, manifest)
+    return IndexSummary(manifest, redact_url(str(written)), client_files, repeated, elsewhere)

@@ -12,10 +12,13 @@ and reported as found: shards, samples, the members each holds, decode failures.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from preprocess.worker_shards import few_shards_line
 from shards.errors import DataError, ShardError, UsageError
@@ -29,15 +32,18 @@ from shards.manifest import (
     format_dir,
     read_manifest,
 )
+from shards.manifest.files import manifest_base, manifest_url
 from shards.manifest.foreign import (
     MEMBER_KINDS,
+    find_shards,
     is_indexed,
     list_shards,
-    local_shards,
     members_line,
+    shard_format_of,
     survey_fields,
     survey_shard,
 )
+from shards.redact import redact_url
 from shards.sample import (
     DEFAULT_FIELDS,
     IMAGE_FIELDS,
@@ -48,6 +54,8 @@ from shards.sample import (
     field_value,
     read_fields,
 )
+from shards.storage import DEFAULT_RETRY, READ_SCHEMES, ObjectNotFoundError, exists, is_remote
+from shards.storage.ranged import local_copy
 from shards.storage.write import file_sha256
 
 # The skip reason of a row whose cell the writer left null: img2dataset keeps each failed
@@ -132,9 +140,15 @@ def repeated_keys_note(repeated: Counter) -> str:
     )
 
 
-def manifest_directory(source: str) -> Path | None:
+def manifest_directory(source: str) -> str | Path | None:
     """The directory of the manifest `source` names or holds (a `by_format` output's
-    format folder names the output's), None when there is none (shards we did not build)."""
+    format folder names the output's), None when there is none (shards we did not build).
+    A remote source's is its URL's folder, asked of its store (`shards.storage.exists`)."""
+    if is_remote(source):
+        if shard_format_of(urlsplit(source).path) is not None:
+            return None  # shard files: one, a glob or a brace pattern
+        url = manifest_url(source)
+        return manifest_base(url) if exists(url, schemes=READ_SCHEMES) else None
     path = Path(source)
     if path.suffix == ".json" and path.is_file():
         return path.parent
@@ -158,12 +172,12 @@ def verify_source(
     Raises:
         VerifyError: as `verify_directory` (for shards without a manifest: a malformed
             shard, or samples the loader would skip).
-        UsageError, FileNotFoundError: `source` names no shards (`local_shards`).
+        UsageError, FileNotFoundError: `source` names no shards (`find_shards`).
     """
     directory = manifest_directory(source)
     if directory is not None:
         return verify_directory(directory, check_images, accept_failed)
-    found, paths = local_shards(source, fmt)
+    found, paths = find_shards(source, fmt)
     return verify_foreign(paths, found, check_images, accept_failed)
 
 
@@ -198,7 +212,7 @@ def verify_foreign_shard(path: str, fmt: str, check_images: bool, report: Verify
     """One shard without a manifest, judged sample by sample; returns its sample count."""
     name, samples, fields = os.path.basename(path), 0, {}
     try:
-        with open(path, "rb") as stream:
+        with local_copy(path, DEFAULT_RETRY) as local, open(local, "rb") as stream:
             shard_format = get_format(fmt)
             wanted = survey_fields(shard_format, stream, path)
             for sample in shard_format.iter_samples(stream, path, fields=wanted):
@@ -230,7 +244,11 @@ def member_fields(members: frozenset[str]) -> tuple[Field, ...]:
 
 
 def common_folder(paths: list[str]) -> str:
-    """The folder holding every path (what `preprocess index` takes)."""
+    """The folder holding every path (what `preprocess index` takes); URLs' own folder
+    when they share one (a store's paths are not this machine's)."""
+    if paths and is_remote(paths[0]):
+        folders = {manifest_base(path) for path in paths}
+        return folders.pop() if len(folders) == 1 else redact_url(paths[0])
     return os.path.commonpath([os.path.dirname(path) for path in paths]) if paths else ""
 
 
@@ -244,7 +262,7 @@ def verify_directory(
             reading everything, when some samples would be skipped by the loader
             (the message counts them by reason and names the first few).
     """
-    directory = Path(directory)
+    directory = directory if is_remote(str(directory)) else Path(directory)
     manifest = read_manifest(directory)
     report = VerifyReport()
     for split in manifest.splits.values():
@@ -265,7 +283,7 @@ def verify_directory(
 
 
 def verify_shard(
-    directory: Path,
+    directory: str | Path,
     manifest: Manifest,
     shard: ShardInfo,
     check_images: bool,
@@ -276,24 +294,40 @@ def verify_shard(
     contents = {}
     fields = verify_fields(manifest)
     for fmt, file in shard.files.items():
-        path = directory / file.name
-        if not path.exists():
-            raise VerifyError(f"{file.name}: missing")
-        size = path.stat().st_size
-        if size != file.bytes:
-            raise VerifyError(
-                f"{file.name}: {size} bytes, manifest says {file.bytes} (truncated or replaced)"
+        with shard_copy(directory, file.name) as path:
+            size = path.stat().st_size
+            if size != file.bytes:
+                raise VerifyError(
+                    f"{file.name}: {size} bytes, manifest says {file.bytes} (truncated or replaced)"
+                )
+            if file_sha256(path) != file.sha256:
+                raise VerifyError(f"{file.name}: checksum mismatch")
+            classes = len(manifest.classes) or None
+            contents[fmt] = read_shard_index(
+                path, fmt, shard.samples, check_images, report, fields, classes
             )
-        if file_sha256(path) != file.sha256:
-            raise VerifyError(f"{file.name}: checksum mismatch")
-        contents[fmt] = read_shard_index(
-            path, fmt, shard.samples, check_images, report, fields, len(manifest.classes) or None
-        )
     first, *others = contents.values()
     for fmt_contents in others:
         if fmt_contents != first:
             raise VerifyError(f"shard {shard.index}: formats disagree on keys or labels")
     return shard.samples
+
+
+@contextlib.contextmanager
+def shard_copy(directory: str | Path, name: str) -> Iterator[Path]:
+    """The local path of the shard `name` in `directory`: itself when local, a copy fetched
+    through the storage layer when remote (`local_copy`).
+
+    Raises:
+        VerifyError: the shard is missing.
+    """
+    try:
+        with local_copy(f"{directory}/{name}", DEFAULT_RETRY) as local:
+            if not os.path.exists(local):
+                raise VerifyError(f"{name}: missing")
+            yield Path(local)
+    except ObjectNotFoundError:
+        raise VerifyError(f"{name}: missing") from None
 
 
 def verify_fields(manifest: Manifest) -> tuple[Field, ...]:

@@ -50,8 +50,8 @@ JSON), `mapped` (local side tables, memory-mapped), `state` (what one read has l
 
 from shards.manifest.errors import FormatNotBuiltError, ManifestError, SplitNotFoundError
 from shards.manifest.fields import LABEL_MODES, fields_entry
-from shards.manifest.files import read_manifest, write_manifest
-from shards.manifest.mapped import LocalTableReader, TableReader
+from shards.manifest.files import manifest_base, manifest_url, read_manifest, write_manifest
+from shards.manifest.mapped import SideTableReader, TableReader
 from shards.manifest.model import Manifest
 from shards.manifest.names import (
     FORMAT_NAME,
@@ -91,7 +91,6 @@ __all__ = [
     "LAYOUTS",
     "LAYOUT_BY_FORMAT",
     "LAYOUT_FLAT",
-    "LocalTableReader",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "MIN_TABLE_ROW_BYTES",
@@ -101,11 +100,14 @@ __all__ = [
     "ShardTable",
     "SplitInfo",
     "SplitNotFoundError",
+    "SideTableReader",
     "TableReader",
     "encode_table",
     "fields_entry",
     "format_dir",
     "parse_shard_name",
+    "manifest_base",
+    "manifest_url",
     "read_manifest",
     "shard_name",
     "shard_pattern",

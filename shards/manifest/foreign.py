@@ -1,19 +1,22 @@
 """Shards we did not build: the files a directory or glob names, and the one pass that indexes them.
 
 img2dataset and webdataset's `ShardWriter` write shards without our manifest. The loader,
-`preprocess verify`, `info` and `index` take such a directory (or a glob) through
-`list_shards`, read each shard once with `survey_shard` (its samples, bytes, sha256 and
-the members its samples hold) and, for `index`, make the surveys a `Manifest` with
-`foreign_manifest`, saved beside the shards so exact epochs and resume work as on ours.
+`preprocess verify`, `info` and `index` take such a directory (or a glob, a brace pattern,
+one file), local or in any store (`find_shards`; listing where the store can list),
+read each shard once with `survey_shard` (its samples, bytes, sha256 and the members its
+samples hold) and, for `index`, make the surveys a `Manifest` with `foreign_manifest`,
+saved beside the shards so exact epochs and resume work as on ours.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
 
 from shards.errors import DEFAULT_LIMITS, ReadLimits, UsageError
 from shards.formats import FORMATS, ShardFormat, format_of_url, get_format
@@ -21,9 +24,11 @@ from shards.manifest.fields import fields_entry
 from shards.manifest.model import Manifest
 from shards.manifest.names import LAYOUT_FLAT, MANIFEST_NAME
 from shards.manifest.table import FileInfo, ShardInfo, ShardTable, SplitInfo
+from shards.redact import redact_url
 from shards.sample import ALLOWED_FIELDS, IMAGE_FIELDS, LABEL_FIELDS
-from shards.storage import is_remote
-from shards.storage.patterns import expand_glob, expand_urls, is_glob
+from shards.storage import DEFAULT_RETRY, RetryPolicy, is_remote, transport_of, url_scheme
+from shards.storage.patterns import GLOB_CHARACTERS, expand_glob, expand_urls, is_glob
+from shards.storage.ranged import local_copy
 from shards.storage.write import file_sha256
 
 # What `foreign_manifest` records each member as (`fields.members`): the kind the loader
@@ -38,17 +43,28 @@ MEMBER_KINDS = {
 INDEXED_BY = "preprocess index"
 
 
-def list_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
+def list_shards(
+    source: str,
+    fmt: str | None = None,
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[str, list[str]]:
     """`(format, paths)` of the shards a directory without our manifest, or a glob, holds.
 
     A directory: its `.tar` or `.parquet` files directly under it. A glob: the files it
-    matches with a shard suffix. One format only: `fmt` chooses when both are there.
+    matches with a shard suffix. One format only: `fmt` chooses when both are there. A
+    remote directory (prefix) or glob is listed through its store's transport.
 
     Raises:
         UsageError: no shard, or both formats and no `fmt` (the message names both counts
-            and the `format=` to choose), or `fmt` names a format that is not there.
+            and the `format=` to choose), or `fmt` names a format that is not there, or
+            the store cannot be listed (a web server: name the files instead).
     """
-    if os.path.isdir(source):
+    if is_remote(source):
+        where = f"no manifest in {redact_url(source)}, and it"
+        candidates = remote_listing(source, retry, storage_options or {})
+    elif os.path.isdir(source):
         where = f"no manifest at {os.path.join(source, MANIFEST_NAME)}, and {source}"
         candidates = sorted(
             entry.path for entry in os.scandir(os.path.abspath(source)) if entry.is_file()
@@ -80,21 +96,45 @@ def is_img2dataset_status(found: dict[str, list[str]], candidates: Sequence[str]
     )
 
 
-def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
-    """`(format, paths)` of a local directory without our manifest, a glob or one shard file.
+def remote_listing(source: str, retry: RetryPolicy, options: Mapping[str, Any]) -> list[str]:
+    """The URLs of the files directly under a remote prefix, or those a glob in its last
+    part matches (`s3://b/out/*.tar`), listed through the store's transport."""
+    transport = transport_of(url_scheme(source))
+    path = urlsplit(source).path
+    glob = any(char in GLOB_CHARACTERS for char in path.rsplit("/", 1)[-1])
+    prefix = source.rsplit("/", 1)[0] if glob else source.rstrip("/")
+    for _, _, files in transport.walk(prefix, retry, options):
+        names = [
+            name for name in files if not glob or fnmatch.fnmatchcase(name, path.rsplit("/", 1)[-1])
+        ]
+        return [f"{prefix}/{name}" for name in names]
+    return []
+
+
+def find_shards(
+    source: str,
+    fmt: str | None = None,
+    *,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[str, list[str]]:
+    """`(format, paths)` of a directory without our manifest, a glob, a brace pattern or
+    one shard file, local or in any store (paths are then URLs).
 
     What `preprocess verify`, `info` and `index` read when there is no manifest.
 
     Raises:
-        UsageError: a remote URL (the message says what to pass instead), a brace
-            pattern naming files that are not there, or as `list_shards`.
+        UsageError: a brace pattern naming local files that are not there, or as
+            `list_shards`.
         FileNotFoundError: the path names nothing.
     """
     if is_remote(source):
-        raise UsageError(
-            f"{source}: this command reads local shards; copy them here, or read them with "
-            "the loader, which takes shard URLs"
-        )
+        if "{" in source and "}" in source:
+            return pattern_shards(source, fmt)
+        found = shard_format_of(urlsplit(source).path)
+        if found is not None and not any(char in GLOB_CHARACTERS for char in source):
+            return pick_format({found: [source]}, repr(redact_url(source)), fmt)
+        return list_shards(source, fmt, retry=retry, storage_options=storage_options)
     if os.path.isdir(source) or is_glob(source):
         return list_shards(source, fmt)
     if os.path.isfile(source):
@@ -110,9 +150,10 @@ def local_shards(source: str, fmt: str | None = None) -> tuple[str, list[str]]:
 
 def pattern_shards(pattern: str, fmt: str | None) -> tuple[str, list[str]]:
     """`(format, paths)` of a brace pattern's shards (`shards.storage.patterns`), which
-    must all exist: a half-synced range is refused naming how many are missing."""
+    must all exist: a half-synced range is refused naming how many are missing (remote
+    ones are found missing when read, naming the URL)."""
     paths = expand_urls(pattern)
-    missing = [path for path in paths if not os.path.isfile(path)]
+    missing = [path for path in paths if not is_remote(path) and not os.path.isfile(path)]
     if missing:
         raise UsageError(
             f"{len(missing)} of the {len(paths)} shards {pattern!r} names do not exist "
@@ -128,10 +169,11 @@ def pattern_shards(pattern: str, fmt: str | None) -> tuple[str, list[str]]:
 
 
 def names_shards(source: str) -> bool:
-    """True when `source` is a local glob, brace pattern or shard file, or a directory
-    holding shard files: what `local_shards` reads (or explains) rather than a manifest."""
+    """True when `source` is a glob, brace pattern or shard file, or a directory holding
+    shard files (any remote location but a `.json` one): what `find_shards` reads (or
+    explains) rather than a manifest."""
     if is_remote(source):
-        return False
+        return not urlsplit(source).path.endswith(".json")
     if os.path.isdir(source):
         return any(
             entry.is_file() and shard_format_of(entry.name) is not None
@@ -217,26 +259,35 @@ def survey_fields(
 
 
 def survey_shard(
-    path: str, fmt: str, *, checksum: bool = True, limits: ReadLimits | None = None
+    path: str,
+    fmt: str,
+    *,
+    checksum: bool = True,
+    limits: ReadLimits | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ShardSurvey:
-    """Read one local shard once: its samples and the members they hold (and its sha256).
+    """Read one shard once: its samples and the members they hold (and its sha256); a
+    remote one is fetched once through its store (`local_copy`) and read from the copy.
 
     Raises:
         ShardError: the shard is malformed (the message names it).
-        OSError: it cannot be read.
+        OSError: it cannot be read (`ShardReadError` for a store past its retries).
     """
     shard_format = get_format(fmt)
     members: Counter = Counter()
     samples = repeated = 0
     options = {} if limits is None else {"limits": limits}
-    with open(path, "rb") as stream:
-        fields = survey_fields(shard_format, stream, path, limits)
-        for sample in shard_format.iter_samples(stream, path, fields=fields, **options):
-            samples += 1
-            repeated += "__repeated_key__" in sample
-            members.update(name for name in sample if not name.startswith("__"))
-    digest = file_sha256(path) if checksum else None
-    return ShardSurvey(path, fmt, samples, os.path.getsize(path), digest, members, repeated)
+    with local_copy(path, retry, storage_options=storage_options) as local:
+        with open(local, "rb") as stream:
+            fields = survey_fields(shard_format, stream, path, limits)
+            for sample in shard_format.iter_samples(stream, path, fields=fields, **options):
+                samples += 1
+                repeated += "__repeated_key__" in sample
+                members.update(name for name in sample if not name.startswith("__"))
+        digest = file_sha256(local) if checksum else None
+        size = os.path.getsize(local)
+    return ShardSurvey(path, fmt, samples, size, digest, members, repeated)
 
 
 def members_line(members: Counter, samples: int) -> str:

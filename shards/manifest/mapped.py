@@ -1,27 +1,41 @@
-"""Side tables read from a local directory, memory-mapped rather than copied."""
+"""Side tables read beside their manifest: memory-mapped when local, through storage when remote."""
 
 from __future__ import annotations
 
 import hashlib
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from shards.storage import open_regular_file
+from shards.storage import DEFAULT_RETRY, RetryPolicy, is_remote, open_regular_file, open_stream
 
 # `(name, recorded byte count) -> the side file's bytes`, at most count + 1 of them.
 TableReader = Callable[[str, int], "bytes | MappedFile"]
 
 
-class LocalTableReader:
-    """Reads side tables from a local directory (a `TableReader`), mapped, not copied."""
+class SideTableReader:
+    """Reads side tables beside their manifest (a `TableReader`): mapped, not copied, from
+    a local directory; through `shards.storage.open_stream` from any store (the shards'
+    retries, deadline and redaction, and no more than the manifest's byte count)."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
-        self.directory = Path(directory)
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.directory = os.fspath(directory).rstrip("/") or "/"
+        self.retry, self.storage_options = retry, storage_options
 
-    def __call__(self, name: str, size: int) -> MappedFile:
-        return MappedFile(self.directory / name)
+    def __call__(self, name: str, size: int) -> bytes | MappedFile:
+        if not is_remote(self.directory):
+            return MappedFile(Path(self.directory) / name)
+        url = f"{self.directory}/{name}"
+        options = self.storage_options
+        with open_stream(url, self.retry, storage_options=options, expected_size=size) as stream:
+            return stream.read(size + 1)
 
 
 class MappedFile:

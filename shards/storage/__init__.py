@@ -13,7 +13,7 @@ validation), `retry` (`RetryPolicy`, the deadline clock, the retrying read loop)
 from shards.storage.http import HttpRangeFile, RetryingStream
 from shards.storage.local import NotRegularFileError, open_regular_file, read_regular_file
 from shards.storage.objectstore import RetryingFsspecFile, object_store_filesystem, walk
-from shards.storage.read import open_stream, read_bytes
+from shards.storage.read import exists, open_stream, read_bytes
 from shards.storage.registry import (
     READ_SCHEMES,
     SHARD_SCHEMES,
@@ -55,6 +55,7 @@ __all__ = [
     "Transport",
     "check_characters",
     "check_scheme",
+    "exists",
     "credentials_problem",
     "file_url_path",
     "is_remote",

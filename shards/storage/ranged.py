@@ -15,11 +15,16 @@ the caller gives: a cache entry or a temporary file, never memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import posixpath
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from shards.storage.read import open_stream
 from shards.storage.registry import TRANSPORTS, Transport
@@ -30,7 +35,7 @@ from shards.storage.retry import (
     ShardReadError,
     StreamClock,
 )
-from shards.storage.urls import url_scheme, validate_url
+from shards.storage.urls import is_remote, url_scheme, validate_url
 
 DEFAULT_PREFETCH_BYTES = 256 * 2**20  # per worker, fetched ahead and not yet read
 DEFAULT_CONNECTIONS = 4  # ranged requests in parallel per shard
@@ -84,6 +89,43 @@ def fetch_into(
         # leaving nothing of the old in the file. A second change is the shard's error.
         os.ftruncate(fd, 0)
         return _fetch_spans(url, fd, retry, size, storage_options, connections, tick, clock)
+
+
+@contextlib.contextmanager
+def local_copy(
+    url: str,
+    retry: RetryPolicy,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[str]:
+    """A local path holding the bytes at `url`, for code that reads files (verify, index).
+
+    A local path is itself; a remote shard is fetched whole (`fetch_into`: the store's
+    retries, deadline and pinned identity) into a temporary folder under its own file
+    name, so messages naming the file name the shard, and removed on exit.
+
+    Raises:
+        ObjectNotFoundError, ShardReadError: as `fetch_into`.
+    """
+    url = validate_url(url)
+    if not is_remote(url):
+        yield url
+        return
+    folder = tempfile.mkdtemp(prefix=".shardpipe-copy-")
+    try:
+        name = posixpath.basename(unquote(urlsplit(url).path)) or "object"
+        path = os.path.join(folder, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fetch_into(
+                url, fd, retry, size=None, storage_options=storage_options, progress=progress
+            )
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fetch_spans(

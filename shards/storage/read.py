@@ -2,7 +2,7 @@
 
 `open_stream` is what the loader, `verify`, the trainer and a build's remote inputs
 read through; `read_bytes` reads a whole small object (an input image, a side table)
-under a size cap.
+under a size cap; `exists` asks whether anything is there.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, BinaryIO
 
 from shards.storage.registry import SHARD_SCHEMES, TRANSPORTS
-from shards.storage.retry import DEFAULT_RETRY, RetryPolicy
+from shards.storage.retry import DEFAULT_RETRY, ObjectNotFoundError, RetryPolicy
 from shards.storage.urls import url_scheme, validate_url
 
 
@@ -97,3 +97,22 @@ def read_bytes(
     """
     with open_stream(url, retry, storage_options=storage_options, schemes=schemes) as stream:
         return stream.read(max_bytes + 1)
+
+
+def exists(
+    url: str,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    schemes: Collection[str] = SHARD_SCHEMES,
+) -> bool:
+    """Whether something can be read at `url`: opened (no body read) through its transport.
+
+    Raises:
+        ShardReadError: the store failed past `retry`'s budget (not "nothing there").
+    """
+    try:
+        open_stream(url, retry, storage_options=storage_options, schemes=schemes).close()
+    except ObjectNotFoundError:
+        return False
+    return True

@@ -110,6 +110,9 @@ class FsspecTransport(Transport):
         """One socket wait is at most the stall limit, and never longer than the deadline;
         the client's own retry loops are reduced to one try (ours is the budget)."""
         tuned = dict(options)
+        # A store is read as it is now: a listing cached before `index` wrote a manifest
+        # would hide it from the next look in the same process.
+        tuned.setdefault("use_listings_cache", False)
         wait = min(retry.timeout, retry.deadline)
         if self.package == "s3fs":
             # s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its own.

@@ -27,10 +27,10 @@ from shards.manifest import (
     LAYOUT_FLAT,
     MANIFEST_NAME,
     FileInfo,
-    LocalTableReader,
     Manifest,
     ManifestError,
     ShardInfo,
+    SideTableReader,
     SplitInfo,
     read_manifest,
     write_manifest,
@@ -491,7 +491,7 @@ def side_copy(side_built, tmp_path):
 
 def load_side(directory) -> Manifest:
     text = (directory / MANIFEST_NAME).read_bytes()
-    return Manifest.from_json(text, SOURCE, read_table=LocalTableReader(directory))
+    return Manifest.from_json(text, SOURCE, read_table=SideTableReader(directory))
 
 
 def assert_side_rejected(directory, field: str) -> ManifestError:

@@ -27,9 +27,9 @@ from pipeline.sources import resolve_source
 from shards.manifest import (
     MANIFEST_NAME,
     MIN_TABLE_ROW_BYTES,
-    LocalTableReader,
     Manifest,
     ManifestError,
+    SideTableReader,
     encode_table,
     read_manifest,
     write_manifest,
@@ -348,12 +348,12 @@ def test_a_table_at_the_row_bound_loads_and_one_row_past_it_is_refused(copy):
     entry["bytes"] = len(tight)
     text = json.dumps(document)
     with pytest.raises(ManifestError) as caught:  # passes the bound, fails the size check
-        Manifest.from_json(text, copy / MANIFEST_NAME, read_table=LocalTableReader(copy))
+        Manifest.from_json(text, copy / MANIFEST_NAME, read_table=SideTableReader(copy))
     assert caught.value.field == "splits.train.table"
     entry["bytes"] = len(tight) - 1
     with pytest.raises(ManifestError) as caught:
         Manifest.from_json(
-            json.dumps(document), copy / MANIFEST_NAME, read_table=LocalTableReader(copy)
+            json.dumps(document), copy / MANIFEST_NAME, read_table=SideTableReader(copy)
         )
     assert caught.value.field == "splits.train.table.rows"
     assert read_manifest(copy).splits["train"].shards.rows == rows
