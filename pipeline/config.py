@@ -489,6 +489,11 @@ class ReadOptions:
             not of this job are evicted to stay under it (a dataset larger than the
             limit keeps what fitted first and streams the rest). None: no limit but the
             disk (a full disk turns the cache off with one warning).
+        allow_missing_shards: read the shards that exist when some named ones do not.
+        count_remote_shards: count remote tar shards without a manifest by reading each
+            once (exact epochs need counts), the progress in the log; without it such a
+            source is refused in one line saying how else. Resampled sampling needs no
+            counts: those shards are then drawn uniformly and read to their end.
     """
 
     retry: RetryPolicy = option(
@@ -539,6 +544,13 @@ class ReadOptions:
         "range); default: refuse, naming how many are missing",
         "reading",
     )
+    count_remote_shards: bool = option(
+        False,
+        "count remote tar shards without a manifest by reading each once, with progress "
+        "(exact epochs need counts); default: refuse, saying how else (resampled sampling "
+        "needs none)",
+        "reading",
+    )
 
     @property
     def wants_digests(self) -> bool:
@@ -563,6 +575,7 @@ class ReadOptions:
             raise refuse(self, "cache_dir", f" must be a directory or None, got {self.cache_dir!r}")
         check_bytes(self, "cache_limit", 1, optional=True)
         check_flag(self, "allow_missing_shards")
+        check_flag(self, "count_remote_shards")
 
 
 @dataclass(frozen=True, kw_only=True)

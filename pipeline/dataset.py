@@ -396,7 +396,8 @@ class ShardStream(IterableDataset):
                     yield sample
             except SHARD_ERRORS as error:
                 reason = error.reason if isinstance(error, ShardError) else "shard_unreadable"
-                lost = piece.stop - piece.start - delivered
+                # A shard read without a count loses an unknown rest: none is counted.
+                lost = piece.stop - piece.start - delivered if spec.counted else 0
                 stats.bad_shards[reason] += 1
                 if len(stats.bad_shard_examples) < MAX_EXAMPLES:
                     stats.bad_shard_examples.append(str(error))
@@ -417,10 +418,10 @@ class ShardStream(IterableDataset):
                 stream,
                 spec.url,
                 start,
-                stop,
+                stop if spec.counted else None,  # no count: the shard to its end
                 fields=self.read_fields,
                 limits=limits,
-                declared=spec.samples,
+                declared=spec.samples if spec.counted else None,
             )
 
     def iter_batches(

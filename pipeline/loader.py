@@ -54,7 +54,11 @@ def resolve_config_source(config: LoaderConfig) -> ResolvedSource | ResolvedMix:
     )
     if config.is_mix:
         return resolve_mix(config.source, config.mixing.epoch_samples, config.format, **read)
-    return resolve_source(config.source, config.split, config.format, **read)
+    if isinstance(config.sampling, Resampled):
+        counts = "skip"  # draws need no counts: shards without them are drawn uniformly
+    else:
+        counts = "stream" if config.io.count_remote_shards else "refuse"
+    return resolve_source(config.source, config.split, config.format, remote_counts=counts, **read)
 
 
 def distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -430,6 +434,22 @@ def log_fallbacks(stats: LoaderStats) -> None:
         )
 
 
+def epoch_samples(sampling: Resampled, source: ResolvedSource | ResolvedMix) -> int:
+    """A resampled epoch's samples: as given, else the dataset's size when it is known.
+
+    Raises:
+        UsageError: shards read without counts and no `epoch_samples`.
+    """
+    if sampling.epoch_samples is not None:
+        return sampling.epoch_samples
+    if not getattr(getattr(source, "shards", None), "counted", True):
+        raise UsageError(
+            f"{len(source.shards)} remote shards without a manifest have no sample counts: "
+            "say how many samples an epoch draws with Resampled(epoch_samples=N)"
+        )
+    return source.total_samples
+
+
 def stream_settings(
     config: LoaderConfig,
     source: ResolvedSource,
@@ -462,7 +482,7 @@ def stream_settings(
         fields=fields,
         with_keys=config.with_keys,
         max_skip_fraction=config.max_skip_fraction,
-        epoch_samples=(sampling.epoch_samples or source.total_samples) if resampled else None,
+        epoch_samples=epoch_samples(sampling, source) if resampled else None,
         class_weights=class_weights(source, fields) if resampled and sampling.balance else None,
         num_classes=len(source.classes) if source.classes else None,
         exactly_once=not train and rule == "uneven" and not resampled,
