@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -219,7 +220,18 @@ class ShardLoader:
         iterator = iter(self.dataloader())
         while True:
             waited = time.perf_counter()
-            batch = next(iterator, None)
+            try:
+                batch = next(iterator, None)
+            except BaseException as error:
+                # The workers end here, in this process. The traceback's frames hold the
+                # DataLoader's iterator, and a notebook keeps the error: collected later,
+                # possibly in a worker forked for the next loader, the iterator's __del__
+                # fails there ("can only test a child process"). Clearing the frames'
+                # locals keeps the traceback's lines.
+                traceback.clear_frames(error.__traceback__)
+                del iterator
+                self._loader = None
+                raise
             if batch is None:
                 break
             values, size, keys, worker_stats = batch

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tarfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +37,7 @@ from tests.httpserver import LocalHTTPServer
 from tests.pipeline.test_field_mapping import FAILED, ROWS, write_img2dataset_parquet
 from trainers.train import main as train_main
 
+REPO = Path(__file__).resolve().parents[1]
 I2D_SHARDS, I2D_SAMPLES = 2, 6
 
 
@@ -280,3 +285,45 @@ def test_inspect_shuffle_that_would_deliver_nothing_says_the_batch_size_that_doe
     assert pipeline_main([*inspect, "--batch-size", size]) == 0
     samples = int(re.search(r"(\d+) samples/epoch", capsys.readouterr().out).group(1))
     assert samples > 0
+
+
+# --- a notebook: a loader fails, the next one starts workers ---------------------------------
+
+NOTEBOOK = """
+import gc, os, sys
+from pipeline import Batching, Crop, LoaderConfig, Workers, build_loader
+from shards.sample import Field
+
+def cell(fields):  # one notebook cell; the notebook keeps its error (sys.last_value)
+    config = LoaderConfig(source=sys.argv[1], batch=Batching(size=8), crop=Crop(image_size=16),
+                          fields=fields, workers=Workers(count=2))
+    try:
+        return sum(1 for _ in build_loader(config))
+    except Exception as error:
+        sys.last_value = error
+
+gc.disable()  # the failed cell's error becomes garbage only when the next error replaces it
+cell(("image", Field("meta", "json", source="cls")))  # a class id is no JSON object: it fails
+sys.last_value = None
+# A worker forked for the next loader collects what it inherited, as a busy one would.
+os.register_at_fork(after_in_child=lambda: (gc.enable(), gc.collect()))
+print("batches", cell(("image", "label")))
+"""
+
+
+def test_a_loader_after_a_failed_one_prints_no_child_process_assertion(tmp_path):
+    make_sample(tmp_path / "images", 48, classes=2, seed=5, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--output", str(tmp_path / "out")]
+    assert preprocess_main([*build, "--executor", "inline", "--no-progress"]) == 0
+    run = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "batches 6" in run.stdout
+    assert "can only test a child process" not in run.stderr
+    assert "Exception ignored" not in run.stderr
