@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
+import shlex
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,7 +56,15 @@ from shards.sample import (
     field_value,
     read_fields,
 )
-from shards.storage import DEFAULT_RETRY, READ_SCHEMES, ObjectNotFoundError, exists, is_remote
+from shards.storage import (
+    DEFAULT_RETRY,
+    READ_SCHEMES,
+    ObjectNotFoundError,
+    exists,
+    is_remote,
+    transport_of,
+    url_scheme,
+)
 from shards.storage.ranged import local_copy
 from shards.storage.write import file_sha256
 
@@ -145,7 +155,8 @@ def manifest_directory(source: str) -> str | Path | None:
     format folder names the output's), None when there is none (shards we did not build).
     A remote source's is its URL's folder, asked of its store (`shards.storage.exists`)."""
     if is_remote(source):
-        if shard_format_of(urlsplit(source).path) is not None:
+        path = urlsplit(source).path
+        if "{" in path or shard_format_of(path) is not None:
             return None  # shard files: one, a glob or a brace pattern
         url = manifest_url(source)
         return manifest_base(url) if exists(url, schemes=READ_SCHEMES) else None
@@ -248,7 +259,14 @@ def common_folder(paths: list[str]) -> str:
     when they share one (a store's paths are not this machine's)."""
     if paths and is_remote(paths[0]):
         folders = {manifest_base(path) for path in paths}
-        return folders.pop() if len(folders) == 1 else redact_url(paths[0])
+        if len(folders) != 1:
+            return redact_url(paths[0])
+        folder = folders.pop()
+        if transport_of(url_scheme(folder)).listable:
+            return folder
+        # A web server cannot be listed: what `index` takes is the files, as a pattern.
+        names = ",".join(posixpath.basename(urlsplit(path).path) for path in paths)
+        return f"{folder}/{{{names}}}" if len(paths) > 1 else paths[0]
     return os.path.commonpath([os.path.dirname(path) for path in paths]) if paths else ""
 
 
@@ -482,11 +500,16 @@ def describe(manifest: Manifest) -> str:
 def index_command(folder: str, fmt: str) -> str:
     """The `preprocess index` command that indexes `folder`'s `fmt` shards as pasted:
     with `--format` when the folder holds shards of another format too."""
+    shown = shlex.quote(folder)  # a brace pattern must reach `index` as one argument
+    transport = transport_of(url_scheme(folder))
+    if transport is not None and not transport.writable:  # a web server: write it here
+        name = posixpath.basename(manifest_base(folder)) or "shards"
+        shown += f" --output ./{name}-index"
     try:
         list_shards(folder)
     except UsageError:  # both formats (or none to pick from): name the one read here
-        return f"preprocess index {folder} --format {fmt}"
-    return f"preprocess index {folder}"
+        return f"preprocess index {shown} --format {fmt}"
+    return f"preprocess index {shown}"
 
 
 def human_bytes(count: float) -> str:

@@ -124,6 +124,13 @@ class Transport:
     def listable(self) -> bool:
         return type(self).walk is not Transport.walk
 
+    @property
+    def writable(self) -> bool:
+        kind = type(self)
+        return kind.write_bytes is not Transport.write_bytes or (
+            kind.output_store is not Transport.output_store
+        )
+
 
 TRANSPORTS: dict[str, Transport] = {}
 

@@ -8,6 +8,8 @@ the endpoint come from the client's standard environment, as on a real machine.
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 
 import pytest
@@ -90,13 +92,18 @@ def test_verify_and_info_on_a_built_dataset_in_s3_find_a_replaced_shard(
     assert code == 1 and "manifest says" in out, out
 
 
-def test_verify_info_index_over_http(tmp_path, foreign_dir, built_shards, capsys):
+def test_verify_info_index_over_http(tmp_path, foreign_dir, built_shards, capsys, monkeypatch):
     root = tmp_path / "www"
     shutil.copytree(foreign_dir, root / "wds")
     shutil.copytree(built_shards.output, root / "out")
+    monkeypatch.chdir(tmp_path)
     with LocalHTTPServer(root) as base:
         code, out = run(capsys, "verify", f"{base}/wds/{BRACES}")
         assert code == 0 and "3 tar shards without a manifest, 25 samples" in out, out
+        # The printed hint is a command that works as pasted (a web server is read-only).
+        hint = re.search(r"run `preprocess (index [^`]+)`", out).group(1)
+        code, out = run(capsys, *shlex.split(hint))
+        assert code == 0 and (tmp_path / "wds-index" / "manifest.json").is_file(), out
         code, out = run(capsys, "info", f"{base}/wds/{BRACES}")
         assert code == 0 and "samples: 25 (5 to 10 a shard)" in out, out
         code, out = run(capsys, "verify", f"{base}/wds/")
