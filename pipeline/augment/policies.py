@@ -266,7 +266,7 @@ class AugMix:
         for weight in weights:
             np.multiply(self.chain(pixels, rng), weight, out=term)  # uint8 * float32
             cv2.add(mixed, term, dst=mixed)
-        np.minimum(mixed, 255, out=mixed)  # weights >= 0: never below 0
+        cv2.threshold(mixed, 255, 255, cv2.THRESH_TRUNC, dst=mixed)  # >= 0: weights are
         ops.blend_image(pixels, mixed.astype(np.uint8), mix)
 
     def mix_blended(self, pixels: np.ndarray, weights: np.ndarray, mix: float, rng) -> None:
