@@ -22,11 +22,12 @@ from torch.utils.data import DataLoader, default_convert
 from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.checksum import open_shard
 from pipeline.config import EPOCH_RULES, Batching, LoaderConfig, Resampled, Shuffle
-from pipeline.dataset import MAX_SEGMENTS, MixedShards, ShardStream, SharedState, StreamSettings
+from pipeline.dataset import MAX_SEGMENTS, ShardStream, SharedState
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
 from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
 from pipeline.sources import ResolvedSource, resolve_source
+from pipeline.stages import MixedShards, StreamSettings
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import ShardError, UsageError
@@ -246,6 +247,7 @@ class ShardLoader:
         self.stats.end_epoch()
         log_fallbacks(self.stats)
         log_sources(self.stats)
+        log_fetch(self.stats)
         # The epoch is complete: a new iteration (or a state saved now) starts the next one.
         self.epoch, self.segments, self.consumed = self.epoch + 1, [], 0
 
@@ -431,6 +433,23 @@ def log_sources(stats: LoaderStats) -> None:
                 for name, row in sources.items()
             ),
         )
+
+
+def log_fetch(stats: LoaderStats) -> None:
+    """Remote shards this epoch, in one line: fetched (and their bytes), cache hits, the
+    time readers waited on a fetch; nothing when every shard was local."""
+    fetch = stats.fetch
+    if not fetch.get("shards_fetched") and not fetch.get("cache_hits"):
+        return
+    log.info(
+        "epoch fetch: %d remote shards fetched (%.1f MiB), %d cache hits, %d fetched past "
+        "the cache, %.1f s waited on fetches",
+        fetch["shards_fetched"],
+        fetch["bytes_fetched"] / 2**20,
+        fetch["cache_hits"],
+        fetch["uncached"],
+        fetch["wait_s"],
+    )
 
 
 def log_fallbacks(stats: LoaderStats) -> None:

@@ -327,3 +327,56 @@ def test_a_loader_after_a_failed_one_prints_no_child_process_assertion(tmp_path)
     assert "batches 6" in run.stdout
     assert "can only test a child process" not in run.stderr
     assert "Exception ignored" not in run.stderr
+
+
+# --- `train` writing to a log file ---------------------------------------------------------
+
+
+def test_train_into_a_log_file_says_how_it_goes_every_log_every_steps(tmp_path):
+    make_sample(tmp_path / "images", 80, classes=4, seed=3, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--output", str(tmp_path / "out")]
+    assert preprocess_main([*build, "--executor", "inline", "--no-progress"]) == 0
+    train = [str(REPO / ".venv" / "bin" / "train"), "--train-shards", str(tmp_path / "out")]
+    train += ["--model", "cnn", "--image-size", "16", "--batch-size", "8", "--epochs", "1"]
+    train += ["--workers", "0", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
+    with open(tmp_path / "train.log", "w") as log_file:  # `train ... > train.log 2>&1`
+        subprocess.run(
+            [*train, "--log-every", "3"], stdout=log_file, stderr=subprocess.STDOUT, check=True
+        )
+    steps = re.findall(
+        r"INFO step (\d+) \(epoch 0\): loss [\d.]+, lr", (tmp_path / "train.log").read_text()
+    )
+    assert [int(s) for s in steps] == [3, 6, 9, 10]  # 80 images, batch 8: every 3rd and the last
+
+
+def test_train_from_http_logs_bytes_fetched_then_cache_hits(tmp_path):
+    make_sample(tmp_path / "images", 48, classes=2, seed=3, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--output", str(tmp_path / "out")]
+    build += [
+        "--executor",
+        "inline",
+        "--no-progress",
+        "--shard-size",
+        "12",
+        "--val-fraction",
+        "0.25",
+    ]
+    assert preprocess_main(build) == 0
+    with LocalHTTPServer(tmp_path / "out") as base_url:
+        train = [
+            str(REPO / ".venv" / "bin" / "train"),
+            "--train-shards",
+            f"{base_url}/manifest.json",
+        ]
+        train += ["--model", "cnn", "--image-size", "16", "--batch-size", "8", "--epochs", "2"]
+        train += ["--workers", "0", "--device", "cpu", "--run-dir", str(tmp_path / "run")]
+        train += ["--cache-dir", str(tmp_path / "cache"), "--val-shards", str(tmp_path / "out")]
+        run = subprocess.run(train, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = re.findall(
+        r"epoch fetch: (\d+) remote shards fetched \(([\d.]+) MiB\), (\d+) cache hits", run.stderr
+    )
+    assert len(lines) == 2, run.stderr[-3000:]
+    (fetched, mib, hits), (fetched_again, _, hits_again) = lines
+    assert int(fetched) == 3 and float(mib) > 0 and int(hits) == 0  # 36 train images, 12 a shard
+    assert int(fetched_again) == 0 and int(hits_again) == 3  # the second epoch: the cache

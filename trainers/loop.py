@@ -222,62 +222,69 @@ def log_metrics(run: Run) -> None:
         "images_per_s": rated.images_per_s,
         "data_wait_frac": rated.wait_frac,
         "rate_steps": rated.steps,
-        "scheduler_steps": run.scheduler.steps,
+        "scheduler_steps": run.learner.scheduler.steps,
     }
-    first = run.loaders.train.stats.first_batch_s
-    if state.step <= run.config.log_every and first is not None:
+    first = run.feed.loaders.train.stats.first_batch_s
+    if state.step <= settings.log_every and first is not None:
         row["first_batch_s"] = first
         log.info(
             "time to first batch: %.2f s (worker start, shard open, shuffle buffer fill)", first
         )
-    if run.info.device.type == "cuda":
-        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(run.info.device) / 2**30
+    if info.device.type == "cuda":
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(info.device) / 2**30
     state.window_loss, state.window_steps = 0.0, 0
-    run.metrics.write(row)
-    if run.verdict_window.steps >= run.config.verdict_every:
-        report_verdict(run, run.verdict_window)
-        run.verdict_window = Window()
+    logs.metrics.write(row)
+    log.info(metrics_line(row))
+    if logs.verdict_window.steps >= settings.verdict_every:
+        report_verdict(logs.verdict, logs.verdict_window, state.step)
+        logs.verdict_window = Window()
 
 
-def verdict_of(run: Run, window: Window) -> str:
-    return bottleneck_verdict(
-        window.wait_frac,
-        run.config.input_bound_threshold,
-        run.info.device.type,
-        run.config.loader.workers.count,
+def metrics_line(row: dict) -> str:
+    """A metrics row as one log line, as timm and open_clip log every N steps, so a run
+    writing to a log file says how it goes (`--log-every`)."""
+    return (
+        f"step {row['step']} (epoch {row['epoch']}): loss {row['loss']:.4f}, lr {row['lr']:.3g}, "
+        f"{row['images_per_s']:.0f} images/s, data wait {row['data_wait_frac']:.0%}"
     )
 
 
-def report_verdict(run: Run, window: Window) -> str:
-    verdict = verdict_of(run, window)
-    log.info("step %d: %s (%.0f images/s)", run.state.step, verdict, window.images_per_s)
+def reduced_window(window: Window, info: DistInfo) -> Window:
+    """`window` over all ranks: samples summed, wait and elapsed time averaged."""
+    samples, wait_s, elapsed_s = all_reduce([window.samples, window.wait_s, window.elapsed_s], info)
+    world = info.world_size
+    return Window(window.steps, int(samples), wait_s / world, elapsed_s / world)
+
+
+def report_verdict(rule: VerdictRule, window: Window, step: int) -> str:
+    verdict = rule.of(window)
+    log.info("step %d: %s (%.0f images/s)", step, verdict, window.images_per_s)
     return verdict
 
 
 @torch.no_grad()
-def evaluate(run: Run) -> dict[str, float]:
+def evaluate(
+    learner: Learner, batches: CudaPrefetcher, info: DistInfo, trace: Trace, evals: int
+) -> dict[str, float]:
     """Loss and accuracy over the whole val split, each sample counted once across ranks.
 
     Runs the bare model, not the DDP wrapper: with the `uneven` rule ranks may
     hold one batch more or less, and DDP's forward would wait for the others.
-    Multi-label: see `evaluate_multi_label`.
+    `evals` numbers this evaluation in the trace. Multi-label: `evaluate_multi_label`.
     """
-    assert run.val_batches is not None
-    if run.config.task == "multi-label":
-        return evaluate_multi_label(run)
-    broadcast_buffers(run)
-    run.module.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=run.info.device)  # loss, correct, count
-    for images, labels, *rest in run.val_batches:
-        with autocast(run):
-            logits = run.module(images).float()
+    broadcast_buffers(learner.module, info)
+    learner.module.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=info.device)  # loss, correct, count
+    for images, labels, *rest in batches:
+        with learner.autocast(info.device):
+            logits = learner.module(images).float()
         totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
         totals[1] += (logits.argmax(dim=1) == labels).sum()
         totals[2] += labels.numel()
-        if rest and run.trace.enabled:
-            run.trace.write({"kind": "val", "evals": run.state.evals + 1, "keys": list(rest[0])})
-    loss_sum, correct, count = all_reduce_tensor(totals, run.info).tolist()
-    run.module.train()
+        if rest and trace.enabled:
+            trace.write({"kind": "val", "evals": evals, "keys": list(rest[0])})
+    loss_sum, correct, count = all_reduce_tensor(totals, info).tolist()
+    learner.module.train()
     return {
         "val_loss": loss_sum / max(count, 1),
         "val_accuracy": correct / max(count, 1),
