@@ -33,6 +33,7 @@ from shards.storage import (
     open_stream,
     transport_of,
     url_scheme,
+    validate_url,
 )
 
 
@@ -53,10 +54,10 @@ def iter_remote(
 
     Read through `shards.storage`, as shards are: `retry`'s retries and deadline, the
     store's `storage_options`, URLs redacted in every message. Paths in a remote list
-    file are relative to it and may not leave its prefix; credentials and endpoints come
-    from `storage_options` or the store's standard environment. A tree is walked prefix
-    by prefix, hidden prefixes not entered; the files that are not inputs are counted in
-    `listing`, as for a local tree.
+    file are relative to it and may not leave its prefix, or are absolute URLs (of any
+    store); credentials and endpoints come from `storage_options` or the store's
+    standard environment. A tree is walked prefix by prefix, hidden prefixes not
+    entered; the files that are not inputs are counted in `listing`, as for a local tree.
 
     Raises:
         InputError: an unsupported scheme, credentials in the URL, or an http(s) tree.
@@ -143,10 +144,35 @@ def _iter_remote_list_file(
     rows = iter_rows(reader.name, opener=reader, required=columns.required, suffix=reader.suffix)
     for where, row in rows:
         raw, label = row_fields(where, row, columns.label)
-        rel = posixpath.normpath(raw)
-        if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
-            raise InputError(f"{where}: path {raw!r} must stay inside the list's prefix")
-        found = (reader.url_of(rel), rel, label)
+        if is_remote(raw):
+            found = (row_url(where, raw), url_key(raw), label)
+        else:
+            rel = posixpath.normpath(raw)
+            if raw.startswith("/") or "://" in raw or rel == ".." or rel.startswith("../"):
+                raise InputError(
+                    f"{where}: path {redact_url(raw)!r} must stay inside the list's prefix, "
+                    "or be an absolute URL"
+                )
+            found = (reader.url_of(rel), rel, label)
         item = column_item(listing, columns, where, row, from_text, found)
         if item is not None:
             yield item
+
+
+def row_url(where: str, raw: str) -> str:
+    """A row's absolute URL, checked as every read checks one (scheme, characters,
+    credentials), or an `InputError` naming the row."""
+    try:
+        return validate_url(raw, schemes=READ_SCHEMES)
+    except ValueError as error:
+        raise InputError(f"{where}: path {redact_url(raw)!r}: {error}; fix the row") from None
+
+
+def url_key(url: str) -> str:
+    """The key path of an absolute URL row: `host/path` and the query redacted (what the
+    output records: a sample's `source`, errors.jsonl), never a credential, and never
+    equal to a relative row's, which names no host."""
+    parts = urlsplit(redact_url(url))
+    host = parts.netloc.rpartition("@")[2]
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{host}{parts.path}{query}"

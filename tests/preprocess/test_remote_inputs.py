@@ -74,6 +74,23 @@ def test_a_list_file_on_an_http_server_builds_like_the_local_list(served, tmp_pa
         assert (remote_out / shard.relative_to(local_out)).read_bytes() == shard.read_bytes()
 
 
+def test_a_remote_list_takes_absolute_urls_beside_relative_rows(served, tmp_path):
+    """A list on the server naming half its images by absolute URL (another host name for
+    the server) and half relative to itself builds them all; an absolute URL with a
+    scheme no store serves is refused naming its row."""
+    root, rels = served
+    with LocalHTTPServer(root) as base:
+        other = base.replace("127.0.0.1", "localhost")
+        rows = [f"{other}/{rel}," if i % 2 else f"{rel}," for i, rel in enumerate(rels)]
+        rows = [row + rel.split("/")[0] for row, rel in zip(rows, rels, strict=True)]
+        (root / "mixed.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+        built, out = build_from(f"{base}/mixed.csv", tmp_path, "mixed")
+        assert built.manifest.written == IMAGES and not built.manifest.skipped
+        (root / "bad.csv").write_text(f"path,label\nftp://h/{rels[0]},a\n")
+        with pytest.raises(InputError, match=r"bad.csv line 2.*scheme not allowed: 'ftp'"):
+            build_from(f"{base}/bad.csv", tmp_path, "bad")
+
+
 def test_a_stalled_image_is_a_counted_skip_at_the_deadline_never_a_hang(served, tmp_path):
     root, rels = served
     server = LocalHTTPServer(root)
