@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import describe_machine, markdown_table, median  # noqa: E402
+from pipeline.config import Batching, Crop, Workers  # noqa: E402
 
 PLAIN = ("image", "label")
 EXTRA = ("image", "label", "txt", "json")
@@ -77,9 +78,9 @@ def loader_rate(shards: Path, fields: tuple[str, ...], workers: int, warmup: int
     loader = build_loader(
         LoaderConfig(
             source=str(shards),
-            batch_size=256,
-            image_size=224,
-            num_workers=workers,
+            batch=Batching(size=256),
+            crop=Crop(image_size=224),
+            workers=Workers(count=workers),
             fields=fields,
             seed=0,
         )

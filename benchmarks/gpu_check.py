@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.config import Batching, Crop, ReadOptions, Shuffle, Workers
 from pipeline.loader import LoaderConfig, ShardLoader, build_loader
 from pipeline.prefetch import CudaPrefetcher
 from preprocess.config import BuildConfig
@@ -144,21 +145,16 @@ def build_dataset(root: Path, images: int) -> Path:
 def loader_config(source: Path, workers: int, factor: int, args, pin: bool) -> LoaderConfig:
     return LoaderConfig(
         source=str(source),
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        num_workers=workers,
+        batch=Batching(size=args.batch_size, drop_last=False, epoch_rule="uneven"),
+        shuffle=Shuffle(buffer=256, initial=64),
+        crop=Crop(image_size=args.image_size),
+        workers=Workers(count=workers, pin_memory=pin, persistent=True, prefetch_factor=factor),
+        io=ReadOptions(timeout=120.0 if workers else 0.0),
         seed=5,
-        shuffle_buffer=256,
-        shuffle_initial=64,
-        drop_last=False,
-        epoch_rule="uneven",  # exactly once per epoch, so coverage is checkable
-        pin_memory=pin,
-        persistent_workers=True,
-        prefetch_factor=factor,
+        # exactly once per epoch, so coverage is checkable
         with_keys=True,
         # A hung worker fails the check instead of using up the machine's time. (The
         # DataLoader refuses a timeout without workers.)
-        timeout=120.0 if workers else 0.0,
     )
 
 

@@ -164,10 +164,15 @@ def cli_ok(*args: str) -> str:
 
 def read_epoch(**options) -> tuple[list[list[str]], list, object]:
     """One epoch of a loader: keys per batch, every other field's values, the loader."""
-    from pipeline.config import LoaderConfig
+    from pipeline.config import Batching, Crop, LoaderConfig, Workers
     from pipeline.loader import build_loader
 
-    settings = dict(batch_size=BATCH_SIZE, image_size=32, num_workers=0, with_keys=True)
+    settings = dict(
+        batch=Batching(size=BATCH_SIZE),
+        crop=Crop(image_size=32),
+        workers=Workers(count=0),
+        with_keys=True,
+    )
     loader = build_loader(LoaderConfig(**{**settings, **options}))
     batches, values = [], []
     for *fields, keys in loader:

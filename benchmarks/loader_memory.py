@@ -24,7 +24,7 @@ from pathlib import Path
 
 from loader_throughput import machine_info, prepare_data
 
-from pipeline import LoaderConfig, build_loader
+from pipeline import Batching, LoaderConfig, Workers, build_loader
 from pipeline.plan import Partition, plan_epoch
 from shards.manifest import (
     FileInfo,
@@ -128,7 +128,13 @@ def measure(shards: str, workers: int, fmt: str, max_batches: int | None) -> dic
     """Read `max_batches` batches (or an epoch) with 2 workers, then read /proc of the tree."""
     started = time.perf_counter()
     loader = build_loader(
-        LoaderConfig(source=shards, format=fmt, batch_size=256, num_workers=workers, seed=0)
+        LoaderConfig(
+            source=shards,
+            format=fmt,
+            batch=Batching(size=256),
+            workers=Workers(count=workers),
+            seed=0,
+        )
     )
     batches = 0
     for _ in loader:

@@ -46,7 +46,7 @@ from loader_baselines import (
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from pipeline import LoaderConfig, build_loader
+from pipeline import Batching, Crop, LoaderConfig, Workers, build_loader
 from pipeline.decode import draft_scale
 from pipeline.transforms import sample_crop_box
 from preprocess.config import BuildConfig
@@ -143,12 +143,10 @@ class OurLoader:
             source=str(self.shards),
             split="train",
             format=self.fmt,
-            batch_size=BATCH_SIZE,
-            image_size=CROP_SIZE,
-            num_workers=self.workers,
+            batch=Batching(size=BATCH_SIZE),
+            crop=Crop(image_size=CROP_SIZE, transform=self.transform, backend=self.backend),
+            workers=Workers(count=self.workers),
             seed=seed,
-            transform=self.transform,
-            backend=self.backend,
         )
         loader = build_loader(config)
         # Every worker's first batch arrives at about the same time; batches made before the

@@ -27,7 +27,7 @@ from common import describe_machine
 from loader_baselines import time_epoch
 from loader_throughput import prepare_data, tar_urls
 
-from pipeline import LoaderConfig, Source, build_loader
+from pipeline import Batching, Crop, LoaderConfig, Source, Workers, build_loader
 
 BATCH_SIZE = 256
 SPLIT = 0.7  # share of the shard files that make the `big` source
@@ -37,12 +37,11 @@ def loader_config(source, workers: int, seed: int) -> LoaderConfig:
     """The same loader settings for both contenders; only `source` differs."""
     return LoaderConfig(
         source=source,
-        batch_size=BATCH_SIZE,
-        image_size=224,
-        num_workers=workers,
+        batch=Batching(size=BATCH_SIZE),
+        crop=Crop(image_size=224),
+        workers=Workers(count=workers, pin_memory=False),
         seed=seed,
         with_keys=True,
-        pin_memory=False,
     )
 
 

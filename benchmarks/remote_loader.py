@@ -48,7 +48,7 @@ from common import (  # noqa: E402
 )
 from loader_throughput import prepare_data  # noqa: E402
 
-from pipeline import LoaderConfig, build_loader  # noqa: E402
+from pipeline import Batching, Crop, LoaderConfig, ReadOptions, Workers, build_loader  # noqa: E402
 from shards.errors import UsageError  # noqa: E402
 from shards.manifest import read_manifest  # noqa: E402
 from tests.slowproxy import SlowProxy  # noqa: E402
@@ -147,7 +147,7 @@ def contenders(shards: Path, stores: dict, half: int, cache: bool) -> list[dict]
 def supports_cache(shards: Path, scratch: Path) -> bool:
     """Whether this loader takes `cache_dir` (the shard cache may predate this script)."""
     try:
-        LoaderConfig(source=str(shards), cache_dir=str(scratch))
+        LoaderConfig(source=str(shards), io=ReadOptions(cache_dir=str(scratch)))
     except (TypeError, UsageError):
         return False
     return True
@@ -164,11 +164,10 @@ def loader_config(run: dict, cache_dir: Path | None, workers: int, seed: int) ->
             extra["cache_limit"] = run["cache"]
     return LoaderConfig(
         source=run["source"],
-        batch_size=BATCH_SIZE,
-        image_size=CROP_SIZE,
-        num_workers=workers,
+        batch=Batching(size=BATCH_SIZE),
+        crop=Crop(image_size=CROP_SIZE),
+        workers=Workers(count=workers, pin_memory=False),
         seed=seed,
-        pin_memory=False,
         **extra,
     )
 

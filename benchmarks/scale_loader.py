@@ -114,6 +114,7 @@ MANIFEST_CHILD = (
 import json, os, sys, time
 sys.path.insert(0, {root!r})
 import torch  # noqa: F401  (imports are not the manifest's cost)
+from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig, build_loader
 from pipeline.plan import plan_epoch
 from pipeline.sources import resolve_source
@@ -122,8 +123,8 @@ started = time.perf_counter()
 source = resolve_source({directory!r}, "train")
 manifest_s = time.perf_counter() - started
 manifest_rss = peak_bytes() - after_imports
-loader = build_loader(LoaderConfig(source={directory!r}, batch_size=256, image_size=64,
-                                   num_workers=2, seed=0))
+loader = build_loader(LoaderConfig(source={directory!r}, batch=Batching(size=256),
+                                   crop=Crop(image_size=64), workers=Workers(count=2), seed=0))
 part = loader.partition()
 started = time.perf_counter()
 plan = plan_epoch(source.counts, part, 0, 0, 0).worker(1)
@@ -145,12 +146,13 @@ import json, os, sys, time
 sys.path.insert(0, {root!r})
 from benchmarks.common import TreeMemorySampler
 import torch  # noqa: F401
+from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig, build_loader
 with TreeMemorySampler(os.getpid(), interval=0.05) as sampler:
     started = time.perf_counter()
-    loader = build_loader(LoaderConfig(source={directory!r}, batch_size=256, image_size=64,
-                                       num_workers=2, seed=0, shuffle_buffer=2000,
-                                       shuffle_initial=500))
+    loader = build_loader(LoaderConfig(source={directory!r}, batch=Batching(size=256),
+                                       crop=Crop(image_size=64), workers=Workers(count=2),
+                                       seed=0, shuffle=Shuffle(buffer=2000, initial=500)))
     iterator = iter(loader)
     next(iterator)
     first_batch_s = time.perf_counter() - started

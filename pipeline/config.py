@@ -15,6 +15,7 @@ import math
 import os
 import posixpath
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 from pipeline.augment import Augment
 from shards.errors import ReadLimits, UsageError
 from shards.flags import (
+    OldSpellingWarning,
     SettingError,
     check_at_least,
     check_bytes,
@@ -660,10 +662,15 @@ GROUP_TYPES: dict[str, type] = {
 def group_flat_names(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` with every flat name moved into its group (`batch_size=8` -> `batch=Batching(size=8)`).
 
+    Each flat name warns once (`OldSpellingWarning`), naming its grouped spelling.
+
     Raises:
         SettingError: a group and one of its flat names both given, or a flat value
             its group refuses (named as the user wrote it).
     """
+    for name in kwargs:
+        if name in FLAT_NAMES or name in SAMPLING_NAMES:
+            warn_flat_name(name)
     out = {k: v for k, v in kwargs.items() if k not in FLAT_NAMES and k not in SAMPLING_NAMES}
     by_group: dict[str, dict[str, str]] = {}
     for name in kwargs:
@@ -733,9 +740,10 @@ def accepts_flat_names(cls: type) -> type:
 class LoaderConfig(LoaderOptions):
     """Everything the loader does, with the defaults users expect.
 
-    `LoaderConfig(source, batch=Batching(size=64), crop=Crop(image_size=160))`; the
+    `LoaderConfig(source, batch=Batching(size=64), crop=Crop(image_size=160))`. The
     flat keywords of earlier versions (`batch_size=64, image_size=160, num_workers=4,
-    resampled=True, ...`: `FLAT_NAMES`) still work, each set in its group.
+    resampled=True, ...`: `FLAT_NAMES`) still work for this release, each set in its
+    group, and each warns once (`OldSpellingWarning`) with its grouped spelling.
 
     Attributes:
         source: a `manifest.json` (path, directory or URL), or shard URLs: a path,
@@ -825,20 +833,6 @@ class LoaderConfig(LoaderOptions):
                 "declare shares with Source(weight=...) and Mixing(epoch_samples=...)",
             )
 
-    def check_augment(self) -> None:
-        """An `Augment` (None: `Augment()`, nothing), enabled only where the loader trains."""
-        if self.augment is None:
-            object.__setattr__(self, "augment", Augment())
-        if not isinstance(self.augment, Augment):
-            raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
-        if self.augment.enabled and not self.is_train:
-            raise refuse(
-                self,
-                "augment",
-                f" is for training, and this loader evaluates (split {self.split!r}, "
-                f"train={self.train}): eval never augments, so leave augment out of it",
-            )
-
     def check_aug_repeats(self) -> None:
         """Repeated augmentation plans copies of one source's exact epoch (`pipeline.plan`)."""
         repeats = self.batch.aug_repeats
@@ -887,6 +881,20 @@ class LoaderConfig(LoaderOptions):
                 value = redact_source(value)
             parts.append(f"{item.name}={value!r}")
         return f"LoaderConfig({', '.join(parts)})"
+
+    def check_augment(self) -> None:
+        """An `Augment` (None: `Augment()`, nothing), enabled only where the loader trains."""
+        if self.augment is None:
+            object.__setattr__(self, "augment", Augment())
+        if not isinstance(self.augment, Augment):
+            raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
+        if self.augment.enabled and not self.is_train:
+            raise refuse(
+                self,
+                "augment",
+                f" is for training, and this loader evaluates (split {self.split!r}, "
+                f"train={self.train}): eval never augments, so leave augment out of it",
+            )
 
     @property
     def is_train(self) -> bool:

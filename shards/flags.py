@@ -126,6 +126,12 @@ class SettingError(UsageError):
         return SettingError("", name, self.detail)
 
 
+class OldSpellingWarning(FutureWarning):
+    """A setting given in a spelling kept for one release (`LoaderConfig(batch_size=...)`);
+    the message names the spelling that replaces it. A FutureWarning, so scripts and
+    notebooks show it (Python hides a DeprecationWarning raised outside `__main__`)."""
+
+
 def refuse(group: object, name: str, detail: str) -> SettingError:
     """The error for `group.name`: `detail` says what it allows and what it got."""
     return SettingError(type(group).__name__, name, detail)
@@ -406,12 +412,18 @@ def flat_defaults(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
 
     A dest given in `defaults` (a config file's `workers = 2`) wins over its group's.
     """
-    # A group's own name may also be a flag's (`workers` holds `--workers`): the group's
-    # default object is spread, never taken for the flag's value.
+    # A group's own name may also be a flag's (`workers` holds `--workers`, `model` holds
+    # `--model`): the group's default object is spread, never taken for the flag's value,
+    # and a value that is no group object is the flag's (defaults already keyed by flag).
     walked = {f.name for f in fields(cls) if is_walked(f)}
-    out = {name: value for name, value in defaults.items() if name not in walked}
+    out = {
+        name: value
+        for name, value in defaults.items()
+        if name not in walked or not dataclasses.is_dataclass(value)
+    }
     for spec in flag_specs(cls):
-        if spec.dest in out or spec.path[0] not in defaults:
+        group = defaults.get(spec.path[0])
+        if spec.dest in out or not dataclasses.is_dataclass(group):
             continue
         value = defaults[spec.path[0]]
         for name in spec.path[1:]:

@@ -17,6 +17,15 @@ SAMPLE_COUNT = 240
 SAMPLE_CLASSES = 4
 
 
+@pytest.fixture(autouse=True)
+def flat_keywords_warn_in_every_test(monkeypatch):
+    """Each flat `LoaderConfig` keyword warns once a process; each test gets a fresh "once",
+    so pyproject's error filter catches a flat keyword in any test, whatever ran before."""
+    from pipeline import config
+
+    monkeypatch.setattr(config, "WARNED_FLAT_NAMES", set())
+
+
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
     """An ImageFolder tree of real, photo-like images in several formats."""

@@ -66,9 +66,10 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "PolicyError": (UsageError, ValueError),  # an auto_augment string outside the grammar
     "_NotAHeader": (DataError, None),  # Parquet page header bytes; stays inside
 }
-# The root and its two kinds, and one signal that never leaves `shards.storage` (an HTTP
-# status worth retrying, raised and caught inside one request).
-NOT_LISTED = {"ShardpipeError", "DataError", "UsageError", "RetryableStatus"}
+# The root and its two kinds, one signal that never leaves `shards.storage` (an HTTP
+# status worth retrying, raised and caught inside one request), and a warning (a setting's
+# spelling kept for one release), which is no error.
+NOT_LISTED = {"ShardpipeError", "DataError", "UsageError", "RetryableStatus", "OldSpellingWarning"}
 
 
 def our_exception_classes() -> dict[str, type]:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline.config import LoaderConfig
+from pipeline.config import Batching, LoaderConfig, ReadOptions, Workers
 from pipeline.loader import build_loader
 from pipeline.sources import resolve_source
 from preprocess.cli import main as preprocess_main
@@ -104,7 +104,7 @@ def shard_keys(folder, pattern: str = "*.tar") -> list[str]:
 
 
 def foreign_loader(source, **overrides):
-    options = dict(fields=TEXT_FIELDS, epoch_rule="uneven", drop_last=False)
+    options = dict(fields=TEXT_FIELDS, batch=Batching(size=8, epoch_rule="uneven", drop_last=False))
     return loader_for(source, **{**options, **overrides})
 
 
@@ -115,7 +115,9 @@ def test_loader_reads_a_shardwriter_folder_exactly_once_and_says_so_once(tmp_pat
     seen = Counter()
     with caplog.at_level(logging.INFO, logger="pipeline"):
         for rank in range(2):
-            loader = foreign_loader(shardwriter_dir, rank=rank, world_size=2, num_workers=2)
+            loader = foreign_loader(
+                shardwriter_dir, rank=rank, world_size=2, workers=Workers(count=2)
+            )
             for keys in epoch_keys(loader):
                 seen.update(keys)
     assert seen == expected
@@ -168,11 +170,16 @@ def test_a_brace_range_with_missing_shards_is_refused_in_one_line(shardwriter_di
         found = resolve_source(pattern, "train", allow_missing=True)
     assert found.total_samples == SHARDWRITER_SAMPLES
     assert sum("do not exist" in r.getMessage() for r in caplog.records) == 1
-    # The loader's setting says the same, as a top-level keyword or in its group.
+    # The loader's setting says the same.
     with pytest.raises(UsageError, match="4 of the 7 shards named do not exist"):
-        build_loader(LoaderConfig(pattern, fields=("image", "txt"), num_workers=0))
+        build_loader(LoaderConfig(pattern, fields=("image", "txt"), workers=Workers(count=0)))
     loader = build_loader(
-        LoaderConfig(pattern, fields=("image", "txt"), num_workers=0, allow_missing_shards=True)
+        LoaderConfig(
+            pattern,
+            fields=("image", "txt"),
+            workers=Workers(count=0),
+            io=ReadOptions(allow_missing_shards=True),
+        )
     )
     assert loader.source.total_samples == SHARDWRITER_SAMPLES
 
@@ -239,10 +246,10 @@ def test_index_saves_a_manifest_then_ranks_get_equal_batches_and_resume_works(
     assert len(set(counts)) == 1 and counts[0] > 0  # the pad rule: the same count per rank
     assert not any("without a manifest" in r.getMessage() for r in caplog.records)
 
-    full = epoch_keys(foreign_loader(folder, num_workers=2, persistent_workers=False))
-    interrupted = foreign_loader(folder, num_workers=2, persistent_workers=False)
+    full = epoch_keys(foreign_loader(folder, workers=Workers(count=2, persistent=False)))
+    interrupted = foreign_loader(folder, workers=Workers(count=2, persistent=False))
     head = epoch_keys(interrupted, limit=2)
-    resumed = foreign_loader(folder, num_workers=2, persistent_workers=False)
+    resumed = foreign_loader(folder, workers=Workers(count=2, persistent=False))
     resumed.load_state_dict(interrupted.state_dict())
     assert head + epoch_keys(resumed) == full
     assert Counter(k for keys in full for k in keys) == Counter(shard_keys(folder))
@@ -323,7 +330,7 @@ def test_a_parquet_file_repeating_keys_is_read_row_by_row_and_counted(tmp_path, 
     assert preprocess_main(["index", str(folder)]) == 0
     assert "3 rows repeat the key of an earlier row" in capsys.readouterr().out
     assert read_manifest(folder).config["indexed"]["repeated_keys"] == 3
-    loader = foreign_loader(folder, batch_size=6)
+    loader = foreign_loader(folder, batch=Batching(size=6, epoch_rule="uneven", drop_last=False))
     delivered = [key for keys in epoch_keys(loader) for key in keys]
     wanted = ["k1", "k1-000000001", "k2", "k2-000000003", "k1-000000004", "k3"]
     assert sorted(delivered) == sorted(wanted)

@@ -19,8 +19,9 @@ import pytest
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 
-from pipeline.dataset import LoaderDataError  # noqa: E402
+from pipeline.config import Batching, ReadOptions, Workers
 from pipeline.loader import ShardLoader  # noqa: E402
+from pipeline.stats import LoaderDataError  # noqa: E402
 from preprocess.cli import main  # noqa: E402
 from preprocess.job import run_build  # noqa: E402
 from preprocess.ray_job import BuildError  # noqa: E402
@@ -75,7 +76,9 @@ def bucket(moto_s3, request):
 
 def epoch_keys(source, **overrides) -> tuple[list[str], ShardLoader]:
     """Keys of one full epoch, in delivery order (every sample once: `uneven`, no drop)."""
-    loader = loader_for(source, epoch_rule="uneven", drop_last=False, **overrides)
+    loader = loader_for(
+        source, batch=Batching(size=8, epoch_rule="uneven", drop_last=False), **overrides
+    )
     keys = [k for _, _, batch in loader for k in batch]
     return keys, loader
 
@@ -97,12 +100,12 @@ def use_endpoint(monkeypatch, endpoint: str, *, generic: bool = False) -> None:
 def test_loader_reads_the_manifest_and_shards_from_s3_like_the_local_copy(
     moto_s3, s3_shards, built_shards, fmt, workers
 ):
-    local, _ = epoch_keys(str(built_shards.output), format=fmt, num_workers=workers)
+    local, _ = epoch_keys(str(built_shards.output), format=fmt, workers=Workers(count=workers))
     remote, loader = epoch_keys(
         f"{s3_shards}/manifest.json",
         format=fmt,
-        num_workers=workers,
-        storage_options=moto_s3.storage_options(),
+        workers=Workers(count=workers),
+        io=ReadOptions(storage_options=moto_s3.storage_options()),
     )
     assert remote == local  # same samples, same order: the source does not matter
     assert len(remote) == len(set(remote)) == built_shards.manifest.splits["train"].samples
@@ -217,8 +220,7 @@ def test_503s_cut_bodies_and_stalls_are_retried_and_the_epoch_is_exact(
     remote, loader = epoch_keys(
         f"{s3_shards}/manifest.json",
         format=fmt,
-        retry=FAST,
-        storage_options=moto_s3.storage_options(proxy.endpoint),
+        io=ReadOptions(retry=FAST, storage_options=moto_s3.storage_options(proxy.endpoint)),
     )
     assert [f.injected for f in faults] == [f.times for f in faults]  # every fault happened
     assert Counter(remote) == Counter(local)  # every sample exactly once
@@ -234,9 +236,8 @@ def test_a_permanently_failing_shard_is_retried_then_skipped_counted_and_named(
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         remote, loader = epoch_keys(
             f"{s3_shards}/manifest.json",
-            retry=FAST,
+            io=ReadOptions(retry=FAST, storage_options=moto_s3.storage_options(proxy.endpoint)),
             max_skip_fraction=1.0,
-            storage_options=moto_s3.storage_options(proxy.endpoint),
         )
     lost = built_shards.manifest.splits["train"].shards[1].samples
     assert len(remote) == len(local)  # refilled: the batches keep their sizes
@@ -281,8 +282,7 @@ def test_with_every_shard_failing_the_loader_stops_with_a_clear_error(
     ):
         epoch_keys(
             f"{s3_shards}/manifest.json",
-            retry=retry,
-            storage_options=moto_s3.storage_options(proxy.endpoint),
+            io=ReadOptions(retry=retry, storage_options=moto_s3.storage_options(proxy.endpoint)),
         )
     # The first unreadable shard already exceeds the skip budget and stops the loader.
     any_train_shard = shard_url(s3_shards, "train", 0).removesuffix("00.tar")  # train-0000..
@@ -293,7 +293,9 @@ def test_credentials_never_appear_in_logs_or_errors(moto_s3, s3_shards, proxy, c
     options = moto_s3.storage_options(proxy.endpoint, key=ACCESS_KEY, secret=SECRET)
     errors = []
     with caplog.at_level(logging.DEBUG):
-        keys, _ = epoch_keys(f"{s3_shards}/manifest.json", retry=FAST, storage_options=options)
+        keys, _ = epoch_keys(
+            f"{s3_shards}/manifest.json", io=ReadOptions(retry=FAST, storage_options=options)
+        )
         assert keys
         proxy.fail(r"/train-000003\.tar$", times=10_000, status=503)
         proxy.stall(r"/train-000004\.tar$", times=10_000)
@@ -381,7 +383,8 @@ def test_build_shards_writes_to_s3_and_the_loader_reads_the_result(
         if not name.startswith("_build/"):  # markers also hold the objects' ETags
             assert stored[name] == data, name  # byte-identical shards, manifest, errors
     remote, _ = epoch_keys(
-        f"s3://{bucket}/{prefix}/manifest.json", storage_options=moto_s3.storage_options()
+        f"s3://{bucket}/{prefix}/manifest.json",
+        io=ReadOptions(storage_options=moto_s3.storage_options()),
     )
     local_keys, _ = epoch_keys(str(built_shards.output))
     assert remote == local_keys

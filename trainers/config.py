@@ -26,12 +26,13 @@ from shards.flags import (
     add_version_flag,
     check_at_least,
     check_choice,
+    check_flag,
     check_fraction,
     check_int_at_least,
     config_from_args,
     default_values,
-    flag_name,
     flag_specs,
+    flat_defaults,
     option,
     parse_float_pair,
     parse_int_list,
@@ -54,6 +55,13 @@ def parse_float_list(text: str) -> tuple[float, ...]:
 
 
 ERASE_MODES = ("const", "rand", "pixel")  # timm's RandomErasing modes
+OVERLAP_CHECKS = ("keys", "urls", "off")
+TASKS = ("single-label", "multi-label")
+LR_SCALINGS = ("linear", "sqrt", "none")
+OPTIMIZERS = ("sgd", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
+AMP_MODES = ("off", "bf16", "fp16")
+SCAN_SOURCES = ("synthetic", "loader")
 MIX_MODES = ("batch", "pair", "elem")  # pipeline.mixup.MODES (that module imports torch)
 # Flags renamed to timm's spelling; the old names still work on the command line and in
 # config files.
@@ -95,6 +103,12 @@ class Recipe:
         "repeated augmentation (DeiT's RASampler): each sample this many times an epoch, "
         "differently augmented, spread across ranks and batches (1: off)",
         "augment",
+    )
+    label_smoothing: float = option(
+        0.0,
+        "label smoothing of the training loss (with --mixup/--cutmix: of the soft targets)",
+        "mixup",
+        flag="smoothing",
     )
     mixup: float = option(0.0, "mixup alpha (0: off)", "mixup")
     cutmix: float = option(0.0, "cutmix alpha (0: off)", "mixup")
@@ -151,6 +165,7 @@ class Recipe:
             check_at_least(self, name, 0)
         for name in ("re_prob", "mixup_prob", "mixup_switch_prob"):
             check_fraction(self, name)
+        check_below_one(self, "label_smoothing")
         check_choice(self, "re_mode", ERASE_MODES)
         check_int_at_least(self, "re_count", 1)
         check_int_at_least(self, "aug_repeats", 1)
@@ -217,20 +232,9 @@ class Recipe:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """All options of a training run (and of the `find-batch-size`/`scan-throughput` probes).
+class Data:
+    """What the run trains and evaluates on, and what its targets are."""
 
-    Batch sizes are per device; the effective batch of one optimizer step is
-    `batch_size x accum_steps x world_size`, and `lr` is the learning rate at
-    `lr_ref_batch`, scaled to the effective batch by `lr_scaling`. `loader` holds the
-    loader's own options (`pipeline.config.LoaderOptions`: format, shuffle buffer,
-    crop, workers, reading), shared by the train and val loaders; their flags keep
-    their names (`--workers`, `--image-size`, `--shuffle-buffer`, ...). `recipe` holds
-    the training recipe in timm's flags (`--aa`, `--mixup`, ...; train only), with
-    `label_smoothing` (`--smoothing`) beside it.
-    """
-
-    # data
     train_shards: str | None = option(
         None,
         "train shards: a manifest.json (file, dir or URL) or shard URLs/pattern; several "
@@ -257,25 +261,19 @@ class TrainConfig:
     )
     train_split: str = option("train", "split of the train manifest to train on", "data")
     val_split: str = option("val", "split of the validation manifest to evaluate", "data")
-    loader: LoaderOptions = settings_group(
-        LoaderOptions, "the loader's options, for the train and val loaders", prefix=""
-    )
-    channels_last: bool = option(
-        False, "NHWC memory layout for the model and the images it is given", "model"
-    )
     overlap_check: str = option(
         "keys",
         "refuse train/val splits that share samples: compare every key (`keys`), "
         "only shard files (`urls`), or skip (`off`)",
         "data",
-        ("keys", "urls", "off"),
+        OVERLAP_CHECKS,
     )
     task: str = option(
         "single-label",
         "single-label (one class per sample: softmax, cross-entropy, accuracy) or multi-label "
         "(any number of classes: a sigmoid per class, BCE, mAP and F1)",
         "data",
-        ("single-label", "multi-label"),
+        TASKS,
     )
     label_field: str | None = option(
         None,
@@ -284,156 +282,17 @@ class TrainConfig:
         "or labels with --task multi-label",
         "data",
     )
-    # model
-    model: str = option(
-        "resnet-tiny",
-        "cnn, cnn-nobn, resnet-tiny, resnet-small, or torchvision:NAME / timm:NAME",
-        "model",
-    )
-    num_classes: int | None = option(
-        None, "classifier outputs; default: the classes in the manifest", "model"
-    )
-    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm under DDP", "model")
-    # batch
-    batch_size: int = option(64, "samples per device per micro-step", "batch")
-    accum_steps: int = option(1, "micro-steps accumulated per optimizer step", "batch")
-    epochs: int = option(10, "epochs; the LR schedule spans all of them", "batch")
-    max_steps: int | None = option(
-        None,
-        "stop after this many optimizer steps (the schedule still spans --epochs); "
-        "default: no limit",
-        "batch",
-    )
-    # optimizer and schedule
-    optimizer: str = option(
-        "sgd", "SGD (with --momentum, --nesterov) or AdamW", "optimizer", ("sgd", "adamw")
-    )
-    lr: float = option(0.1, "peak learning rate at --lr-ref-batch", "optimizer")
-    lr_ref_batch: int = option(256, "effective batch that --lr is given for", "optimizer")
-    lr_scaling: str = option(
-        "linear",
-        "scale --lr by effective/ref batch (linear), its square root (sqrt), or not (none)",
-        "optimizer",
-        ("linear", "sqrt", "none"),
-    )
-    min_lr: float = option(0.0, "learning rate at the end of the cosine decay", "optimizer")
-    warmup_ratio: float = option(0.05, "share of optimizer steps in linear warmup", "optimizer")
-    warmup_steps: int | None = option(
-        None, "warmup optimizer steps; overrides --warmup-ratio (default: none)", "optimizer"
-    )
-    momentum: float = option(0.9, "SGD momentum (AdamW beta1)", "optimizer")
-    nesterov: bool = option(False, "Nesterov momentum for SGD", "optimizer")
-    weight_decay: float = option(
-        1e-4, "weight decay (never applied to norm weights and biases)", "optimizer"
-    )
-    label_smoothing: float = option(
-        0.0,
-        "label smoothing of the training loss (with --mixup/--cutmix: of the soft targets)",
-        "mixup",
-        flag="smoothing",
-    )
-    recipe: Recipe = settings_group(
-        Recipe, "augmentation, mixup/cutmix and progressive resizing", prefix=""
-    )
-    clip_grad: float = option(0.0, "clip the gradient norm to this (0: off)", "optimizer")
-    # precision and device
-    device: str = option(
-        "auto",
-        "where to train: auto (CUDA when available), cpu or cuda",
-        "device",
-        ("auto", "cpu", "cuda"),
-    )
-    amp: str = option(
-        "off",
-        "mixed precision: off, bf16 autocast, or fp16 autocast with a gradient scaler (CUDA only)",
-        "device",
-        ("off", "bf16", "fp16"),
-    )
-    seed: int = option(0, "seeds Python, NumPy, torch, CUDA and the loader", "device")
-    deterministic: bool = option(False, "deterministic cuDNN/torch algorithms (slower)", "device")
-    dist_timeout_s: int = option(600, "collective timeout under torchrun, seconds", "device")
-    # run directory and checkpoints
-    run_dir: str = option("runs/train", "config, metrics, plots and checkpoints go here", "run")
-    resume: str | None = option(
-        None,
-        "`auto` (latest checkpoint in --run-dir, if any) or a checkpoint path; "
-        "default: a fresh run",
-        "run",
-    )
-    allow_data_change: bool = option(
-        False, "resume although the data, global batch or seed changed", "run"
-    )
-    checkpoint_every: int = option(
-        500, "optimizer steps between checkpoints (0: epoch ends only)", "run"
-    )
-    keep_checkpoints: int = option(3, "checkpoints kept in the run directory", "run")
-    eval_every: int = option(0, "optimizer steps between evaluations (0: epoch ends only)", "run")
-    # measurements
-    log_every: int = option(10, "optimizer steps between metrics rows", "metrics")
-    verdict_every: int = option(
-        100, "optimizer steps between bottleneck verdicts in the log", "metrics"
-    )
-    input_bound_threshold: float = option(
-        0.1, "data-wait share of step time above which the run is input-bound", "metrics"
-    )
-    progress: bool = option(True, "progress bar on rank 0", "metrics")
-    tensorboard: bool = option(True, "TensorBoard event files (when installed)", "metrics")
-    plot: bool = option(True, "PNG plot of the run: RUN_DIR/metrics.png", "metrics")
-    debug_trace: bool = option(
-        False, "write sample keys and parameter digests per rank to RUN_DIR/trace", "metrics"
-    )
-    # probes: find-batch-size and scan-throughput
-    memory_fraction: float = option(0.7, "find-batch-size: share of device memory to fill", "probe")
-    memory_budget_mb: float | None = option(
-        None,
-        "find-batch-size: device memory to assume, in MiB (2**20 bytes; default: measured)",
-        "probe",
-    )
-    probe_batches: tuple[int, ...] = option(
-        (4, 8, 16), "find-batch-size: batch sizes measured for the extrapolation", "probe"
-    )
-    scan_batch_sizes: tuple[int, ...] = option(
-        (8, 16, 32, 64, 128, 256), "scan-throughput: batch sizes to time", "probe"
-    )
-    scan_steps: int = option(10, "scan-throughput: timed steps per batch size", "probe")
-    scan_warmup: int = option(3, "scan-throughput: untimed steps first", "probe")
-    scan_source: str = option(
-        "synthetic",
-        "scan-throughput: random images (model speed) or the train loader (end to end)",
-        "probe",
-        ("synthetic", "loader"),
-    )
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
-                raise UsageError(f"--{flag_name(f.name)} must be one of {choices}, got {value!r}")
-        positive = ("batch_size", "accum_steps", "epochs", "lr_ref_batch")
-        for name in positive + ("log_every", "verdict_every", "keep_checkpoints", "scan_steps"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{flag_name(name)} must be at least 1")
-        for name in ("checkpoint_every", "eval_every", "scan_warmup"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{flag_name(name)} must be 0 or more")
-        if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise UsageError("need 0 <= --min-lr <= --lr")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise UsageError("--warmup-ratio must be in [0, 1)")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise UsageError("--warmup-steps must be 0 or more")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise UsageError("--max-steps must be at least 1")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise UsageError("--smoothing must be in [0, 1)")
-        if self.task == "multi-label" and self.label_smoothing:
-            raise UsageError("--smoothing is for single-label training; leave it at 0")
-        if self.recipe.mixes and self.recipe.mixup_mode != "batch" and self.batch_size % 2:
-            raise UsageError(
-                f"--mixup-mode {self.recipe.mixup_mode} mixes pairs of images: --batch-size "
-                f"must be even, got {self.batch_size}"
-            )
+        for name in ("train_shards", "val_shards"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise refuse(self, name, f" must be a source text or None, got {value!r}")
+        for name in ("train_split", "val_split"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise refuse(self, name, f" must be a split name, got {getattr(self, name)!r}")
+        check_choice(self, "overlap_check", OVERLAP_CHECKS)
+        check_choice(self, "task", TASKS)
         multi = self.task == "multi-label"
         if self.label_field is not None and LabelField.parse(self.label_field).multi != multi:
             raise UsageError(
@@ -441,14 +300,6 @@ class TrainConfig:
                 "cls and label hold one class id (single-label), labels and json:KEY "
                 "a list of class ids (--task multi-label)"
             )
-        if not 0.0 < self.memory_fraction <= 1.0:
-            raise UsageError("--memory-fraction must be in (0, 1]")
-        if self.clip_grad < 0 or self.weight_decay < 0:
-            raise UsageError("--clip-grad and --weight-decay must be 0 or more")
-        if any(b < 1 for b in self.probe_batches + self.scan_batch_sizes):
-            raise UsageError("--probe-batches and --scan-batch-sizes must be positive")
-        if len(set(self.probe_batches)) < 2:
-            raise UsageError("--probe-batches needs at least two different batch sizes")
         self.check_mix()
 
     @property
@@ -468,22 +319,330 @@ class TrainConfig:
             raise UsageError(f"--train-weights must all be above 0, got {weights}")
         if self.train_epoch_samples is not None and weights is None:
             raise UsageError("--train-epoch-samples is shared out by --train-weights: give both")
-        if self.train_epoch_samples is not None and self.train_epoch_samples < 1:
-            raise UsageError("--train-epoch-samples must be at least 1")
-        if self.recipe.aug_repeats > 1 and (count > 1 or weights is not None):
+        if self.train_epoch_samples is not None:
+            check_int_at_least(self, "train_epoch_samples", 1)
+
+    @property
+    def is_mix(self) -> bool:
+        """Several datasets, or one given a weight: the loader reads a mix of `Source`s."""
+        return len(self.train_sources) > 1 or self.train_weights is not None
+
+
+@dataclass(frozen=True)
+class Model:
+    """The network: which one, its outputs, and its layout."""
+
+    model: str = option(
+        "resnet-tiny",
+        "cnn, cnn-nobn, resnet-tiny, resnet-small, or torchvision:NAME / timm:NAME",
+        "model",
+    )
+    num_classes: int | None = option(
+        None, "classifier outputs; default: the classes in the manifest", "model"
+    )
+    sync_bn: bool = option(False, "convert BatchNorm to SyncBatchNorm under DDP", "model")
+    channels_last: bool = option(
+        False, "NHWC memory layout for the model and the images it is given", "model"
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise refuse(self, "model", f" must be a model name, got {self.model!r}")
+        if self.num_classes is not None:
+            check_int_at_least(self, "num_classes", 1)
+        check_flag(self, "sync_bn")
+        check_flag(self, "channels_last")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Steps and learning rate: the batch plan and the warmup + cosine schedule
+    (`trainers.schedule`).
+
+    Batch sizes are per device; the effective batch of one optimizer step is
+    `batch_size x accum_steps x world_size`, and `lr` is the learning rate at
+    `lr_ref_batch`, scaled to the effective batch by `lr_scaling`.
+    """
+
+    batch_size: int = option(64, "samples per device per micro-step", "batch")
+    accum_steps: int = option(1, "micro-steps accumulated per optimizer step", "batch")
+    epochs: int = option(10, "epochs; the LR schedule spans all of them", "batch")
+    max_steps: int | None = option(
+        None,
+        "stop after this many optimizer steps (the schedule still spans --epochs); "
+        "default: no limit",
+        "batch",
+    )
+    lr: float = option(0.1, "peak learning rate at --lr-ref-batch", "optimizer")
+    lr_ref_batch: int = option(256, "effective batch that --lr is given for", "optimizer")
+    lr_scaling: str = option(
+        "linear",
+        "scale --lr by effective/ref batch (linear), its square root (sqrt), or not (none)",
+        "optimizer",
+        LR_SCALINGS,
+    )
+    min_lr: float = option(0.0, "learning rate at the end of the cosine decay", "optimizer")
+    warmup_ratio: float = option(0.05, "share of optimizer steps in linear warmup", "optimizer")
+    warmup_steps: int | None = option(
+        None, "warmup optimizer steps; overrides --warmup-ratio (default: none)", "optimizer"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "accum_steps", "epochs", "lr_ref_batch"):
+            check_int_at_least(self, name, 1)
+        if self.max_steps is not None:
+            check_int_at_least(self, "max_steps", 1)
+        check_at_least(self, "lr", 0)
+        check_at_least(self, "min_lr", 0)
+        if self.min_lr > self.lr:
+            raise refuse(self, "min_lr", f" must be at most lr ({self.lr}), got {self.min_lr}")
+        check_choice(self, "lr_scaling", LR_SCALINGS)
+        check_below_one(self, "warmup_ratio")
+        if self.warmup_steps is not None:
+            check_int_at_least(self, "warmup_steps", 0)
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """The optimizer and what it does to the gradients (`trainers.numerics.build_optimizer`)."""
+
+    optimizer: str = option(
+        "sgd", "SGD (with --momentum, --nesterov) or AdamW", "optimizer", OPTIMIZERS
+    )
+    momentum: float = option(0.9, "SGD momentum (AdamW beta1)", "optimizer")
+    nesterov: bool = option(False, "Nesterov momentum for SGD", "optimizer")
+    weight_decay: float = option(
+        1e-4, "weight decay (never applied to norm weights and biases)", "optimizer"
+    )
+    clip_grad: float = option(0.0, "clip the gradient norm to this (0: off)", "optimizer")
+
+    def __post_init__(self) -> None:
+        check_choice(self, "optimizer", OPTIMIZERS)
+        check_at_least(self, "momentum", 0)
+        check_flag(self, "nesterov")
+        check_at_least(self, "weight_decay", 0)
+        check_at_least(self, "clip_grad", 0)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how the run executes, and what it writes into its run directory."""
+
+    device: str = option(
+        "auto", "where to train: auto (CUDA when available), cpu or cuda", "device", DEVICES
+    )
+    amp: str = option(
+        "off",
+        "mixed precision: off, bf16 autocast, or fp16 autocast with a gradient scaler (CUDA only)",
+        "device",
+        AMP_MODES,
+    )
+    seed: int = option(0, "seeds Python, NumPy, torch, CUDA and the loader", "device")
+    deterministic: bool = option(False, "deterministic cuDNN/torch algorithms (slower)", "device")
+    dist_timeout_s: int = option(600, "collective timeout under torchrun, seconds", "device")
+    run_dir: str = option("runs/train", "config, metrics, plots and checkpoints go here", "run")
+    eval_every: int = option(0, "optimizer steps between evaluations (0: epoch ends only)", "run")
+    log_every: int = option(10, "optimizer steps between metrics rows", "metrics")
+    verdict_every: int = option(
+        100, "optimizer steps between bottleneck verdicts in the log", "metrics"
+    )
+    input_bound_threshold: float = option(
+        0.1, "data-wait share of step time above which the run is input-bound", "metrics"
+    )
+    progress: bool = option(True, "progress bar on rank 0", "metrics")
+    tensorboard: bool = option(True, "TensorBoard event files (when installed)", "metrics")
+    plot: bool = option(True, "PNG plot of the run: RUN_DIR/metrics.png", "metrics")
+    debug_trace: bool = option(
+        False, "write sample keys and parameter digests per rank to RUN_DIR/trace", "metrics"
+    )
+
+    def __post_init__(self) -> None:
+        check_choice(self, "device", DEVICES)
+        check_choice(self, "amp", AMP_MODES)
+        check_int_at_least(self, "seed", 0)
+        check_int_at_least(self, "dist_timeout_s", 1)
+        if not isinstance(self.run_dir, str) or not self.run_dir:
+            raise refuse(self, "run_dir", f" must be a directory, got {self.run_dir!r}")
+        check_int_at_least(self, "eval_every", 0)
+        check_int_at_least(self, "log_every", 1)
+        check_int_at_least(self, "verdict_every", 1)
+        check_fraction(self, "input_bound_threshold")
+        for name in ("deterministic", "progress", "tensorboard", "plot", "debug_trace"):
+            check_flag(self, name)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """When checkpoints are written and kept, and what a resume starts from (`trainers.run`)."""
+
+    resume: str | None = option(
+        None,
+        "`auto` (latest checkpoint in --run-dir, if any) or a checkpoint path; "
+        "default: a fresh run",
+        "run",
+    )
+    allow_data_change: bool = option(
+        False, "resume although the data, global batch or seed changed", "run"
+    )
+    checkpoint_every: int = option(
+        500, "optimizer steps between checkpoints (0: epoch ends only)", "run"
+    )
+    keep_checkpoints: int = option(3, "checkpoints kept in the run directory", "run")
+
+    def __post_init__(self) -> None:
+        if self.resume is not None and not (isinstance(self.resume, str) and self.resume):
+            raise refuse(self, "resume", f" must be auto or a checkpoint path, got {self.resume!r}")
+        check_flag(self, "allow_data_change")
+        check_int_at_least(self, "checkpoint_every", 0)
+        check_int_at_least(self, "keep_checkpoints", 1)
+
+
+@dataclass(frozen=True)
+class Probes:
+    """`train find-batch-size` and `train scan-throughput` (`trainers.probe`)."""
+
+    memory_fraction: float = option(0.7, "find-batch-size: share of device memory to fill", "probe")
+    memory_budget_mb: float | None = option(
+        None,
+        "find-batch-size: device memory to assume, in MiB (2**20 bytes; default: measured)",
+        "probe",
+    )
+    probe_batches: tuple[int, ...] = option(
+        (4, 8, 16), "find-batch-size: batch sizes measured for the extrapolation", "probe"
+    )
+    scan_batch_sizes: tuple[int, ...] = option(
+        (8, 16, 32, 64, 128, 256), "scan-throughput: batch sizes to time", "probe"
+    )
+    scan_steps: int = option(10, "scan-throughput: timed steps per batch size", "probe")
+    scan_warmup: int = option(3, "scan-throughput: untimed steps first", "probe")
+    scan_source: str = option(
+        "synthetic",
+        "scan-throughput: random images (model speed) or the train loader (end to end)",
+        "probe",
+        SCAN_SOURCES,
+    )
+
+    def __post_init__(self) -> None:
+        check_fraction(self, "memory_fraction", low_open=True)
+        if self.memory_budget_mb is not None:
+            check_at_least(self, "memory_budget_mb", 1)
+        for name in ("probe_batches", "scan_batch_sizes"):
+            sizes = getattr(self, name)
+            if not sizes or any(
+                isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes
+            ):
+                raise refuse(self, name, f" must be batch sizes of at least 1, got {sizes!r}")
+        if len(set(self.probe_batches)) < 2:
+            raise refuse(self, "probe_batches", " needs at least two different batch sizes")
+        check_int_at_least(self, "scan_steps", 1)
+        check_int_at_least(self, "scan_warmup", 0)
+        check_choice(self, "scan_source", SCAN_SOURCES)
+
+
+def check_below_one(group: object, name: str) -> None:
+    """A share in [0, 1)."""
+    value = getattr(group, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise refuse(group, name, f" must be a number in [0, 1), got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """All options of a training run (and of the `find-batch-size`/`scan-throughput` probes),
+    in groups that each check themselves; what is checked across groups is checked here.
+
+    Every field of every group is a flag of its own name (`--batch-size`, `--workers`,
+    `--aa`, ...) and a key of a config file; `to_dict` nests them by group. `loader`
+    holds the loader's own options (`pipeline.config.LoaderOptions`: format, shuffle
+    buffer, crop, workers, reading), shared by the train and val loaders; `recipe` the
+    training recipe in timm's flags (`--aa`, `--mixup`, `--smoothing`, ...; train only).
+    """
+
+    data: Data = settings_group(Data, "train and validation data", prefix="")
+    loader: LoaderOptions = settings_group(
+        LoaderOptions, "the loader's options, for the train and val loaders", prefix=""
+    )
+    model: Model = settings_group(Model, "the network", prefix="")
+    schedule: Schedule = settings_group(Schedule, "steps and learning rate", prefix="")
+    optimizer: Optimization = settings_group(Optimization, "the optimizer", prefix="")
+    recipe: Recipe = settings_group(
+        Recipe, "augmentation, mixup/cutmix, smoothing and progressive resizing", prefix=""
+    )
+    run: Runtime = settings_group(Runtime, "device, run directory and logs", prefix="")
+    checkpoint: Checkpointing = settings_group(Checkpointing, "checkpoints and resume", prefix="")
+    probe: Probes = settings_group(Probes, "find-batch-size and scan-throughput", prefix="")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            group = GROUP_TYPES[f.name]
+            if not isinstance(getattr(self, f.name), group):
+                raise refuse(
+                    self, f.name, f" must be a {group.__name__}, got {getattr(self, f.name)!r}"
+                )
+        if self.data.task == "multi-label" and self.recipe.label_smoothing:
+            raise UsageError("--smoothing is for single-label training; leave it at 0")
+        recipe, batch = self.recipe, self.schedule.batch_size
+        if recipe.mixes and recipe.mixup_mode != "batch" and batch % 2:
+            raise UsageError(
+                f"--mixup-mode {recipe.mixup_mode} mixes pairs of images: --batch-size "
+                f"must be even, got {batch}"
+            )
+        if recipe.aug_repeats > 1 and self.data.is_mix:
             raise UsageError(
                 "--aug-repeats repeats the samples of one --train-shards dataset; a mix "
                 "shares its epoch by --train-weights: leave --aug-repeats at 1"
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready values (tuples become lists); also what checkpoints store."""
+        """JSON-ready values, one mapping per group (tuples become lists); also what
+        checkpoints and `RUN_DIR/config.json` store."""
         return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Inverse of `to_dict`; unknown keys are an error (they would be silently ignored)."""
-        return build_config(cls, data, source="config")
+        """Inverse of `to_dict`; unknown keys are an error (they would be silently ignored).
+
+        Also reads what runs wrote before the groups (`batch_size` at the top, beside
+        `loader` and `recipe`): each such key goes into its group.
+        """
+        return build_config(cls, group_flat_keys(data), source="config")
+
+
+GROUP_TYPES: dict[str, type] = {
+    "data": Data,
+    "loader": LoaderOptions,
+    "model": Model,
+    "schedule": Schedule,
+    "optimizer": Optimization,
+    "recipe": Recipe,
+    "run": Runtime,
+    "checkpoint": Checkpointing,
+    "probe": Probes,
+}
+# Each field of a group that was a top-level field of `TrainConfig` before the groups,
+# and its group (`label_smoothing` sat beside `recipe`; `model` and `optimizer` name a
+# group and, in a stored flat config, the field inside it).
+FLAT_FIELDS: dict[str, str] = {
+    f.name: group
+    for group, kind in GROUP_TYPES.items()
+    if group != "loader"
+    for f in fields(kind)
+    if group != "recipe" or f.name == "label_smoothing"
+}
+
+
+def group_flat_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored config in the layout of before the groups, moved into them; others as given."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in FLAT_FIELDS and not isinstance(value, dict):
+            group = FLAT_FIELDS[key]
+            out[group] = {**out.get(group, {}), key: value}
+        elif isinstance(value, dict):  # a group (`recipe` may have met `label_smoothing`)
+            out[key] = {**value, **out.get(key, {})}
+        else:
+            out[key] = value
+    return out
 
 
 def split_sources(text: str) -> tuple[str, ...]:
@@ -654,7 +813,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
     pre = CommandParser(prog="train" if command == "train" else f"train {command}", add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    defaults = default_values(TrainConfig)
+    # Keyed by flag: a file's `model = "cnn"` is the flag's, not the `model` group's.
+    defaults = flat_defaults(TrainConfig, default_values(TrainConfig))
     if known.config:
         defaults.update(config_file_values(known.config, pre))
     parser = build_parser(command, defaults)
@@ -663,7 +823,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[str, TrainConfig]:
         config = config_from_args(TrainConfig, namespace)
     except UsageError as exc:
         parser.error(str(exc))
-    if needs_train_shards(command, config) and not config.train_shards:
+    if needs_train_shards(command, config) and not config.data.train_shards:
         # Not argparse's `required=True`: the value may come from --config FILE.
         parser.error(
             "the following arguments are required: --train-shards "
@@ -686,7 +846,9 @@ def config_file_values(path: str, parser: CommandParser) -> dict[str, Any]:
 
 def needs_train_shards(command: str, config: TrainConfig) -> bool:
     """Training reads shards; the probes only when timing the real loader."""
-    return command == "train" or (command == "scan-throughput" and config.scan_source == "loader")
+    return command == "train" or (
+        command == "scan-throughput" and config.probe.scan_source == "loader"
+    )
 
 
 def diff_configs(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -58,7 +58,9 @@ def loader_config(
 ) -> LoaderConfig:
     """One split's loader: the run's loader options as given, and what only the run knows
     (the split's source, the per-device batch size, the seed, the rank, the device)."""
-    source = train_source(config) if train or config.val_shards is None else config.val_shards
+    source = (
+        train_source(config) if train or config.data.val_shards is None else config.data.val_shards
+    )
     options = config.loader
     if options.workers.pin_memory is None:
         # Page-locked batches only where they go to a GPU, whatever the machine has.
@@ -76,10 +78,10 @@ def loader_config(
         # The loader's layout (channels-last) is free either way; CudaPrefetcher gives the
         # model the layout --channels-last asks for.
         batch=Batching(
-            size=config.batch_size, aug_repeats=config.recipe.aug_repeats if train else 1
+            size=config.schedule.batch_size, aug_repeats=config.recipe.aug_repeats if train else 1
         ),
-        mixing=Mixing(epoch_samples=config.train_epoch_samples),
-        seed=config.seed,
+        mixing=Mixing(epoch_samples=config.data.train_epoch_samples),
+        seed=config.run.seed,
         rank=info.rank,
         world_size=info.world_size,
         **options.options,
@@ -101,15 +103,19 @@ def train_source(config: TrainConfig) -> str | list[Source]:
     (`.../web/manifest.json` -> `web`); two alike get their position appended (`out1`,
     `out2`), so keys and stats tell them apart.
     """
-    parts = config.train_sources
-    if len(parts) == 1 and config.train_weights is None:
+    parts = config.data.train_sources
+    if len(parts) == 1 and config.data.train_weights is None:
         return parts[0]
     names = [default_source_name(part) for part in parts]
     names = [f"{n}{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-    weights = config.train_weights or (None,) * len(parts)
+    weights = config.data.train_weights or (None,) * len(parts)
     return [
         Source(
-            part, weight=weight, repeat=None if weight else 1, split=config.train_split, name=name
+            part,
+            weight=weight,
+            repeat=None if weight else 1,
+            split=config.data.train_split,
+            name=name,
         )
         for part, weight, name in zip(parts, weights, names, strict=True)
     ]
@@ -121,10 +127,10 @@ def check_sources(config: TrainConfig) -> None:
     Raises:
         DataError: naming the flag, the path, and what to pass instead.
     """
-    for source in config.train_sources:
+    for source in config.data.train_sources:
         check_source("--train-shards", source)
-    if config.val_shards is not None:
-        check_source("--val-shards", config.val_shards)
+    if config.data.val_shards is not None:
+        check_source("--val-shards", config.data.val_shards)
 
 
 def check_source(flag: str, source: str | None) -> None:
@@ -175,9 +181,9 @@ def build_loaders(config: TrainConfig, info: DistInfo) -> Loaders:
         DataError: the source cannot be read as configured (a malformed manifest, an
             unknown split or format, shards that cannot be counted), one line naming it.
     """
-    if not config.train_shards:
+    if not config.data.train_shards:
         raise DataError("--train-shards is required: a manifest.json, its directory, or shard URLs")
-    settings = loader_config(config, info, config.train_split, True, with_keys=True)
+    settings = loader_config(config, info, config.data.train_split, True, with_keys=True)
     train = build_split_loader(settings, "--train-shards", config)
     return Loaders(train, build_val_loader(config, info, target_classes(train.config)))
 
@@ -189,11 +195,11 @@ def batch_fields(config: TrainConfig, num_classes: int | None) -> tuple[str | Fi
     Multi-label: a float32 multi-hot `[B, num_classes]` from the `labels` member (a JSON
     list of class ids) or the --label-field given.
     """
-    if config.task == "single-label":
-        if config.label_field is None:
+    if config.data.task == "single-label":
+        if config.data.label_field is None:
             return ("image", "label")  # the loader's default, exactly
-        return ("image", Field("label", "label", source=config.label_field))
-    field = LabelField.parse(config.label_field or MULTI_LABEL_MEMBER)
+        return ("image", Field("label", "label", source=config.data.label_field))
+    field = LabelField.parse(config.data.label_field or MULTI_LABEL_MEMBER)
     return ("image", Field("labels", "multi_label", field.member, field.key, num_classes))
 
 
@@ -204,12 +210,12 @@ def target_classes(settings: LoaderConfig) -> int | None:
 
 def multi_label_classes(config: TrainConfig, source: ResolvedSource) -> int:
     """Multi-label targets need their width before the loader is built: flag, else manifest."""
-    if config.num_classes is not None:
-        return config.num_classes
+    if config.model.num_classes is not None:
+        return config.model.num_classes
     if source.classes:
         return len(source.classes)
     raise DataError(
-        f"--train-shards {redact_url(os.fspath(config.train_shards))}: no class list (no "
+        f"--train-shards {redact_url(os.fspath(config.data.train_shards))}: no class list (no "
         "manifest.json beside the shards names the classes); pass --num-classes N"
     )
 
@@ -222,7 +228,7 @@ def check_task_fits(config: TrainConfig, source: ResolvedSource, where) -> None:
             f"{name}: the dataset has no class labels (built with --label none); train needs "
             "labelled data (for image-text pairs see docs/examples/contrastive.py)"
         )
-    if source.label_mode == "multi" and config.task != "multi-label":
+    if source.label_mode == "multi" and config.data.task != "multi-label":
         raise DataError(
             f"{name}: the dataset is multi-label (built with --label multi): "
             "pass --task multi-label"
@@ -238,7 +244,7 @@ def open_split(
     """
     source = resolve_config_source(settings)
     check_task_fits(config, source, settings.source)
-    if config.task == "multi-label" and num_classes is None:
+    if config.data.task == "multi-label" and num_classes is None:
         num_classes = multi_label_classes(config, source)
     return ShardLoader(replace(settings, fields=batch_fields(config, num_classes)), source)
 
@@ -247,17 +253,19 @@ def build_val_loader(
     config: TrainConfig, info: DistInfo, num_classes: int | None = None
 ) -> ShardLoader | None:
     """From --val-shards, else the train manifest's val split when it has one, else None."""
-    settings = loader_config(config, info, config.val_split, False, with_keys=config.debug_trace)
-    if config.val_shards is not None:
+    settings = loader_config(
+        config, info, config.data.val_split, False, with_keys=config.run.debug_trace
+    )
+    if config.data.val_shards is not None:
         return build_split_loader(settings, "--val-shards", config, num_classes)
-    if len(config.train_sources) > 1 or not is_manifest_source(config.train_shards):
+    if len(config.data.train_sources) > 1 or not is_manifest_source(config.data.train_shards):
         log.warning("no --val-shards given: training without evaluation")
         return None
     try:
         return open_split(settings, config, num_classes)
     except SplitNotFoundError:
         log.warning(
-            "the train manifest has no %r split: training without evaluation", config.val_split
+            "the train manifest has no %r split: training without evaluation", config.data.val_split
         )
         return None
     except SOURCE_ERRORS as error:

@@ -22,19 +22,22 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from pipeline.mixing import ResolvedMix
+from pipeline.prefetch import CudaPrefetcher
+from pipeline.sources import ResolvedSource
 from shards.errors import DataError
 from trainers.data import locate_source_keys
-from trainers.distributed import all_reduce, all_reduce_tensor, gather_objects
+from trainers.distributed import DistInfo, all_reduce, all_reduce_tensor, gather_objects
 from trainers.metrics import (
     MultiLabelReport,
+    Trace,
     Window,
-    bottleneck_verdict,
     iter_timed,
     multi_label_report,
     rate_window,
     write_thresholds,
 )
-from trainers.run import Run, save_run_checkpoint
+from trainers.run import Learner, Logs, Run, TrainState, VerdictRule, save_run_checkpoint
 from trainers.schedule import is_window_end, window_size
 
 log = logging.getLogger("trainers")
@@ -46,28 +49,28 @@ class NonFiniteLossError(DataError, RuntimeError):
     """The loss became NaN or infinite; the run stops before applying that step."""
 
 
-def autocast(run: Run) -> contextlib.AbstractContextManager:
-    device = run.info.device.type
-    return torch.autocast(device, dtype=run.amp_dtype, enabled=run.amp_dtype is not None)
-
-
 def forward_backward(
-    run: Run, images: torch.Tensor, labels: torch.Tensor, window: int, sync: bool
+    learner: Learner,
+    info: DistInfo,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    window: int,
+    sync: bool,
 ) -> torch.Tensor:
     """One micro-step; gradients accumulate in `.grad`. Returns the detached loss."""
     # Without no_sync, DDP would all-reduce gradients after every micro-batch.
-    skip_sync = run.info.distributed and not sync
-    context = run.model.no_sync() if skip_sync else contextlib.nullcontext()
+    skip_sync = info.distributed and not sync
+    context = learner.model.no_sync() if skip_sync else contextlib.nullcontext()
     with context:
-        with autocast(run):
-            logits = run.model(images)
-            loss = run.criterion(logits.float(), labels)
+        with learner.autocast(info.device):
+            logits = learner.model(images)
+            loss = learner.criterion(logits.float(), labels)
         # Dividing by the window makes K accumulated micro-batches of B equal one batch of K x B.
-        run.scaler.scale(loss / window).backward()
+        learner.scaler.scale(loss / window).backward()
     return loss.detach()
 
 
-def optimizer_step(run: Run) -> float | None:
+def optimizer_step(learner: Learner, clip_grad: float) -> float | None:
     """Unscale -> clip -> step -> update -> scheduler -> zero_grad, in that order.
 
     Clipping must see the true gradients, so the fp16 scaler unscales them first
@@ -76,17 +79,17 @@ def optimizer_step(run: Run) -> float | None:
     so it follows the step counter. Returns the pre-clip gradient norm when clipping.
     """
     norm = None
-    if run.config.clip_grad > 0:
-        run.scaler.unscale_(run.optimizer)
-        norm = float(nn.utils.clip_grad_norm_(run.module.parameters(), run.config.clip_grad))
-    run.scaler.step(run.optimizer)
-    run.scaler.update()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    if clip_grad > 0:
+        learner.scaler.unscale_(learner.optimizer)
+        norm = float(nn.utils.clip_grad_norm_(learner.module.parameters(), clip_grad))
+    learner.scaler.step(learner.optimizer)
+    learner.scaler.update()
+    learner.scheduler.step()
+    learner.optimizer.zero_grad(set_to_none=True)
     return norm
 
 
-def step_loss(run: Run, loss_sum: torch.Tensor, window: int) -> tuple[float, bool, bool]:
+def step_loss(loss_sum: torch.Tensor, window: int, info: DistInfo) -> tuple[float, bool, bool]:
     """Global mean loss of the step, whether it is finite everywhere, and locally.
 
     This `.item()` is the one host-device sync per optimizer step.
@@ -94,17 +97,20 @@ def step_loss(run: Run, loss_sum: torch.Tensor, window: int) -> tuple[float, boo
     local = loss_sum / window
     local_bad = ~torch.isfinite(local)
     values = torch.stack([torch.where(local_bad, 0.0, local), local_bad.float()]).double()
-    values = all_reduce_tensor(values, run.info)
+    values = all_reduce_tensor(values, info)
     mean, bad = values.tolist()
-    return mean / run.info.world_size, bad == 0, not bool(local_bad)
+    return mean / info.world_size, bad == 0, not bool(local_bad)
 
 
-def non_finite_error(run: Run, keys: list[str], locally: bool) -> NonFiniteLossError:
+def non_finite_error(
+    source: ResolvedSource | ResolvedMix, state: TrainState, keys: list[str], locally: bool
+) -> NonFiniteLossError:
+    """The stop of a step whose loss is not finite, naming the shards its batches came from."""
     where = "this rank's" if not locally else "another rank's"
-    found = locate_source_keys(run.loaders.train.source, keys) if keys else {}
+    found = locate_source_keys(source, keys) if keys else {}
     shards = ", ".join(f"{url} ({len(k)} keys, e.g. {k[0]})" for url, k in found.items())
     return NonFiniteLossError(
-        f"non-finite loss at optimizer step {run.state.step + 1} (epoch {run.state.epoch}) on "
+        f"non-finite loss at optimizer step {state.step + 1} (epoch {state.epoch}) on "
         f"{where} batch; this rank's last batches came from: {shards or 'unknown shards'}; "
         f"keys {keys[:8]}. Lower --lr, set --clip-grad, or check these samples. "
         "The step was not applied; the last checkpoint is intact."
@@ -112,23 +118,26 @@ def non_finite_error(run: Run, keys: list[str], locally: bool) -> NonFiniteLossE
 
 
 def train_epoch(run: Run) -> bool:
-    """Train the rest of the current epoch. Returns True when --max-steps was reached."""
-    config, state, plan = run.config, run.state, run.plan
-    loader = run.loaders.train
+    """Train the rest of the current epoch. Returns True when --max-steps was reached.
+
+    A conductor: it takes the whole run (loaders, counters, learner, logs, settings).
+    """
+    state, plan = run.state, run.plan
+    loader = run.feed.loaders.train
     loader.set_epoch(state.epoch)
     batches = len(loader)
     start = batches - loader.batches_remaining()  # > 0 when resumed mid-epoch
-    run.model.train()
-    run.timer.mark()
+    run.learner.model.train()
+    run.logs.timer.mark()
     bar = tqdm(
         total=plan.steps_per_epoch,
-        initial=start // config.accum_steps,
+        initial=start // plan.accum_steps,
         desc=f"epoch {state.epoch}",
         # Off a TTY (a log file, a Slurm job) a bar is only noise in the log.
-        disable=not (config.progress and run.info.is_main and sys.stderr.isatty()),
+        disable=not (run.config.run.progress and run.info.is_main and sys.stderr.isatty()),
         leave=False,
     )
-    stream = iter_timed(run.train_batches, run.timer)
+    stream = iter_timed(run.feed.train, run.logs.timer)
     # Log lines written while the bar is drawn go above it instead of through it.
     redirect = logging_redirect_tqdm(
         loggers=[logging.getLogger("trainers"), logging.getLogger("pipeline")]
@@ -146,73 +155,77 @@ def train_epoch(run: Run) -> bool:
 
 def train_batches(run: Run, stream, bar: tqdm, start: int, batches: int) -> bool:
     """The batch loop of `train_epoch`: micro-steps, then one optimizer step per window."""
-    config, state = run.config, run.state
-    loss_sum = torch.zeros((), device=run.info.device)
+    state, learner, info, logs = run.state, run.learner, run.info, run.logs
+    accum_steps, max_steps = run.plan.accum_steps, run.config.schedule.max_steps
+    loss_sum = torch.zeros((), device=info.device)
     window_keys: list[str] = []
     for index, (images, labels, keys) in enumerate(stream, start):
-        window = window_size(index, batches, config.accum_steps)
-        last = is_window_end(index, batches, config.accum_steps)
-        loss_sum += forward_backward(run, images, labels, window, sync=last)
+        window = window_size(index, batches, accum_steps)
+        last = is_window_end(index, batches, accum_steps)
+        loss_sum += forward_backward(learner, info, images, labels, window, sync=last)
         window_keys.extend(keys)
-        trace_batch(run, index, keys)
+        trace_batch(logs.trace, state, index, keys)
         if not last:
             continue
-        loss, finite, locally = step_loss(run, loss_sum, window)
+        loss, finite, locally = step_loss(loss_sum, window, info)
         if not finite:
-            raise non_finite_error(run, window_keys, locally)
-        optimizer_step(run)
+            source = run.feed.loaders.train.source
+            raise non_finite_error(source, state, window_keys, locally)
+        optimizer_step(learner, run.config.optimizer.clip_grad)
         state.step += 1
         state.window_loss += loss
         state.window_steps += 1
-        run.timer.end_step(window * config.batch_size)
+        logs.timer.end_step(window * run.plan.batch_size)
         loss_sum.zero_()
         window_keys = []
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{run.scheduler.lr:.3g}")
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{learner.scheduler.lr:.3g}")
         after_step(run, epoch_end=index + 1 == batches)
-        if config.max_steps is not None and state.step >= config.max_steps:
+        if max_steps is not None and state.step >= max_steps:
             return True
     return False
 
 
-def trace_batch(run: Run, index: int, keys: list[str]) -> None:
+def trace_batch(trace: Trace, state: TrainState, index: int, keys: list[str]) -> None:
     """`--debug-trace`: which samples micro-batch `index` held, and the step it belongs to."""
-    state = run.state
     row = {"kind": "batch", "step": state.step, "epoch": state.epoch, "batch": index}
-    run.trace.write({**row, "keys": list(keys)})
+    trace.write({**row, "keys": list(keys)})
 
 
 def after_step(run: Run, epoch_end: bool) -> None:
-    """Trace, metrics row, verdict, evaluation and checkpoint, each when due."""
-    config, state = run.config, run.state
-    if run.trace.enabled:
-        run.trace.write(
-            {"kind": "params", "step": state.step, "digest": parameter_digest(run.module)}
-        )
-    last_step = config.max_steps is not None and state.step >= config.max_steps
-    if state.step % config.log_every == 0 or last_step or epoch_end:
+    """Trace, metrics row, verdict, evaluation and checkpoint, each when due.
+
+    A conductor: each of these takes the run's parts it needs, a checkpoint the whole run.
+    """
+    settings, state, logs = run.config.run, run.state, run.logs
+    max_steps = run.config.schedule.max_steps
+    if logs.trace.enabled:
+        digest = parameter_digest(run.learner.module)
+        logs.trace.write({"kind": "params", "step": state.step, "digest": digest})
+    last_step = max_steps is not None and state.step >= max_steps
+    if state.step % settings.log_every == 0 or last_step or epoch_end:
         log_metrics(run)
     if epoch_end or last_step:
         return  # the epoch end (or the final stop) evaluates and checkpoints
-    if config.eval_every and state.step % config.eval_every == 0:
+    if settings.eval_every and state.step % settings.eval_every == 0:
         run_evaluation(run)
-    if config.checkpoint_every and state.step % config.checkpoint_every == 0:
+    every = run.config.checkpoint.checkpoint_every
+    if every and state.step % every == 0:
         save_run_checkpoint(run)
-        run.timer.mark()
+        logs.timer.mark()
 
 
 def log_metrics(run: Run) -> None:
-    """One metrics row: mean loss since the last row, lr, images/s and data wait over all ranks."""
-    state = run.state
-    window = run.timer.take()
-    samples, wait_s, elapsed_s = all_reduce(
-        [window.samples, window.wait_s, window.elapsed_s], run.info
-    )
-    world = run.info.world_size
-    reduced = Window(window.steps, int(samples), wait_s / world, elapsed_s / world)
-    run.verdict_window.add(reduced)
-    rated = rate_window(reduced, run.last_window, (run.config.log_every + 1) // 2)
-    run.last_window = reduced
+    """One metrics row: mean loss since the last row, lr, images/s and data wait over all ranks.
+
+    Takes the whole run: a row reads the counters, the timer, the LR schedule and
+    scheduler, the loader's first-batch time and the device.
+    """
+    state, logs, info, settings = run.state, run.logs, run.info, run.config.run
+    reduced = reduced_window(logs.timer.take(), info)
+    logs.verdict_window.add(reduced)
+    rated = rate_window(reduced, logs.last_window, (settings.log_every + 1) // 2)
+    logs.last_window = reduced
     row = {
         "kind": "train",
         "step": state.step,
@@ -293,41 +306,43 @@ def evaluate(
 
 
 @torch.no_grad()
-def evaluate_multi_label(run: Run) -> dict[str, float]:
+def evaluate_multi_label(
+    learner: Learner,
+    batches: CudaPrefetcher,
+    info: DistInfo,
+    trace: Trace,
+    evals: int,
+    classes: int,
+) -> tuple[dict[str, float], MultiLabelReport]:
     """BCE loss, mAP, F1 and per-class thresholds over the whole val split.
 
     AP needs every score of a class at once, so each rank's sigmoid scores (float32
-    `[n, C]`) and targets are gathered; every rank computes the same report. Rank 0
-    writes the per-class thresholds to `RUN_DIR/thresholds.json`.
+    `[n, C]`) and targets are gathered; every rank computes the same report.
     """
-    broadcast_buffers(run)
-    run.module.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=run.info.device)
+    broadcast_buffers(learner.module, info)
+    learner.module.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
     scores, targets = [], []
-    for images, labels, *rest in run.val_batches:
-        with autocast(run):
-            logits = run.module(images).float()
+    for images, labels, *rest in batches:
+        with learner.autocast(info.device):
+            logits = learner.module(images).float()
         loss_sum += F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").double()
         scores.append(torch.sigmoid(logits).cpu().numpy())
         targets.append(labels.cpu().numpy() > 0.5)
-        if rest and run.trace.enabled:
-            run.trace.write({"kind": "val", "evals": run.state.evals + 1, "keys": list(rest[0])})
-    run.module.train()
-    classes = run.identity["num_classes"]
+        if rest and trace.enabled:
+            trace.write({"kind": "val", "evals": evals, "keys": list(rest[0])})
+    learner.module.train()
     local = (
         np.concatenate(scores) if scores else np.zeros((0, classes), np.float32),
         np.concatenate(targets) if targets else np.zeros((0, classes), bool),
         float(loss_sum),
     )
-    gathered = gather_objects(local, run.info)
+    gathered = gather_objects(local, info)
     report = multi_label_report(
         np.concatenate([g[0] for g in gathered]), np.concatenate([g[1] for g in gathered])
     )
-    run.last_report = report
-    if run.info.is_main:
-        write_thresholds(run.config.run_dir, report, run.loaders.classes, run.state.step)
     elements = max(report.samples * classes, 1)
-    return {
+    figures = {
         "val_loss": sum(g[2] for g in gathered) / elements,
         "val_map": report.mean_ap,
         "val_f1_micro": report.f1_micro,
@@ -335,42 +350,55 @@ def evaluate_multi_label(run: Run) -> dict[str, float]:
         "val_f1_tuned": report.f1_tuned,
         "val_samples": report.samples,
     }
+    return figures, report
 
 
-def broadcast_buffers(run: Run) -> None:
+def broadcast_buffers(module: nn.Module, info: DistInfo) -> None:
     """Give every rank rank 0's BatchNorm statistics, so all ranks evaluate one model.
 
     DDP broadcasts buffers at the start of each forward; the forward itself then
     updates them from the rank's own batch, so after training they differ slightly.
     """
-    if run.info.distributed:
-        for buffer in run.module.buffers():
+    if info.distributed:
+        for buffer in module.buffers():
             torch.distributed.broadcast(buffer, src=0)
 
 
 def run_evaluation(run: Run) -> None:
-    if run.val_batches is None:
+    """Evaluate (when there is a val split), then its metrics row and log line.
+
+    Takes the whole run: the learner, val batches, counters, logs, and (multi-label)
+    the run directory for the thresholds (rank 0 writes `RUN_DIR/thresholds.json`).
+    """
+    if run.feed.val is None:
         return
-    result = evaluate(run)
-    run.state.evals += 1
-    state = run.state
-    total = run.timer.total
+    state, info, logs = run.state, run.info, run.logs
+    parts = (run.learner, run.feed.val, info, logs.trace, state.evals + 1)
+    if run.config.data.task == "multi-label":
+        result, logs.last_report = evaluate_multi_label(*parts, run.identity["num_classes"])
+        if info.is_main:
+            thresholds = (logs.last_report, run.feed.loaders.classes, state.step)
+            write_thresholds(run.config.run.run_dir, *thresholds)
+    else:
+        result = evaluate(*parts)
+    state.evals += 1
+    total = logs.timer.total
     row = {
         "kind": "eval",
         "step": state.step,
         "epoch": state.epoch,
         "evals": state.evals,
         "loss": result["val_loss"],
-        "lr": run.scheduler.lr,
-        "images_per_s": total.samples * run.info.world_size / total.elapsed_s
+        "lr": run.learner.scheduler.lr,
+        "images_per_s": total.samples * info.world_size / total.elapsed_s
         if total.elapsed_s
         else 0.0,
         "data_wait_frac": total.wait_frac,
         **result,
     }
-    run.metrics.write(row)
-    log.info("eval after step %d: %s", state.step, describe_evaluation(result, run.last_report))
-    run.timer.mark()
+    logs.metrics.write(row)
+    log.info("eval after step %d: %s", state.step, describe_evaluation(result, logs.last_report))
+    logs.timer.mark()
 
 
 def describe_evaluation(result: dict[str, float], report: MultiLabelReport | None) -> str:
@@ -393,36 +421,33 @@ def describe_evaluation(result: dict[str, float], report: MultiLabelReport | Non
 def fit(run: Run) -> dict[str, Any]:
     """Epochs from the current state to `--epochs` (or `--max-steps`), evaluating and checkpointing.
 
+    A conductor: it takes the whole run and hands each step its parts.
+
     Returns:
         The `end` metrics row (see `final_summary`).
     """
-    config = run.config
-    stopped = run.config.max_steps is not None and run.state.step >= config.max_steps
-    while not stopped and run.state.epoch < config.epochs:
+    epochs, max_steps = run.config.schedule.epochs, run.config.schedule.max_steps
+    stopped = max_steps is not None and run.state.step >= max_steps
+    while not stopped and run.state.epoch < epochs:
         stopped = train_epoch(run)
         run_evaluation(run)
         save_run_checkpoint(run)
-        run.timer.mark()
-    return final_summary(run)
+        run.logs.timer.mark()
+    return final_summary(run.logs, run.state, run.info)
 
 
-def final_summary(run: Run) -> dict[str, Any]:
+def final_summary(logs: Logs, state: TrainState, info: DistInfo) -> dict[str, Any]:
     """The `end` row: this segment's images/s and verdict, the last train loss and evaluation.
 
     The summary line made of it is logged last, by `trainers.train.finish`.
     """
-    total = run.timer.total
-    samples, wait_s, elapsed_s = all_reduce(
-        [total.samples, total.wait_s, total.elapsed_s], run.info
-    )
-    world = run.info.world_size
-    reduced = Window(total.steps, int(samples), wait_s / world, elapsed_s / world)
-    last_train = run.metrics.last.get("train", {})
-    last_eval = run.metrics.last.get("eval", {})
+    reduced = reduced_window(logs.timer.total, info)
+    last_train = logs.metrics.last.get("train", {})
+    last_eval = logs.metrics.last.get("eval", {})
     row: dict[str, Any] = {
         "kind": "end",
-        "step": run.state.step,
-        "epoch": run.state.epoch,
+        "step": state.step,
+        "epoch": state.epoch,
         "loss": last_train.get("loss"),
         "images_per_s": reduced.images_per_s,
         "data_wait_frac": reduced.wait_frac,
@@ -430,11 +455,11 @@ def final_summary(run: Run) -> dict[str, Any]:
         "val_accuracy": last_eval.get("val_accuracy"),
         "val_samples": last_eval.get("val_samples"),
         **{name: last_eval.get(name) for name in MULTI_LABEL_FIGURES},
-        "verdict": verdict_of(run, reduced),
+        "verdict": logs.verdict.of(reduced),
     }
-    if run.info.device.type == "cuda":
-        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(run.info.device) / 2**30
-    return run.metrics.write({name: value for name, value in row.items() if value is not None})
+    if info.device.type == "cuda":
+        row["peak_mem_gb"] = torch.cuda.max_memory_allocated(info.device) / 2**30
+    return logs.metrics.write({name: value for name, value in row.items() if value is not None})
 
 
 def parameter_digest(module: nn.Module) -> str:

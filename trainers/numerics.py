@@ -11,7 +11,7 @@ import os
 import torch
 from torch import nn
 
-from trainers.config import TrainConfig
+from trainers.config import Optimization
 from trainers.models import ModelError, parameter_groups
 
 
@@ -40,12 +40,12 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def build_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(module: nn.Module, settings: Optimization, lr: float) -> torch.optim.Optimizer:
     """SGD or AdamW over two groups (no weight decay on norm weights and biases).
 
-    The lr given here is a placeholder: `WarmupCosine` sets it before every step.
+    `lr` is a placeholder: `WarmupCosine` sets the learning rate before every step.
     """
-    groups = parameter_groups(module, config.weight_decay)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=(config.momentum, 0.999))
-    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov)
+    groups = parameter_groups(module, settings.weight_decay)
+    if settings.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(settings.momentum, 0.999))
+    return torch.optim.SGD(groups, lr=lr, momentum=settings.momentum, nesterov=settings.nesterov)

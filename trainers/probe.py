@@ -103,38 +103,38 @@ class Probe:
 
 
 def build_probe(config: TrainConfig) -> Probe:
-    configure_determinism(config.deterministic)
-    info = init_distributed(config.device, config.dist_timeout_s)
+    configure_determinism(config.run.deterministic)
+    info = init_distributed(config.run.device, config.run.dist_timeout_s)
     setup_logging(info)
-    seed_generators(config.seed)
-    num_classes = config.num_classes or classes_from_source(config) or 1000
-    model = build_model(config.model, num_classes).to(info.device)
-    if config.channels_last:
+    seed_generators(config.run.seed)
+    num_classes = config.model.num_classes or classes_from_source(config) or 1000
+    model = build_model(config.model.model, num_classes).to(info.device)
+    if config.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return Probe(
         config=config,
         info=info,
         model=model,
-        optimizer=build_optimizer(model, config),
+        optimizer=build_optimizer(model, config.optimizer, config.schedule.lr),
         criterion=nn.CrossEntropyLoss(),
-        amp_dtype=resolve_amp(config.amp, info.device),
-        scaler=torch.amp.GradScaler(info.device.type, enabled=config.amp == "fp16"),
+        amp_dtype=resolve_amp(config.run.amp, info.device),
+        scaler=torch.amp.GradScaler(info.device.type, enabled=config.run.amp == "fp16"),
         num_classes=num_classes,
     )
 
 
 def classes_from_source(config: TrainConfig) -> int | None:
-    if not config.train_shards:
+    if not config.data.train_shards:
         return None
     from pipeline.sources import resolve_source
 
     try:
         classes = resolve_source(
-            config.train_shards, config.train_split, config.loader.format
+            config.data.train_shards, config.data.train_split, config.loader.format
         ).classes
     except SOURCE_ERRORS as error:
         raise DataError(
-            f"--train-shards {config.train_shards}: {' '.join(str(error).split())}"
+            f"--train-shards {config.data.train_shards}: {' '.join(str(error).split())}"
         ) from error
     return len(classes) if classes else None
 
@@ -142,7 +142,7 @@ def classes_from_source(config: TrainConfig) -> int | None:
 def synthetic_batch(probe: Probe, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     size = probe.config.loader.crop.image_size
     images = torch.randn(batch, 3, size, size, device=probe.info.device)
-    if probe.config.channels_last:
+    if probe.config.model.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, probe.num_classes, (batch,), device=probe.info.device)
     return images, labels
@@ -216,9 +216,13 @@ def find_batch_size(config: TrainConfig) -> BatchSizeResult:
     """Largest per-device batch that fits `--memory-fraction` of memory; printed and saved."""
     probe = build_probe(config)
     meter = MemoryMeter(probe.info.device)
-    capacity = int(config.memory_budget_mb * 2**20) if config.memory_budget_mb else meter.capacity()
-    budget = capacity * config.memory_fraction
-    batches = sorted(set(config.probe_batches))
+    capacity = (
+        int(config.probe.memory_budget_mb * 2**20)
+        if config.probe.memory_budget_mb
+        else meter.capacity()
+    )
+    budget = capacity * config.probe.memory_fraction
+    batches = sorted(set(config.probe.probe_batches))
     measure_peak(probe, meter, batches[0])  # first step allocates optimizer state and workspaces
     points = [(b, measure_peak(probe, meter, b)) for b in batches]
     fixed, per_sample = fit_line(points)
@@ -260,12 +264,12 @@ def report_batch_size(config: TrainConfig, result: BatchSizeResult) -> None:
         f"measured: {result.measured}",
         *(f"  batch {b:5d}: peak {p / mb:9.1f} MB" for b, p in result.points),
         f"fit: {result.fixed_bytes / mb:.1f} MB fixed + {result.per_sample_bytes / mb:.3f} MB per sample",
-        f"budget: {config.memory_fraction:.0%} of {result.capacity_bytes / mb:.0f} MB = {result.budget_bytes / mb:.0f} MB",
+        f"budget: {config.probe.memory_fraction:.0%} of {result.capacity_bytes / mb:.0f} MB = {result.budget_bytes / mb:.0f} MB",
         f"largest batch: {result.batch_size} (confirmed: peak {result.confirmed_peak_bytes / mb:.1f} MB)",
         f"use: --batch-size {result.batch_size}, and --accum-steps to reach a larger effective batch",
     ]
     print("\n".join(lines))
-    out = Path(config.run_dir)
+    out = Path(config.run.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "find-batch-size.json").write_text(json.dumps(asdict(result), indent=1) + "\n")
 
@@ -297,19 +301,19 @@ def knee_index(points: list[ScanPoint]) -> int | None:
 def time_synthetic(probe: Probe, batch: int) -> ScanPoint:
     config = probe.config
     images, labels = synthetic_batch(probe, batch)
-    for _ in range(config.scan_warmup):
+    for _ in range(config.probe.scan_warmup):
         train_step(probe, images, labels)
     if probe.info.device.type == "cuda":
         torch.cuda.synchronize(probe.info.device)
         torch.cuda.reset_peak_memory_stats(probe.info.device)
     started = time.perf_counter()
-    for _ in range(config.scan_steps):
+    for _ in range(config.probe.scan_steps):
         train_step(probe, images, labels)  # float(loss) syncs every step, as training does
     elapsed = time.perf_counter() - started
     return ScanPoint(
         batch,
-        batch * config.scan_steps / elapsed,
-        1000 * elapsed / config.scan_steps,
+        batch * config.probe.scan_steps / elapsed,
+        1000 * elapsed / config.probe.scan_steps,
         None,
         peak_mb(probe),
     )
@@ -319,22 +323,24 @@ def time_loader(probe: Probe, batch: int) -> ScanPoint:
     """Steps fed by the real train loader: the end-to-end rate and how long it waited for data."""
     from dataclasses import replace
 
-    config = replace(probe.config, batch_size=batch)
-    settings = loader_config(config, probe.info, config.train_split, True)
+    config = replace(probe.config, schedule=replace(probe.config.schedule, batch_size=batch))
+    settings = loader_config(config, probe.info, config.data.train_split, True)
     loader = build_split_loader(settings, "--train-shards", config)
     mix = build_mix(config, probe.num_classes, probe.info.rank)
     if mix is not None:  # the run's batch mix and the loss of its soft targets, timed too
         probe = replace(probe, criterion=build_criterion(config))
-    batches = CudaPrefetcher(loader, probe.info.device, channels_last=config.channels_last, mix=mix)
+    batches = CudaPrefetcher(
+        loader, probe.info.device, channels_last=config.model.channels_last, mix=mix
+    )
     timer = StepTimer()
     stream = iter_timed(batches, timer)
     try:
         for step, (images, labels) in enumerate(stream):
-            if step == config.scan_warmup:
+            if step == config.probe.scan_warmup:
                 timer.take()  # discard the warmup (worker start, first batch)
             train_step(probe, images, labels)
             timer.end_step(len(labels))
-            if step + 1 >= config.scan_warmup + config.scan_steps:
+            if step + 1 >= config.probe.scan_warmup + config.probe.scan_steps:
                 break
     finally:
         stream.close()
@@ -358,12 +364,12 @@ def peak_mb(probe: Probe) -> float | None:
 
 def scan_throughput(config: TrainConfig) -> list[ScanPoint]:
     """Images/s for each `--scan-batch-sizes`; stops at the first out-of-memory."""
-    if config.scan_source == "loader" and not config.train_shards:
+    if config.probe.scan_source == "loader" and not config.data.train_shards:
         raise UsageError("--scan-source loader needs --train-shards")
     probe = build_probe(config)
-    timer = time_loader if config.scan_source == "loader" else time_synthetic
+    timer = time_loader if config.probe.scan_source == "loader" else time_synthetic
     points: list[ScanPoint] = []
-    for batch in config.scan_batch_sizes:
+    for batch in config.probe.scan_batch_sizes:
         try:
             points.append(timer(probe, batch))
         except RuntimeError as error:
@@ -400,9 +406,13 @@ def report_scan(config: TrainConfig, points: list[ScanPoint]) -> None:
         print(
             f"knee: batch {points[knee].batch_size} reaches {KNEE_SHARE:.0%} of the best images/s"
         )
-    out = Path(config.run_dir)
+    out = Path(config.run.run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    document = {"source": config.scan_source, "knee": knee, "points": [asdict(p) for p in points]}
+    document = {
+        "source": config.probe.scan_source,
+        "knee": knee,
+        "points": [asdict(p) for p in points],
+    }
     (out / "scan-throughput.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "scan-throughput.md").write_text(table + "\n")
     if not plot_scan(points, knee, out / "scan-throughput.png"):

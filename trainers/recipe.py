@@ -28,11 +28,11 @@ def build_criterion(config: TrainConfig) -> nn.Module:
     """The training loss: BCE per class (multi-label, hard or mixed targets alike), soft-target
     cross-entropy when batches are mixed (the smoothing is in the targets), else
     cross-entropy with `--smoothing` (the same loss as soft targets of smoothed one-hots)."""
-    if config.task == "multi-label":
+    if config.data.task == "multi-label":
         return nn.BCEWithLogitsLoss()  # mean over samples x classes; takes soft targets too
     if config.recipe.mixes:
         return SoftTargetCrossEntropy()
-    return nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+    return nn.CrossEntropyLoss(label_smoothing=config.recipe.label_smoothing)
 
 
 def build_mix(config: TrainConfig, num_classes: int, rank: int) -> MixupCutmix | None:
@@ -47,9 +47,9 @@ def build_mix(config: TrainConfig, num_classes: int, rank: int) -> MixupCutmix |
         prob=recipe.mixup_prob,
         switch_prob=recipe.mixup_switch_prob,
         mode=recipe.mixup_mode,
-        label_smoothing=config.label_smoothing,
+        label_smoothing=config.recipe.label_smoothing,
         num_classes=num_classes,
-        seed=config.seed,
+        seed=config.run.seed,
         rank=rank,
     )
 
@@ -64,7 +64,9 @@ def progressive_resize(config: TrainConfig) -> ProgressiveResize | None:
         start=recipe.progressive_start,
         end=recipe.progressive_end,
         first_epoch=recipe.progressive_first_epoch,
-        last_epoch=max(config.epochs - 1, recipe.progressive_first_epoch) if last is None else last,
+        last_epoch=max(config.schedule.epochs - 1, recipe.progressive_first_epoch)
+        if last is None
+        else last,
         step=recipe.progressive_step,
     )
 
@@ -84,7 +86,7 @@ def recipe_line(config: TrainConfig) -> str:
         parts.append(f"{recipe.aug_repeats} augmented repeats of each sample")
     schedule = progressive_resize(config)
     if schedule is not None:
-        sides = [schedule.size_at(epoch) for epoch in range(config.epochs)]
+        sides = [schedule.size_at(epoch) for epoch in range(config.schedule.epochs)]
         parts.append(f"progressive resizing {' '.join(map(str, sides))} px by epoch")
     if recipe.mixes:
         parts.append(mix_text(recipe))
@@ -105,8 +107,10 @@ def mix_text(recipe: Recipe) -> str:
 
 
 def loss_text(config: TrainConfig) -> str:
-    smoothing = f", smoothing {config.label_smoothing:g}" if config.label_smoothing else ""
-    if config.task == "multi-label":
+    smoothing = (
+        f", smoothing {config.recipe.label_smoothing:g}" if config.recipe.label_smoothing else ""
+    )
+    if config.data.task == "multi-label":
         mixed = " on mixed multi-hot targets" if config.recipe.mixes else ""
         return f"BCE per class{mixed}"
     if config.recipe.mixes:

@@ -1,4 +1,5 @@
-"""The `Run` a training job holds, and its round trip through a checkpoint.
+"""The `Run` a training job holds (its parts: `Learner`, `Feed`, `Logs`, `TrainState`), and
+its round trip through a checkpoint.
 
 A checkpoint is taken only between optimizer steps (no half-accumulated
 gradients to save). It stores the model, optimizer, scaler and scheduler
@@ -9,12 +10,13 @@ resume is checked against.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ from trainers.metrics import (
     StepTimer,
     Trace,
     Window,
+    bottleneck_verdict,
 )
 from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine
 
@@ -75,31 +78,72 @@ class TrainState:
 
 
 @dataclass
-class Run:
-    """Everything a training run holds; built once by `trainers.train.setup_run`."""
+class Learner:
+    """What a step runs and changes: the model, its loss, optimizer, LR scheduler and scaler."""
 
-    config: TrainConfig
-    info: DistInfo
     model: nn.Module  # what forward runs: the DDP wrapper when distributed
     module: nn.Module  # the bare model: state_dict and evaluation
+    criterion: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: WarmupCosine
     scaler: torch.amp.GradScaler
-    criterion: nn.Module
-    loaders: Loaders
-    train_batches: CudaPrefetcher
-    val_batches: CudaPrefetcher | None
-    plan: BatchPlan
-    schedule: LRSchedule
     amp_dtype: torch.dtype | None
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Mixed precision on `device` as `--amp` asks (a no-op context when off)."""
+        return torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+
+@dataclass
+class Feed:
+    """The run's data: its loaders and the prefetchers that bring their batches to the device."""
+
+    loaders: Loaders
+    train: CudaPrefetcher
+    val: CudaPrefetcher | None
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    """What decides a window's bottleneck verdict (`trainers.metrics.bottleneck_verdict`)."""
+
+    threshold: float  # --input-bound-threshold
+    device: str  # the device type
+    workers: int  # loader workers per rank, named in the advice
+
+    def of(self, window: Window) -> str:
+        return bottleneck_verdict(window.wait_frac, self.threshold, self.device, self.workers)
+
+
+@dataclass
+class Logs:
+    """What the run measures and writes as it goes: metrics rows, the debug trace, step times."""
+
     metrics: MetricsLog
     trace: Trace
-    identity: dict[str, Any]
-    state: TrainState
     timer: StepTimer
-    verdict_window: Window
+    verdict: VerdictRule
+    verdict_window: Window = field(default_factory=Window)
     last_window: Window | None = None  # the previous metrics row's, for `rate_window`
     last_report: MultiLabelReport | None = None  # the latest multi-label evaluation
+
+
+@dataclass
+class Run:
+    """Everything a training run holds, built once by `trainers.train.setup_run`: the parts
+    above, the counters, and the fixed figures (config, ranks, batch plan, LR schedule, the
+    data identity a resume is checked against). Only the loop's conductors take it whole
+    (`fit`, `train_epoch`, `after_step`, ...); the rest take the parts they use."""
+
+    config: TrainConfig
+    info: DistInfo
+    learner: Learner
+    feed: Feed
+    logs: Logs
+    state: TrainState
+    plan: BatchPlan
+    schedule: LRSchedule
+    identity: dict[str, Any]
 
 
 def data_identity(
@@ -128,11 +172,11 @@ def data_identity(
     return {
         "train_data": f"{len(source.shards)} shards, {source.total_samples} samples, sha256 {digest.hexdigest()[:16]}",
         "train_manifest": redact_url(source.manifest_url) if source.manifest_url else None,
-        "global_batch": config.batch_size * config.accum_steps * world_size,
-        "seed": config.seed,
-        "model": config.model,
+        "global_batch": config.schedule.batch_size * config.schedule.accum_steps * world_size,
+        "seed": config.run.seed,
+        "model": config.model.model,
         "num_classes": num_classes,
-        "task": config.task,
+        "task": config.data.task,
         "aug_repeats": config.recipe.aug_repeats,  # the epoch plan repeats samples
     }
 
@@ -185,18 +229,23 @@ def resume_problems(
 
 
 def checkpoint_payload(run: Run) -> dict[str, Any]:
-    """The checkpoint contents; every rank must call this (it gathers the RNG states)."""
+    """The checkpoint contents; every rank must call this (it gathers the RNG states).
+
+    Takes the whole run: a checkpoint is the learner, the counters, the loader position,
+    the ranks' RNG states, the config and the data identity, together.
+    """
     rngs = gather_objects(rng_state(), run.info)
+    learner = run.learner
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
-        "model": run.module.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scaler": run.scaler.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
+        "model": learner.module.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "scaler": learner.scaler.state_dict(),
+        "scheduler": learner.scheduler.state_dict(),
         "state": asdict(run.state),
         # The prefetcher's state counts batches handed to the loop, not those read ahead.
-        "loader": run.train_batches.state_dict(),
+        "loader": run.feed.train.state_dict(),
         "rng": rngs,
         "world_size": run.info.world_size,
         "config": run.config.to_dict(),
@@ -206,19 +255,29 @@ def checkpoint_payload(run: Run) -> dict[str, Any]:
 
 
 def save_run_checkpoint(run: Run) -> Path | None:
-    """Checkpoint the run (rank 0 writes; all ranks take part in gathering RNG states)."""
+    """Checkpoint the run (rank 0 writes; all ranks take part in gathering RNG states).
+
+    Takes the whole run, as `checkpoint_payload` does."""
     payload = checkpoint_payload(run)
     if not run.info.is_main:
         return None
-    path = save_checkpoint(run.config.run_dir, payload, run.state.step, run.config.keep_checkpoints)
+    path = save_checkpoint(
+        run.config.run.run_dir, payload, run.state.step, run.config.checkpoint.keep_checkpoints
+    )
     log.info("checkpoint %s (step %d, epoch %d)", path, run.state.step, run.state.epoch)
     return path
 
 
 def restore_run(run: Run, path: Path) -> None:
-    """Load `path` into the run, refusing (with a diff) one from an incompatible run."""
+    """Load `path` into the run, refusing (with a diff) one from an incompatible run.
+
+    Takes the whole run: a resume sets the learner, the counters, the loader position,
+    the RNGs and the logs back to the checkpoint's step.
+    """
     checkpoint = load_checkpoint(path)
-    problems = resume_problems(checkpoint["identity"], run.identity, run.config.allow_data_change)
+    problems = resume_problems(
+        checkpoint["identity"], run.identity, run.config.checkpoint.allow_data_change
+    )
     if problems:
         raise CheckpointError(
             f"cannot resume from {path}: the run changed\n" + "\n".join(problems) + "\n"
@@ -226,57 +285,65 @@ def restore_run(run: Run, path: Path) -> None:
             "--aug-repeats only; the loader then restarts the epoch if the data, seed or "
             "repeats changed), or use a new --run-dir."
         )
-    run.module.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
-    run.scheduler.load_state_dict(checkpoint["scheduler"])
-    if run.scaler.is_enabled() and checkpoint["scaler"]:
-        run.scaler.load_state_dict(checkpoint["scaler"])
+    learner = run.learner
+    learner.module.load_state_dict(checkpoint["model"])
+    learner.optimizer.load_state_dict(checkpoint["optimizer"])
+    learner.scheduler.load_state_dict(checkpoint["scheduler"])
+    if learner.scaler.is_enabled() and checkpoint["scaler"]:
+        learner.scaler.load_state_dict(checkpoint["scaler"])
     run.state = TrainState(**checkpoint["state"])
     try:
-        restore_loader(run, checkpoint)
+        restore_loader(run.feed, run.state, run.identity, checkpoint)
     except LoaderStateError as error:  # a tampered or foreign position: one line, no traceback
         raise CheckpointError(f"cannot resume from {path}: {error}") from error
-    restore_rng(run, checkpoint)
-    truncate_logs(run)
+    restore_rng(checkpoint, run.info, run.config.run.seed + run.state.step)
+    truncate_logs(run.logs, run.state)
+    train = run.feed.loaders.train
     log.info(
         "resumed from %s: step %d, epoch %d, %d batches into the epoch",
         path,
         run.state.step,
         run.state.epoch,
-        len(run.loaders.train) - run.loaders.train.batches_remaining(),
+        len(train) - train.batches_remaining(),
     )
 
 
-def restore_loader(run: Run, checkpoint: dict[str, Any]) -> None:
+def restore_loader(
+    feed: Feed, state: TrainState, identity: dict[str, Any], checkpoint: dict[str, Any]
+) -> None:
+    """The train loader at the checkpoint's position, or at its epoch's start when the data,
+    seed or repeats changed (`--allow-data-change`); `state.epoch` follows the loader."""
     saved = {**IDENTITY_DEFAULTS, **checkpoint["identity"]}
-    same_data = all(saved.get(n) == run.identity.get(n) for n in ORDER_FIELDS)
+    same_data = all(saved.get(n) == identity.get(n) for n in ORDER_FIELDS)
     if same_data:
         # Same data and seed: continue the epoch exactly (re-split if the world size changed).
-        run.train_batches.load_state_dict(checkpoint.get("loader"))
-        run.state.epoch = run.loaders.train.epoch
+        feed.train.load_state_dict(checkpoint.get("loader"))
+        state.epoch = feed.loaders.train.epoch
         return
     log.warning(
         "data, seed or --aug-repeats changed (--allow-data-change): epoch %d restarts from its beginning",
-        run.state.epoch,
+        state.epoch,
     )
-    run.loaders.train.set_epoch(run.state.epoch)
+    feed.loaders.train.set_epoch(state.epoch)
 
 
-def restore_rng(run: Run, checkpoint: dict[str, Any]) -> None:
+def restore_rng(checkpoint: dict[str, Any], info: DistInfo, reseed: int) -> None:
+    """This rank's saved RNG states; on another world size, fresh ones from `reseed` (the
+    run's seed plus its step) and the rank."""
     rngs = checkpoint["rng"]
-    if checkpoint["world_size"] == run.info.world_size:
-        set_rng_state(rngs[run.info.rank])
+    if checkpoint["world_size"] == info.world_size:
+        set_rng_state(rngs[info.rank])
         return
-    seed_generators(run.config.seed + 1000 * run.info.rank + run.state.step)
+    seed_generators(reseed + 1000 * info.rank)
 
 
-def truncate_logs(run: Run) -> None:
+def truncate_logs(logs: Logs, state: TrainState) -> None:
     """Drop metrics and trace rows written after the checkpoint (the resumed run redoes them)."""
-    step, evals = run.state.step, run.state.evals
-    dropped = run.metrics.truncate(partial(keep_metrics_row, step=step, evals=evals))
+    step, evals = state.step, state.evals
+    dropped = logs.metrics.truncate(partial(keep_metrics_row, step=step, evals=evals))
     if dropped:
         log.info("dropped %d metrics rows written after the checkpoint", dropped)
-    run.trace.truncate(partial(keep_trace_row, step=step, evals=evals))
+    logs.trace.truncate(partial(keep_trace_row, step=step, evals=evals))
 
 
 def keep_metrics_row(row: dict[str, Any], step: int, evals: int) -> bool:

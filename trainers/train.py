@@ -26,7 +26,7 @@ from shards.errors import DataError, ShardpipeError
 from shards.flags import CommandParser, changed_flags, check_command_word
 from shards.redact import redact_url
 from trainers.checkpoint import CheckpointError, latest_checkpoint
-from trainers.config import COMMANDS, TrainConfig, parse_command_line
+from trainers.config import COMMANDS, Model, Runtime, TrainConfig, parse_command_line
 from trainers.data import Loaders, build_loaders, check_sources, overlap_error
 from trainers.distributed import (
     DistInfo,
@@ -44,7 +44,6 @@ from trainers.metrics import (
     MetricsLog,
     StepTimer,
     Trace,
-    Window,
     plot_metrics,
     summary_line,
 )
@@ -52,9 +51,13 @@ from trainers.models import ModelError, build_model, resolve_model_name
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
 from trainers.recipe import build_criterion, build_mix, recipe_line
 from trainers.run import (
+    Feed,
+    Learner,
+    Logs,
     Run,
     RunDirError,
     TrainState,
+    VerdictRule,
     check_run_dir,
     data_identity,
     restore_run,
@@ -62,7 +65,7 @@ from trainers.run import (
     truncate_logs,
     write_config,
 )
-from trainers.schedule import BatchPlan, WarmupCosine, build_schedule
+from trainers.schedule import BatchPlan, LRSchedule, WarmupCosine, build_schedule
 
 log = logging.getLogger("trainers")
 
@@ -107,13 +110,13 @@ def check_config(command: str, config: TrainConfig) -> None:
 
     Device, precision, model name, local data paths, then the run directory.
     """
-    check_device(config.device)
-    if planned_device(config.device).type == "cpu":
-        resolve_amp(config.amp, torch.device("cpu"))  # on CUDA it would start a CUDA context
-    resolve_model_name(config.model)
+    check_device(config.run.device)
+    if planned_device(config.run.device).type == "cpu":
+        resolve_amp(config.run.amp, torch.device("cpu"))  # on CUDA it would start a CUDA context
+    resolve_model_name(config.model.model)
     check_sources(config)
     # The probes write their report into --run-dir too, next to an earlier run's files.
-    check_run_dir(config.run_dir, config.resume, refuse_used=command == "train")
+    check_run_dir(config.run.run_dir, config.checkpoint.resume, refuse_used=command == "train")
 
 
 def planned_device(name: str) -> torch.device:
@@ -136,13 +139,13 @@ def train(config: TrainConfig) -> int:
     `main` has run `check_config` on `config` first.
     """
     started = time.perf_counter()
-    configure_determinism(config.deterministic)
-    info = init_distributed(config.device, config.dist_timeout_s)
+    configure_determinism(config.run.deterministic)
+    info = init_distributed(config.run.device, config.run.dist_timeout_s)
     setup_logging(info)
     try:
         run = setup_run(config, info, started)
         end = fit(run)
-        finish(run, end)
+        finish(run.logs.metrics, info, config.run, end, run.plan.steps_per_epoch)
         finish_together(info)
     finally:
         shutdown_distributed()
@@ -155,57 +158,78 @@ def setup_run(config: TrainConfig, info: DistInfo, started: float | None = None)
     Args:
         started: `time.perf_counter()` when the job began: the zero of `time_s`.
     """
-    amp_dtype = resolve_amp(config.amp, info.device)
-    seed_generators(config.seed)  # the same on every rank: identical initial weights
+    settings = config.run
+    seed_generators(settings.seed)  # the same on every rank: identical initial weights
     loaders = build_loaders(config, info)
-    check_batches(loaders, config, info)
-    check_splits(loaders, config, info)
-    make_run_dir(config.run_dir)  # only once the data is known to be usable
+    check_batches(loaders, config.schedule.batch_size, info)
+    check_splits(loaders, config.data.overlap_check, info)
+    make_run_dir(settings.run_dir)  # only once the data is known to be usable
     num_classes = resolve_num_classes(config, loaders)
-    module = prepare_model(config, info, num_classes)
+    module = prepare_model(config.model, info, num_classes)
+    steps = config.schedule
     plan = BatchPlan(
-        config.batch_size, config.accum_steps, info.world_size, len(loaders.train), config.epochs
+        steps.batch_size, steps.accum_steps, info.world_size, len(loaders.train), steps.epochs
     )
     schedule = build_schedule(
         plan,
-        config.lr,
-        config.lr_ref_batch,
-        config.lr_scaling,
-        config.min_lr,
-        config.warmup_ratio,
-        config.warmup_steps,
+        steps.lr,
+        steps.lr_ref_batch,
+        steps.lr_scaling,
+        steps.min_lr,
+        steps.warmup_ratio,
+        steps.warmup_steps,
     )
-    optimizer = build_optimizer(module, config)
+    mix = build_mix(config, num_classes, info.rank)
     run = Run(
         config=config,
         info=info,
-        model=wrap_ddp(module, info),
-        module=module,
-        optimizer=optimizer,
-        scheduler=WarmupCosine(optimizer, schedule),
-        scaler=torch.amp.GradScaler(info.device.type, enabled=config.amp == "fp16"),
-        criterion=build_criterion(config),
-        loaders=loaders,
-        train_batches=prefetcher(
-            loaders.train, config, info, build_mix(config, num_classes, info.rank)
+        learner=build_learner(config, info, module, schedule),
+        feed=Feed(
+            loaders=loaders,
+            train=prefetcher(loaders.train, config.model, info, mix),
+            val=prefetcher(loaders.val, config.model, info) if loaders.val is not None else None,
         ),
-        val_batches=prefetcher(loaders.val, config, info) if loaders.val is not None else None,
+        logs=build_logs(config, info, started),
+        state=TrainState(),
         plan=plan,
         schedule=schedule,
-        amp_dtype=amp_dtype,
-        metrics=MetricsLog(config.run_dir, info.is_main, config.tensorboard, started),
-        trace=Trace(config.run_dir, info.rank, config.debug_trace),
         identity=data_identity(loaders.train.source, config, info.world_size, num_classes),
-        state=TrainState(),
-        timer=StepTimer(),
-        verdict_window=Window(),
     )
-    seed_generators(config.seed + 1000 * info.rank)  # per-rank randomness from here on
+    seed_generators(settings.seed + 1000 * info.rank)  # per-rank randomness from here on
     resume(run)
     if info.is_main:
-        write_config(config.run_dir, config, startup_figures(run))
+        write_config(settings.run_dir, config, startup_figures(run))
     log_startup(run)
     return run
+
+
+def build_learner(
+    config: TrainConfig, info: DistInfo, module: nn.Module, schedule: LRSchedule
+) -> Learner:
+    """The model (DDP-wrapped when distributed), loss, optimizer, its scheduler and scaler."""
+    optimizer = build_optimizer(module, config.optimizer, config.schedule.lr)
+    return Learner(
+        model=wrap_ddp(module, info),
+        module=module,
+        criterion=build_criterion(config),
+        optimizer=optimizer,
+        scheduler=WarmupCosine(optimizer, schedule),
+        scaler=torch.amp.GradScaler(info.device.type, enabled=config.run.amp == "fp16"),
+        amp_dtype=resolve_amp(config.run.amp, info.device),
+    )
+
+
+def build_logs(config: TrainConfig, info: DistInfo, started: float | None) -> Logs:
+    """Metrics rows (rank 0), the per-rank debug trace, the step timer, the verdict's rule."""
+    settings = config.run
+    return Logs(
+        metrics=MetricsLog(settings.run_dir, info.is_main, settings.tensorboard, started),
+        trace=Trace(settings.run_dir, info.rank, settings.debug_trace),
+        timer=StepTimer(),
+        verdict=VerdictRule(
+            settings.input_bound_threshold, info.device.type, config.loader.workers.count
+        ),
+    )
 
 
 def make_run_dir(run_dir: str) -> None:
@@ -217,7 +241,7 @@ def make_run_dir(run_dir: str) -> None:
         ) from error
 
 
-def check_batches(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
+def check_batches(loaders: Loaders, batch_size: int, info: DistInfo) -> None:
     """Every rank must train the same number of batches, and at least one."""
     batches = len(loaders.train)
     high, negative_low = all_reduce([batches, -batches], info, op="max")
@@ -228,17 +252,17 @@ def check_batches(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None
     if batches == 0:
         samples = loaders.train.source.total_samples
         raise DataError(
-            f"{samples} train samples give no full batch of {config.batch_size} per rank on "
+            f"{samples} train samples give no full batch of {batch_size} per rank on "
             f"{info.world_size} ranks; lower --batch-size"
         )
 
 
-def check_splits(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
-    """Rank 0 compares train and val keys; every rank stops if they overlap."""
+def check_splits(loaders: Loaders, overlap_check: str, info: DistInfo) -> None:
+    """Rank 0 compares train and val keys (`--overlap-check`); every rank stops if they overlap."""
     message = None
     if info.is_main and loaders.val is not None:
         message = overlap_error(
-            loaders.train.source.shards, loaders.val.source.shards, config.overlap_check
+            loaders.train.source.shards, loaders.val.source.shards, overlap_check
         )
     message = broadcast_error(message, info)
     if message:
@@ -248,19 +272,19 @@ def check_splits(loaders: Loaders, config: TrainConfig, info: DistInfo) -> None:
 def resolve_num_classes(config: TrainConfig, loaders: Loaders) -> int:
     if loaders.target_classes is not None:  # multi-label: the loader's targets are this wide
         return loaders.target_classes
-    if config.num_classes is not None:
-        return config.num_classes
+    if config.model.num_classes is not None:
+        return config.model.num_classes
     if loaders.classes:
         return len(loaders.classes)
     raise DataError(
-        f"--train-shards {redact_url(os.fspath(config.train_shards))}: no class list (no "
+        f"--train-shards {redact_url(os.fspath(config.data.train_shards))}: no class list (no "
         "manifest.json beside the shards names the classes); pass --num-classes N"
     )
 
 
-def prepare_model(config: TrainConfig, info: DistInfo, num_classes: int) -> nn.Module:
-    module = build_model(config.model, num_classes)
-    if config.sync_bn:
+def prepare_model(settings: Model, info: DistInfo, num_classes: int) -> nn.Module:
+    module = build_model(settings.model, num_classes)
+    if settings.sync_bn:
         if info.device.type != "cuda":
             raise ModelError(
                 "--sync-bn needs CUDA: torch's SyncBatchNorm only works with GPU modules"
@@ -270,7 +294,7 @@ def prepare_model(config: TrainConfig, info: DistInfo, num_classes: int) -> nn.M
         else:
             log.warning("--sync-bn has no effect in a single process")
     module = module.to(info.device)
-    if config.channels_last:
+    if settings.channels_last:
         module = module.to(memory_format=torch.channels_last)
     return module
 
@@ -283,23 +307,31 @@ def wrap_ddp(module: nn.Module, info: DistInfo) -> nn.Module:
 
 
 def prefetcher(
-    loader, config: TrainConfig, info: DistInfo, mix: MixupCutmix | None = None
+    loader, settings: Model, info: DistInfo, mix: MixupCutmix | None = None
 ) -> CudaPrefetcher:
     """Batches on the device, normalized there (on CPU: normalized in-process, no look-ahead),
-    then mixed there when the train loader's `mix` is given (evaluation never is)."""
-    return CudaPrefetcher(loader, info.device, channels_last=config.channels_last, mix=mix)
+    in the layout the model takes, then mixed there when the train loader's `mix` is given
+    (evaluation never is)."""
+    return CudaPrefetcher(loader, info.device, channels_last=settings.channels_last, mix=mix)
 
 
 def resume(run: Run) -> None:
-    """`--resume auto|PATH` (a fresh run's directory was checked by `check_run_dir`)."""
+    """`--resume auto|PATH` (a fresh run's directory was checked by `check_run_dir`).
+
+    Takes the whole run, which `restore_run` sets back to the checkpoint's step.
+    """
     config = run.config
-    run_dir = Path(config.run_dir)
-    if config.resume is None:
+    run_dir = Path(config.run.run_dir)
+    if config.checkpoint.resume is None:
         return
-    path = latest_checkpoint(run_dir) if config.resume == "auto" else Path(config.resume)
+    path = (
+        latest_checkpoint(run_dir)
+        if config.checkpoint.resume == "auto"
+        else Path(config.checkpoint.resume)
+    )
     if path is None:
         log.info("no checkpoint in %s: starting at step 0", run_dir)
-        truncate_logs(run)  # rows of a run killed before its first checkpoint
+        truncate_logs(run.logs, run.state)  # rows of a run killed before its first checkpoint
         return
     if not path.exists():
         raise CheckpointError(f"--resume {path}: no such checkpoint")
@@ -307,8 +339,11 @@ def resume(run: Run) -> None:
 
 
 def startup_figures(run: Run) -> dict:
-    """The derived numbers of the startup log, also stored in config.json."""
-    plan, schedule, loaders = run.plan, run.schedule, run.loaders
+    """The derived numbers of the startup log, also stored in config.json.
+
+    Takes the whole run: the figures come from its data, plan, schedule, ranks and model.
+    """
+    plan, schedule, loaders = run.plan, run.schedule, run.feed.loaders
     return {
         "train_samples": loaders.train.source.total_samples,
         "val_samples": loaders.val.source.total_samples if loaders.val else 0,
@@ -322,7 +357,7 @@ def startup_figures(run: Run) -> dict:
         "warmup_steps": schedule.warmup_steps,
         "peak_lr": schedule.peak_lr,
         "lr_scaling": schedule.describe(),
-        "parameters": sum(p.numel() for p in run.module.parameters()),
+        "parameters": sum(p.numel() for p in run.learner.module.parameters()),
     }
 
 
@@ -330,18 +365,20 @@ def log_startup(run: Run) -> None:
     """Every figure that decides what the run does, once, on rank 0, in short lines.
 
     The whole resolved config is in `RUN_DIR/config.json` (written just before); the
-    log names that file and the options that differ from the defaults, by group.
+    log names that file and the options that differ from the defaults, by group. Takes
+    the whole run: the log says what each of its parts is.
     """
     config, plan, schedule, info = run.config, run.plan, run.schedule, run.info
     f = startup_figures(run)
-    train_source = run.loaders.train.source
+    train_source = run.feed.loaders.train.source
     dropped = (
         train_source.total_samples // info.world_size - plan.batches_per_epoch * plan.batch_size
     )
     lines = [
         *config_lines(config),
         f"data: train {f['train_samples']} samples in {len(train_source.shards)} shards, "
-        f"val {f['val_samples']} samples; {class_figure(run)}",
+        f"val {f['val_samples']} samples; "
+        f"{class_figure(run.feed.loaders.classes, run.identity['num_classes'])}",
         f"data source: {source_line(train_source)}",
         f"batch: {plan.batch_size} per device x {plan.accum_steps} accumulation x "
         f"{plan.world_size} ranks = effective batch {plan.effective_batch}",
@@ -351,15 +388,15 @@ def log_startup(run: Run) -> None:
         f"accumulates {plan.last_window} of {plan.accum_steps} micro-batches",
         f"lr: peak {schedule.describe()}, linear warmup {schedule.warmup_steps} steps, cosine to "
         f"{schedule.min_lr:g} at step {schedule.total_steps}",
-        f"optimizer: {config.optimizer} momentum {config.momentum} weight decay "
-        f"{config.weight_decay} (not on norms/biases), clip {config.clip_grad or 'off'}",
+        f"optimizer: {config.optimizer.optimizer} momentum {config.optimizer.momentum} weight decay "
+        f"{config.optimizer.weight_decay} (not on norms/biases), clip {config.optimizer.clip_grad or 'off'}",
         recipe_line(config),
         f"loader: {config.loader.workers.count} workers per rank, image "
         f"{config.loader.crop.image_size} px, shuffle buffer {config.loader.shuffle.buffer}, "
-        f"channels_last {config.channels_last}",
-        f"device: {info.device}, amp {config.amp}, world size {info.world_size}, seed "
-        f"{config.seed}, deterministic {config.deterministic}",
-        f"model: {config.model} ({f['parameters'] / 1e6:.2f} M parameters)",
+        f"channels_last {config.model.channels_last}",
+        f"device: {info.device}, amp {config.run.amp}, world size {info.world_size}, seed "
+        f"{config.run.seed}, deterministic {config.run.deterministic}",
+        f"model: {config.model.model} ({f['parameters'] / 1e6:.2f} M parameters)",
     ]
     if run.state.step:
         lines.append(
@@ -377,7 +414,7 @@ CONFIG_LINE_WIDTH = 120
 def config_lines(config: TrainConfig) -> list[str]:
     """`config: RUN_DIR/config.json ...`, then the options changed from the defaults, one
     short line per `--help` group (a long group goes on over more lines)."""
-    path = Path(config.run_dir) / "config.json"
+    path = Path(config.run.run_dir) / "config.json"
     changed = changed_flags(TrainConfig, config)
     if not changed:
         return [f"config: every option in {path}; all at their defaults"]
@@ -393,28 +430,30 @@ def config_lines(config: TrainConfig) -> list[str]:
     return lines
 
 
-def class_figure(run: Run) -> str:
-    classes = run.loaders.classes
-    count = run.identity["num_classes"]
+def class_figure(classes: list[str] | None, count: int) -> str:
+    """`10 classes`, or where they come from when the data names none."""
     return f"{count} classes" if classes else f"{count} classes (--num-classes; no class names)"
 
 
-def finish(run: Run, end: dict) -> None:
+def finish(
+    metrics: MetricsLog, info: DistInfo, settings: Runtime, end: dict, steps_per_epoch: int
+) -> None:
     """Close the logs, draw the plot and log the summary line, last (rank 0)."""
-    run.metrics.close()
-    if not run.info.is_main:
+    metrics.close()
+    if not info.is_main:
         return
-    if run.config.plot:
-        draw_plot(run)
-    log.info("metrics: %s", run.metrics.path)
-    log.info("%s", summary_line(end, run.plan.steps_per_epoch))
+    if settings.plot:
+        draw_plot(metrics.path, settings.run_dir, settings.input_bound_threshold)
+    log.info("metrics: %s", metrics.path)
+    log.info("%s", summary_line(end, steps_per_epoch))
 
 
-def draw_plot(run: Run) -> None:
-    """`RUN_DIR/metrics.png`; a missing or broken matplotlib costs the plot, not the run."""
-    png = Path(run.config.run_dir) / PLOT_NAME
+def draw_plot(metrics: Path, run_dir: str, threshold: float) -> None:
+    """`RUN_DIR/metrics.png` of the rows in `metrics`; a missing or broken matplotlib costs
+    the plot, not the run."""
+    png = Path(run_dir) / PLOT_NAME
     try:
-        drawn = plot_metrics(run.metrics.path, png, run.config.input_bound_threshold)
+        drawn = plot_metrics(metrics, png, threshold)
     except ImportError as error:  # installed, but it or a library it needs will not load
         log.warning(
             "plot skipped: matplotlib is installed but does not import (%s); "

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.config import Batching, Crop, Workers
 from pipeline.loader import LoaderConfig, build_loader
 from pipeline.prefetch import CudaPrefetcher
 
@@ -92,11 +93,10 @@ def train(source: str, steps: int, batch_size: int, image_size: int, workers: in
     config = LoaderConfig(
         source=source,
         fields=("image", "txt"),  # no "label": image-text shards hold no class
-        batch_size=batch_size,
-        image_size=image_size,
-        num_workers=workers,
+        batch=Batching(size=batch_size),
+        crop=Crop(image_size=image_size),
+        workers=Workers(count=workers, pin_memory=device.type == "cuda"),
         train=True,
-        pin_memory=device.type == "cuda",
     )
     loader = build_loader(config)
     batches = CudaPrefetcher(loader, device)

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig, build_loader
 
 
@@ -24,22 +25,19 @@ def shard_copy(shard_dir, tmp_path):
 
 
 def loader_for(shard_dir, **overrides):
+    """A small train loader over `shard_dir`; a group in `overrides` replaces this one's whole
+    (`batch=Batching(size=4)` is a batch of 4 with the other `Batching` defaults)."""
     options = dict(
         source=str(shard_dir),
         split="train",
-        batch_size=8,
-        image_size=32,
-        num_workers=0,
+        batch=Batching(size=8),
+        crop=Crop(image_size=32),
+        workers=Workers(count=0),
         seed=11,
-        shuffle_buffer=64,
-        shuffle_initial=16,
+        shuffle=Shuffle(buffer=64, initial=16),
         with_keys=True,
     )
     options.update(overrides)
-    if "crop" in overrides:  # a Crop group carries its own image_size
-        del options["image_size"]
-    if "batch" in overrides:  # a Batching group carries its own size
-        del options["batch_size"]
     return build_loader(LoaderConfig(**options))
 
 

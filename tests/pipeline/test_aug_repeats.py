@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from pipeline import Batching, LoaderConfig, Resampled, Source
+from pipeline import Batching, Crop, LoaderConfig, Resampled, Source, Workers
 from pipeline.mixing import Mix
 from pipeline.plan import Partition, Segment, plan_epoch, shuffle_buffer, worker_rng
 from pipeline.transforms import SampleRandom
@@ -222,7 +222,9 @@ TAG = RepeatTag()
 def repeated(shard_dir, k=3, drop_last=None, transform=TAG, **overrides):
     """`loader_for`'s loader with `aug_repeats=k`, images tagged by their draws."""
     batch = Batching(size=8, drop_last=drop_last, aug_repeats=k)
-    return loader_for(shard_dir, batch=batch, transform=transform, **overrides)
+    return loader_for(
+        shard_dir, batch=batch, crop=Crop(image_size=32, transform=transform), **overrides
+    )
 
 
 def check_copies(rows, k=3, epoch=0):
@@ -241,8 +243,10 @@ def check_copies(rows, k=3, epoch=0):
 def test_the_loader_delivers_k_copies_with_repeats_0_to_k_minus_1(shard_dir, world, workers):
     rows, lengths = [], set()
     for rank in range(world):
-        options = dict(rank=rank, world_size=world, num_workers=workers)
-        loader = repeated(shard_dir, persistent_workers=False, **options)
+        options = dict(
+            rank=rank, world_size=world, workers=Workers(count=workers, persistent=False)
+        )
+        loader = repeated(shard_dir, **options)
         plain = loader_for(shard_dir, **options)
         batches = tagged(loader)
         assert len(batches) == len(loader) == len(plain)  # the epoch keeps its length
@@ -263,27 +267,27 @@ def test_the_copies_of_a_sample_are_cropped_differently(shard_dir):
 
 
 def test_a_mid_epoch_resume_continues_the_identical_copies(shard_dir):
-    full = tagged(repeated(shard_dir, num_workers=2, persistent_workers=False))
-    interrupted = repeated(shard_dir, num_workers=2, persistent_workers=False)
+    full = tagged(repeated(shard_dir, workers=Workers(count=2, persistent=False)))
+    interrupted = repeated(shard_dir, workers=Workers(count=2, persistent=False))
     head = tagged(interrupted, limit=5)
     state = interrupted.state_dict()
     assert state["segments"][0]["aug_repeats"] == 3
-    resumed = repeated(shard_dir, num_workers=2, persistent_workers=False)
+    resumed = repeated(shard_dir, workers=Workers(count=2, persistent=False))
     resumed.load_state_dict(state)
     assert head + tagged(resumed) == full
 
 
 def test_a_resume_from_two_ranks_on_one_loses_and_doubles_no_copy(shard_dir):
-    options = dict(drop_last=False, persistent_workers=False)
+    options = dict(drop_last=False)
     full, head, states = [], [], []
     for rank in range(2):
-        two = dict(rank=rank, world_size=2, num_workers=2, **options)
+        two = dict(rank=rank, world_size=2, workers=Workers(count=2, persistent=False), **options)
         full += [row for batch in tagged(repeated(shard_dir, **two)) for row in batch]
         loader = repeated(shard_dir, **two)
         head += [row for batch in tagged(loader, limit=3) for row in batch]
         states.append(loader.state_dict())
     assert states[0] == states[1]
-    single = repeated(shard_dir, num_workers=1, **options)
+    single = repeated(shard_dir, workers=Workers(count=1, persistent=False), **options)
     single.load_state_dict(states[0])
     rest = [row for batch in tagged(single) for row in batch]
     assert Counter(head + rest) == Counter(full) and len(set(full)) == len(full) == 194
@@ -319,7 +323,7 @@ PLAIN_KEYS_SHA256 = "40ef847e736b865db96f512e1b5bd0d7efe2cd5eb7d19ca5c8abcb6c758
 
 
 def test_aug_repeats_1_leaves_the_loaders_order_and_state_as_they_were(shard_dir):
-    loader = repeated(shard_dir, k=1, transform=None, num_workers=2, persistent_workers=False)
+    loader = repeated(shard_dir, k=1, transform=None, workers=Workers(count=2, persistent=False))
     keys = epoch_keys(loader)
     assert hashlib.sha256(json.dumps(keys).encode()).hexdigest() == PLAIN_KEYS_SHA256
     assert list(loader.state_dict()["segments"][0]) == [

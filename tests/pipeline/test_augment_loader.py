@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import Augment, Crop, LoaderConfig
+from pipeline import Augment, Batching, Crop, LoaderConfig, Workers
 from pipeline.augment import build_augmenter
 from pipeline.transforms import SampleRandom
 from shards.errors import UsageError
@@ -57,7 +57,11 @@ def same_pixels(got: dict, want: dict) -> bool:
 @pytest.fixture(scope="module")
 def reference(shard_dir) -> dict[str, torch.Tensor]:
     """Every train sample once, augmented, read in the main process."""
-    return pixels_by_key(loader_for(shard_dir, augment=DEIT, epoch_rule="uneven", drop_last=False))
+    return pixels_by_key(
+        loader_for(
+            shard_dir, augment=DEIT, batch=Batching(size=8, epoch_rule="uneven", drop_last=False)
+        )
+    )
 
 
 @pytest.mark.parametrize("workers", [2, 4])
@@ -67,13 +71,13 @@ def test_a_sample_gets_the_same_augmentation_on_any_number_of_workers(
     loader = loader_for(
         shard_dir,
         augment=DEIT,
-        num_workers=workers,
-        persistent_workers=False,
-        epoch_rule="uneven",
-        drop_last=False,
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+        workers=Workers(count=workers, persistent=False),
     )
     assert same_pixels(pixels_by_key(loader), reference)
-    plain = pixels_by_key(loader_for(shard_dir, epoch_rule="uneven", drop_last=False))
+    plain = pixels_by_key(
+        loader_for(shard_dir, batch=Batching(size=8, epoch_rule="uneven", drop_last=False))
+    )
     changed = sum(not torch.equal(plain[key], reference[key]) for key in plain)
     assert changed > len(plain) / 2  # RandAugment and erasing did change most images
 
@@ -88,9 +92,8 @@ def test_ranks_split_the_epoch_exactly_and_augment_alike(shard_dir, reference, r
             augment=DEIT,
             rank=rank,
             world_size=2,
-            num_workers=2,
-            epoch_rule=rule,
-            drop_last=rule == "pad",
+            batch=Batching(size=8, epoch_rule=rule, drop_last=rule == "pad"),
+            workers=Workers(count=2),
         )
         batches = list(loader)
         counts.append(len(batches))
@@ -109,7 +112,7 @@ def test_ranks_split_the_epoch_exactly_and_augment_alike(shard_dir, reference, r
 
 def test_a_mid_epoch_resume_delivers_the_same_augmented_batches(shard_dir):
     def build():
-        return loader_for(shard_dir, augment=DEIT, num_workers=2, persistent_workers=False)
+        return loader_for(shard_dir, augment=DEIT, workers=Workers(count=2, persistent=False))
 
     full = [(images.clone(), keys) for images, _, keys in build()]
     interrupted = build()
@@ -134,33 +137,45 @@ def test_user_ops_run_in_place_after_the_crop_with_the_samples_own_draws(shard_d
 
 
 def test_pillow_crops_are_augmented_in_place_too(shard_dir):
-    plain = pixels_by_key(loader_for(shard_dir, backend="pillow"), limit=4)
+    plain = pixels_by_key(
+        loader_for(shard_dir, crop=Crop(image_size=32, backend="pillow")), limit=4
+    )
     augment = Augment(ops=(invert,))
-    inverted = pixels_by_key(loader_for(shard_dir, backend="pillow", augment=augment), limit=4)
+    inverted = pixels_by_key(
+        loader_for(shard_dir, crop=Crop(image_size=32, backend="pillow"), augment=augment), limit=4
+    )
     assert same_pixels(inverted, {k: 255 - v for k, v in plain.items()})
 
 
 def test_nchw_batches_hold_the_same_augmented_pixels(shard_dir, reference):
     loader = loader_for(
-        shard_dir, augment=DEIT, channels_last=False, epoch_rule="uneven", drop_last=False
+        shard_dir,
+        augment=DEIT,
+        batch=Batching(size=8, channels_last=False, epoch_rule="uneven", drop_last=False),
     )
     assert same_pixels(pixels_by_key(loader), reference)
 
 
 def test_a_custom_transforms_read_only_output_is_augmented_on_a_copy(shard_dir):
-    loader = loader_for(shard_dir, transform=read_only_crop, augment=Augment(ops=(invert,)))
+    loader = loader_for(
+        shard_dir,
+        crop=Crop(image_size=32, transform=read_only_crop),
+        augment=Augment(ops=(invert,)),
+    )
     images, _, _ = next(iter(loader))
     assert images.shape == (8, 3, 32, 32) and set(images.unique().tolist()) == {155}
-    bad = loader_for(shard_dir, transform=float_crop, augment=Augment(ops=(invert,)))
+    bad = loader_for(
+        shard_dir, crop=Crop(image_size=32, transform=float_crop), augment=Augment(ops=(invert,))
+    )
     with pytest.raises(UsageError, match="Crop.transform returned ndarray float32"):
         next(iter(bad))
 
 
 def test_augment_time_is_counted_and_nothing_runs_without_it(shard_dir):
-    loader = loader_for(shard_dir, augment=DEIT, num_workers=2)
+    loader = loader_for(shard_dir, augment=DEIT, workers=Workers(count=2))
     list(loader)
     assert all(w["augment_s"] > 0 for w in loader.stats.workers.values())
-    plain = loader_for(shard_dir, augment=Augment(), num_workers=2)
+    plain = loader_for(shard_dir, augment=Augment(), workers=Workers(count=2))
     assert plain.settings.augment is None  # not enabled: no per-sample call at all
     list(plain)
     assert all(w["augment_s"] == 0 for w in plain.stats.workers.values())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline.batchring import BatchRing, SlotBatch, materialize
+from pipeline.config import Workers
 from tests.pipeline.conftest import loader_for
 
 
@@ -76,8 +77,10 @@ def collect(loader, hold):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_held_batches_are_never_overwritten(shard_dir, workers):
-    reference, _ = collect(loader_for(shard_dir, num_workers=workers, reuse_buffers=False), False)
-    loader = loader_for(shard_dir, num_workers=workers, prefetch_factor=2)
+    reference, _ = collect(
+        loader_for(shard_dir, workers=Workers(count=workers, reuse_buffers=False)), False
+    )
+    loader = loader_for(shard_dir, workers=Workers(count=workers, prefetch_factor=2))
     clones, kept = collect(loader, hold=True)
     assert len(kept) > loader.ring.workers * loader.ring.slots  # more batches than slots
     for (ref_images, ref_keys), (images, keys), live in zip(reference, clones, kept, strict=True):
@@ -87,8 +90,10 @@ def test_held_batches_are_never_overwritten(shard_dir, workers):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dropped_batches_reuse_the_ring(shard_dir, workers):
-    loader = loader_for(shard_dir, num_workers=workers, prefetch_factor=2)
-    reference, _ = collect(loader_for(shard_dir, num_workers=workers, reuse_buffers=False), False)
+    loader = loader_for(shard_dir, workers=Workers(count=workers, prefetch_factor=2))
+    reference, _ = collect(
+        loader_for(shard_dir, workers=Workers(count=workers, reuse_buffers=False)), False
+    )
     addresses, from_ring, count = set(), 0, 0
     for (images, _, _), (ref_images, _) in zip(loader, reference, strict=True):
         count += 1
@@ -103,7 +108,7 @@ def test_dropped_batches_reuse_the_ring(shard_dir, workers):
 
 
 def test_an_abandoned_epoch_gives_its_slots_back_to_the_next(shard_dir):
-    loader = loader_for(shard_dir, num_workers=2, prefetch_factor=2)
+    loader = loader_for(shard_dir, workers=Workers(count=2, prefetch_factor=2))
     taken = list(itertools.islice(loader, 2))  # stop early: workers hold prefetched batches
     del taken
     batches = sum(1 for _ in loader)  # the next iteration drains and frees them
@@ -113,8 +118,8 @@ def test_an_abandoned_epoch_gives_its_slots_back_to_the_next(shard_dir):
 
 
 def test_workers_that_exit_every_epoch_allocate_instead(shard_dir):
-    assert loader_for(shard_dir, num_workers=2, persistent_workers=False).ring is None
-    assert loader_for(shard_dir, num_workers=0, persistent_workers=False).ring is not None
+    assert loader_for(shard_dir, workers=Workers(count=2, persistent=False)).ring is None
+    assert loader_for(shard_dir, workers=Workers(count=0, persistent=False)).ring is not None
 
 
 def test_the_pin_thread_copies_a_slot_out_and_frees_it(monkeypatch):

@@ -14,6 +14,7 @@ from PIL import Image
 pytest.importorskip("simplejpeg")
 pytest.importorskip("cv2")
 
+from pipeline.config import Batching, Crop, Workers
 from pipeline.fast_transforms import (  # noqa: E402
     FastCenterCrop,
     FastRandomResizedCrop,
@@ -271,8 +272,10 @@ def test_missing_packages_name_the_extra(monkeypatch):
 
 def test_loader_accepts_the_fast_transform(shard_dir):
     # 96 px, not the fixture's 32: 8x shrinks of tiny outputs differ more between the filters.
-    fast = loader_for(shard_dir, transform=FastRandomResizedCrop(size=96), seed=3, image_size=96)
-    pillow = loader_for(shard_dir, seed=3, image_size=96, backend="pillow")
+    fast = loader_for(
+        shard_dir, crop=Crop(image_size=96, transform=FastRandomResizedCrop(size=96)), seed=3
+    )
+    pillow = loader_for(shard_dir, seed=3, crop=Crop(image_size=96, backend="pillow"))
     batches = 0
     for (images, labels, keys), (ref_images, ref_labels, ref_keys) in zip(
         fast, pillow, strict=True
@@ -288,17 +291,17 @@ def test_loader_defaults_to_the_fast_crops(shard_dir):
     train = loader_for(shard_dir)
     assert isinstance(train.dataset.transform, FastRandomResizedCrop)
     assert isinstance(loader_for(shard_dir, train=False).dataset.transform, FastCenterCrop)
-    pillow = loader_for(shard_dir, backend="pillow")
+    pillow = loader_for(shard_dir, crop=Crop(image_size=32, backend="pillow"))
     assert type(pillow.dataset.transform) is RandomResizedCrop
     with pytest.raises(ValueError, match="backend 'turbo' is not one of auto, fast, pillow"):
-        loader_for(shard_dir, backend="turbo")
+        loader_for(shard_dir, crop=Crop(image_size=32, backend="turbo"))
 
 
 def test_auto_backend_without_the_packages_uses_pillow(shard_dir, monkeypatch):
     monkeypatch.setattr("shards.image.policy.fast_backend_available", lambda: False)
     assert type(loader_for(shard_dir).dataset.transform) is RandomResizedCrop
     with pytest.raises(ImportError, match="backend='pillow'"):
-        loader_for(shard_dir, backend="fast")
+        loader_for(shard_dir, crop=Crop(image_size=32, backend="fast"))
 
 
 def mixed_shard(path, count: int = 12) -> dict[str, str]:
@@ -321,11 +324,9 @@ def test_pillow_fallbacks_are_counted_in_the_loader_stats(tmp_path, backend, exp
     mixed_shard(tmp_path / "mixed-000000.tar")
     config = LoaderConfig(
         source=str(tmp_path / "mixed-000000.tar"),
-        batch_size=4,
-        image_size=32,
-        num_workers=0,
-        backend=backend,
-        pin_memory=False,
+        batch=Batching(size=4),
+        crop=Crop(image_size=32, backend=backend),
+        workers=Workers(count=0, pin_memory=False),
     )
     loader = build_loader(config)
     for _epoch in range(2):  # counts are per epoch, not cumulative
@@ -362,8 +363,12 @@ class CopyingCrop:
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_batches_written_in_place_equal_stacked_ones(shard_dir, channels_last):
-    direct = loader_for(shard_dir, channels_last=channels_last)
-    stacked = loader_for(shard_dir, channels_last=channels_last, transform=CopyingCrop(32))
+    direct = loader_for(shard_dir, batch=Batching(size=8, channels_last=channels_last))
+    stacked = loader_for(
+        shard_dir,
+        batch=Batching(size=8, channels_last=channels_last),
+        crop=Crop(image_size=32, transform=CopyingCrop(32)),
+    )
     for (images, labels, keys), (ref, ref_labels, ref_keys) in zip(direct, stacked, strict=True):
         assert keys == ref_keys and labels.tolist() == ref_labels.tolist()
         assert images.stride() == ref.stride()
@@ -559,7 +564,9 @@ def test_the_loader_decodes_bands_of_marked_shards_and_delivers_the_same_batches
         writer.close()
 
     def batches() -> list[torch.Tensor]:
-        config = LoaderConfig(source=str(shard), batch_size=16, num_workers=0, seed=3)
+        config = LoaderConfig(
+            source=str(shard), batch=Batching(size=16), workers=Workers(count=0), seed=3
+        )
         return [batch[0].clone() for batch in build_loader(config)]
 
     cuts = record_band_cuts(monkeypatch)
@@ -642,7 +649,11 @@ def test_the_loader_never_shows_what_the_whole_decode_hides(tmp_path):
             writer.write({"__key__": f"s{index:04d}", "jpg": image, "cls": b"%d" % (index % 4)})
         writer.close()
     config = LoaderConfig(
-        source=str(shard), batch_size=16, num_workers=0, seed=3, image_size=64, scale=(0.05, 0.3)
+        source=str(shard),
+        batch=Batching(size=16),
+        crop=Crop(image_size=64, scale=(0.05, 0.3)),
+        workers=Workers(count=0),
+        seed=3,
     )
     images = torch.cat([batch[0] for batch in build_loader(config)]).float()
     assert len(images) == 32

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dataset import LoaderDataError
+from pipeline.config import Batching, Crop, ReadOptions, Workers
 from pipeline.loader import LoaderConfig, build_loader
+from pipeline.stats import LoaderDataError
 from shards.tar import TarShardWriter, iter_tar_samples
 from tests.conftest import shard_files, shard_path, shard_url
 from tests.httpserver import LocalHTTPServer
@@ -35,7 +36,9 @@ def rewrite_tar(path: Path, change) -> None:
 
 
 def full_epoch(directory, **overrides):
-    loader = loader_for(directory, epoch_rule="uneven", drop_last=False, **overrides)
+    loader = loader_for(
+        directory, batch=Batching(size=8, epoch_rule="uneven", drop_last=False), **overrides
+    )
     return loader, epoch_keys(loader)
 
 
@@ -74,7 +77,7 @@ def test_garbage_shard_past_the_budget_stops_with_a_clear_error(shard_copy):
 
 def test_code_errors_in_a_transform_propagate_not_skipped(shard_dir):
     with pytest.raises(TypeError, match="bug in transform"):
-        epoch_keys(loader_for(shard_dir, transform=BuggyTransform()))
+        epoch_keys(loader_for(shard_dir, crop=Crop(image_size=32, transform=BuggyTransform())))
 
 
 class BuggyTransform:
@@ -95,7 +98,9 @@ class KillSometimes:
 
 def test_a_killed_worker_raises_promptly_instead_of_hanging(shard_dir):
     loader = loader_for(
-        shard_dir, num_workers=2, transform=KillSometimes(), persistent_workers=False
+        shard_dir,
+        crop=Crop(image_size=32, transform=KillSometimes()),
+        workers=Workers(count=2, persistent=False),
     )
     with pytest.raises(RuntimeError, match="(?i)worker.*(killed|exited)"):
         epoch_keys(loader)
@@ -115,7 +120,7 @@ def test_pipe_and_shell_urls_are_refused_and_no_process_is_spawned(shard_dir, mo
         f"{shard_dir}/train-$(id).tar\n",
     ]:
         with pytest.raises(ValueError):
-            build_loader(LoaderConfig(source=source, num_workers=0))
+            build_loader(LoaderConfig(source=source, workers=Workers(count=0)))
     # A real read works with the process APIs forbidden.
     assert epoch_keys(loader_for(shard_dir))
 
@@ -141,7 +146,7 @@ def test_planted_pickle_members_are_never_unpickled(shard_copy, tmp_path, monkey
         rewrite_tar(tar, plant)
     (shard_copy / "manifest.json").unlink()  # counts now come from the shards themselves
     pattern = shard_path(shard_copy, "train", 0).parent / "train-{000000..000005}.tar"
-    loader = loader_for(str(pattern), num_workers=2)
+    loader = loader_for(str(pattern), workers=Workers(count=2))
     assert epoch_keys(loader)
     assert not marker.exists()
 
@@ -150,7 +155,9 @@ def test_shards_and_manifest_stream_from_a_local_http_server(shard_dir):
     local = Counter(k for b in full_epoch(shard_dir)[1] for k in b)
     with LocalHTTPServer(shard_dir) as base:
         loader = loader_for(
-            f"{base}/manifest.json", epoch_rule="uneven", drop_last=False, num_workers=2
+            f"{base}/manifest.json",
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            workers=Workers(count=2),
         )
         remote = Counter(k for b in epoch_keys(loader) for k in b)
     assert remote == local
@@ -166,9 +173,10 @@ def test_flaky_http_server_is_retried_and_the_epoch_completes(shard_dir):
         server.close_after(shard_url("", "train", 1), 3000, times=1)
         loader = loader_for(
             f"{base}/manifest.json",
-            epoch_rule="uneven",
-            drop_last=False,
-            retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5),
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            io=ReadOptions(
+                retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5)
+            ),
         )
         remote = Counter(k for b in epoch_keys(loader) for k in b)
     assert remote == local
@@ -186,9 +194,8 @@ def test_parquet_shards_stream_over_http_with_range_requests(shard_dir):
         loader = loader_for(
             f"{base}/manifest.json",
             format="parquet",
-            epoch_rule="uneven",
-            drop_last=False,
-            num_workers=2,
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            workers=Workers(count=2),
         )
         remote = Counter(k for b in epoch_keys(loader) for k in b)
         ranged = [r for r in server.requests if r.path.endswith(".parquet") and r.range]
@@ -206,7 +213,9 @@ def test_an_unreadable_shard_counts_against_the_skip_budget(shard_copy):
 
 
 def test_storage_options_never_appear_in_config_reprs():
-    config = LoaderConfig(source="s3://bucket/manifest.json", storage_options={"secret": "hunter2"})
+    config = LoaderConfig(
+        source="s3://bucket/manifest.json", io=ReadOptions(storage_options={"secret": "hunter2"})
+    )
     assert "hunter2" not in repr(config)
 
 
@@ -241,9 +250,8 @@ def eval_epoch(directory, world: int, workers: int, **overrides) -> tuple[Counte
             directory,
             rank=rank,
             world_size=world,
-            num_workers=workers,
+            workers=Workers(count=workers, persistent=False),
             max_skip_fraction=1.0,
-            persistent_workers=False,
             **overrides,
         )
         for keys in epoch_keys(loader):
@@ -280,9 +288,13 @@ def test_training_keeps_its_equal_batches_by_refilling(shard_copy):
     from tests.pipeline.test_loader import split_keys
 
     bad = strip_labels(shard_copy, "tar")
-    whole = eval_epoch(shard_copy, 2, 0, train=True, drop_last=True)
-    damaged_loader = loader_for(shard_copy, rank=0, world_size=2, drop_last=True)
-    seen, sizes, counts = eval_epoch(shard_copy, 2, 0, train=True, drop_last=True)
+    whole = eval_epoch(shard_copy, 2, 0, train=True, batch=Batching(size=8, drop_last=True))
+    damaged_loader = loader_for(
+        shard_copy, rank=0, world_size=2, batch=Batching(size=8, drop_last=True)
+    )
+    seen, sizes, counts = eval_epoch(
+        shard_copy, 2, 0, train=True, batch=Batching(size=8, drop_last=True)
+    )
     assert set(sizes) == {8} and len(sizes) == len(whole[1]) == 2 * len(damaged_loader)
     assert counts["refilled"] == sum(counts["skipped"].values()) > 0 and counts["unfilled"] == 0
     assert not set(seen) & bad and len(split_keys(shard_copy, "train")) > len(bad)

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from pipeline.config import Batching
 from shards.errors import ReadLimits, UsageError
 from shards.formats import get_format
 from shards.parquet import iter_parquet_samples
@@ -108,7 +109,7 @@ def img2dataset_parquet(tmp_path_factory):
 
 def test_img2dataset_parquet_streams_with_one_mapped_field(img2dataset_parquet):
     loader = loader_for(
-        str(img2dataset_parquet), train=False, batch_size=16, fields=("image", CAPTION)
+        str(img2dataset_parquet), train=False, batch=Batching(size=16), fields=("image", CAPTION)
     )
     texts = Counter()
     for images, captions, keys in loader:
@@ -131,7 +132,9 @@ def test_mapped_parquet_columns_decode_as_their_field_kind(img2dataset_parquet):
             Field("exif", "json", source="exif"),
         )
     )
-    loader = loader_for(str(img2dataset_parquet), train=False, batch_size=8, fields=fields)
+    loader = loader_for(
+        str(img2dataset_parquet), train=False, batch=Batching(size=8), fields=fields
+    )
     images, captions, status, widths, heights, exif, keys = next(iter(loader))
     assert status == ["success"] * 8 and exif == [{}] * 8
     assert widths.tolist() == [48.0] * 8 and heights.tolist() == [40] * 8
@@ -196,7 +199,7 @@ def test_img2dataset_tars_stream_captions_and_metadata(tmp_path):
     loader = loader_for(
         str(tmp_path / "{00000..00001}.tar"),
         train=False,
-        batch_size=8,
+        batch=Batching(size=8),
         fields=("image", "txt", Field("meta", "json", source="json")),
     )
     seen = Counter()
@@ -225,7 +228,7 @@ def test_a_caption_member_before_the_image_is_read_into_its_sample(tmp_path):
     with open(url, "rb") as stream:
         names = [m.name for m in __import__("tarfile").open(fileobj=stream)][:2]
     assert names == ["000000000.caption", "000000000.jpg"]  # the order the reader meets
-    loader = loader_for(url, train=False, batch_size=6, fields=fields)
+    loader = loader_for(url, train=False, batch=Batching(size=6), fields=fields)
     seen = Counter()
     for _images, captions, keys in loader:
         assert captions == [caption_of(int(k)) for k in keys]

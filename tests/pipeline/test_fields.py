@@ -20,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from pipeline.config import Batching, Resampled, Workers
 from pipeline.dataset import check_class_range, class_ranged_fields
 from shards.errors import UsageError
 from shards.manifest import read_manifest
@@ -130,10 +131,8 @@ def test_extra_fields_every_sample_exactly_once(rich_shards, rich_keys, world, w
             fields=EXTRA,
             rank=rank,
             world_size=world,
-            num_workers=workers,
-            epoch_rule="uneven",
-            drop_last=False,
-            persistent_workers=False,
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            workers=Workers(count=workers, persistent=False),
         )
         for batch in loader:
             seen.update(check_rows(batch))
@@ -141,8 +140,8 @@ def test_extra_fields_every_sample_exactly_once(rich_shards, rich_keys, world, w
 
 
 def test_extra_fields_keep_the_order_and_pixels_of_image_and_label(rich_shards):
-    plain = field_batches(loader_for(rich_shards, num_workers=2))
-    rich = field_batches(loader_for(rich_shards, num_workers=2, fields=EXTRA))
+    plain = field_batches(loader_for(rich_shards, workers=Workers(count=2)))
+    rich = field_batches(loader_for(rich_shards, workers=Workers(count=2), fields=EXTRA))
     assert [b[2] for b in plain] == [b[-1] for b in rich]
     for (images, labels, _), extra in zip(plain, rich, strict=True):
         assert torch.equal(images, extra[0]) and torch.equal(labels, extra[1])
@@ -156,9 +155,8 @@ def test_extra_fields_give_every_rank_the_same_batch_count(rich_shards):
             fields=EXTRA,
             rank=rank,
             world_size=3,
-            num_workers=2,
-            drop_last=True,
-            persistent_workers=False,
+            batch=Batching(size=8, drop_last=True),
+            workers=Workers(count=2, persistent=False),
         )
         batches = field_batches(loader)
         assert all(len(check_rows(b)) == 8 for b in batches) and len(batches) == len(loader)
@@ -170,7 +168,7 @@ def test_extra_fields_give_every_rank_the_same_batch_count(rich_shards):
 def test_extra_fields_resume_mid_epoch_with_the_identical_sequence(
     rich_shards, workers, stop_after
 ):
-    options = dict(fields=EXTRA, num_workers=workers, persistent_workers=False)
+    options = dict(fields=EXTRA, workers=Workers(count=workers, persistent=False))
     full = [check_rows(b) for b in loader_for(rich_shards, **options)]
     interrupted = loader_for(rich_shards, **options)
     head = [check_rows(b) for b in field_batches(interrupted, stop_after)]
@@ -206,10 +204,9 @@ def test_bad_fields_are_counted_skips_and_refilled(shard_dir, tmp_path, rich_key
     loader = loader_for(
         pattern,
         fields=EXTRA,
-        num_workers=workers,
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+        workers=Workers(count=workers),
         max_skip_fraction=0.5,
-        epoch_rule="uneven",
-        drop_last=False,
     )
     batches = field_batches(loader)
     keys = [k for batch in batches for k in check_rows(batch)]  # refills: fields aligned
@@ -230,7 +227,11 @@ def test_label_free_fields_read_shards_without_cls(shard_dir, tmp_path, rich_key
         return sample
 
     pattern = rewrite_tars(shard_dir, tmp_path / "nocls", drop_cls)
-    loader = loader_for(pattern, fields=("image", "txt"), epoch_rule="uneven", drop_last=False)
+    loader = loader_for(
+        pattern,
+        fields=("image", "txt"),
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+    )
     keys = [k for images, texts, keys in loader for k in keys]
     assert sorted(keys) == sorted(rich_keys)
     # The default asks for a label: refused before any worker starts, not a skip per sample.
@@ -281,10 +282,8 @@ def test_webdataset_shardwriter_shards_stream_every_sample_once(webdataset_shard
             fields=("image", "txt", "json"),
             rank=rank,
             world_size=2,
-            num_workers=workers,
-            epoch_rule="uneven",
-            drop_last=False,
-            persistent_workers=False,
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            workers=Workers(count=workers, persistent=False),
         )
         for images, texts, metas, keys in loader:
             assert images.shape[1:] == (3, 32, 32) and images.float().std() > 5
@@ -307,7 +306,7 @@ def test_a_label_member_is_read_when_there_is_no_cls(tmp_path):
                 }
             )
         writer.close()
-    loader = loader_for(str(tmp_path / "train-000000.tar"), train=False, batch_size=4)
+    loader = loader_for(str(tmp_path / "train-000000.tar"), train=False, batch=Batching(size=4))
     labels = [int(v) for _, labels, _ in loader for v in labels]
     assert labels == [i % 3 for i in range(12)]
 
@@ -338,7 +337,7 @@ def broken(text: str, rng: random.Random) -> str:
 
 def test_a_field_transform_tokenizes_in_the_workers(rich_shards):
     tokens = Field("tokens", "text", source="txt", transform=CharTokenizer(16))
-    loader = loader_for(rich_shards, fields=("image", tokens), num_workers=2)
+    loader = loader_for(rich_shards, fields=("image", tokens), workers=Workers(count=2))
     # What spawned workers receive: the settings, field transforms included, pickled.
     (_, copied) = pickle.loads(pickle.dumps(loader.settings)).fields
     assert copied.transform("ab", random.Random(0)).tolist()[:3] == [97, 98, 0]
@@ -372,7 +371,9 @@ def test_a_field_transform_raising_sample_error_is_a_skip_and_others_propagate(s
 
 
 def test_tar_and_parquet_give_the_same_json_documents(shard_dir):
-    options = dict(split="val", train=False, batch_size=5, fields=("image", "label", "json"))
+    options = dict(
+        split="val", train=False, batch=Batching(size=5), fields=("image", "label", "json")
+    )
     tar = list(loader_for(shard_dir, format="tar", **options))
     parquet = list(loader_for(shard_dir, format="parquet", **options))
     assert [b[-1] for b in tar] == [b[-1] for b in parquet]
@@ -513,16 +514,21 @@ def test_parquet_written_by_hf_datasets_reads_image_and_label(tmp_path):
     table = {"image": images, "label": [i % 3 for i in range(12)]}
     path = tmp_path / "train-000000.parquet"
     datasets.Dataset.from_dict(table, features=features).to_parquet(str(path))
-    loader = loader_for(str(path), train=False, batch_size=4)
+    loader = loader_for(str(path), train=False, batch=Batching(size=4))
     labels = [int(v) for images, labels, _ in loader for v in labels]
     assert labels == [i % 3 for i in range(12)]
-    label_free = loader_for(str(path), train=False, batch_size=4, fields=("image",))
+    label_free = loader_for(str(path), train=False, batch=Batching(size=4), fields=("image",))
     assert sum(len(keys) for _, keys in label_free) == 12
 
 
 def test_class_balance_needs_a_label_field(shard_dir):
     with pytest.raises(ValueError, match="fields must hold 'label'"):
-        loader_for(shard_dir, class_balance=True, fields=("image", "json"))
-    balanced = loader_for(shard_dir, class_balance=True, fields=("label", "json"), batch_size=16)
+        loader_for(shard_dir, sampling=Resampled(balance=True), fields=("image", "json"))
+    balanced = loader_for(
+        shard_dir,
+        batch=Batching(size=16),
+        sampling=Resampled(balance=True),
+        fields=("label", "json"),
+    )
     labels, metas, keys = next(iter(balanced))
     assert len(metas) == len(keys) == 16 and labels.dtype == torch.int64

@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline.config import Batching, Workers
 from shards.tar import iter_tar_samples
 from tests.pipeline.conftest import epoch_keys, loader_for
 from tests.shards.test_fuzz import mutate_tar
@@ -45,10 +46,9 @@ def test_good_shards_beside_a_mutant_are_delivered_whole(shard_dir, tmp_path):
         target.write_bytes(mutate_tar(rng, target.read_bytes()))
         loader = loader_for(
             work,
-            epoch_rule="uneven",
-            drop_last=False,
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            workers=Workers(count=rng.choice([0, 2])),
             max_skip_fraction=1.0,
-            num_workers=rng.choice([0, 2]),
         )
         keys = Counter(k for batch in epoch_keys(loader) for k in batch)
         stats = loader.stats

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.batchring import INLINE_BYTES, InlineTensor, materialize
+from pipeline.config import Shuffle, Workers
 from pipeline.loader import inline_small_tensors
 from tests.pipeline.conftest import loader_for
 
@@ -47,9 +48,15 @@ def test_the_pin_thread_pins_an_inline_tensor(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_worker_batches_carry_the_same_labels_without_shared_memory(shard_dir):
-    options = dict(fields=("image", "label"), shuffle_buffer=1, shuffle_initial=1)
-    inline = [(labels, keys) for _, labels, keys in loader_for(shard_dir, num_workers=1, **options)]
-    local = [(labels, keys) for _, labels, keys in loader_for(shard_dir, num_workers=0, **options)]
+    options = dict(fields=("image", "label"), shuffle=Shuffle(buffer=1, initial=1))
+    inline = [
+        (labels, keys)
+        for _, labels, keys in loader_for(shard_dir, workers=Workers(count=1), **options)
+    ]
+    local = [
+        (labels, keys)
+        for _, labels, keys in loader_for(shard_dir, workers=Workers(count=0), **options)
+    ]
     assert [keys for _, keys in inline] == [keys for _, keys in local]
     for (sent, _), (made, _) in zip(inline, local, strict=True):
         assert sent.dtype == torch.int64 and torch.equal(sent, made)

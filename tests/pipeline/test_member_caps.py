@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipeline.config import Batching
 from shards.sample import Field
 from shards.tar import BLOCK, TarShardWriter, member_header
 from tests.pipeline.conftest import loader_for
@@ -65,6 +66,7 @@ def caption_shard(path: Path, caption: int | bytes) -> str:
 
 CHILD = """
 import json, sys
+from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig, build_loader
 
 def peak_kib():  # VmHWM: ru_maxrss would carry the parent's peak over execve
@@ -72,9 +74,9 @@ def peak_kib():  # VmHWM: ru_maxrss would carry the parent's peak over execve
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 
 loader = build_loader(LoaderConfig(
-    source=sys.argv[1], fields=("image", "label", "txt"), batch_size=8, image_size=16,
-    num_workers=0, shuffle_buffer=64, shuffle_initial=64, max_skip_fraction=1.0,
-    train=True, with_keys=True,
+    source=sys.argv[1], fields=("image", "label", "txt"), batch=Batching(size=8),
+    crop=Crop(image_size=16), workers=Workers(count=0), shuffle=Shuffle(buffer=64, initial=64),
+    max_skip_fraction=1.0, train=True, with_keys=True,
 ))
 base = peak_kib()
 captions = [text for _, _, texts, _ in loader for text in texts]
@@ -132,7 +134,9 @@ def test_the_loader_gives_the_readers_its_fields_caps(tmp_path):
         Field("txt", "text", max_bytes=4096),
         Field("w", "weight", source="json", key="w", max_bytes=512),
     )
-    loader = loader_for(str(path), fields=fields, train=False, batch_size=4, max_skip_fraction=1.0)
+    loader = loader_for(
+        str(path), fields=fields, train=False, batch=Batching(size=4), max_skip_fraction=1.0
+    )
     caps = {cap.member: cap for cap in loader.dataset.read_limits.member_caps}
     assert (caps["txt"].max_bytes, caps["txt"].reason) == (4096, "bad_text")
     assert (caps["json"].max_bytes, caps["json"].reason) == (512, "bad_weight")

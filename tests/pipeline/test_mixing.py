@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline import Mixing, Source
+from pipeline import Batching, Mixing, Source, Workers
 from pipeline.mixing import Mix, SourceEpoch, interleave_counts, source_quotas
 from pipeline.plan import Partition
 from pipeline.positions import EpochLayout, Runs
@@ -21,7 +21,9 @@ from tests.conftest import small_build_config
 from tests.pipeline.conftest import epoch_keys, loader_for
 from tests.pipeline.test_loader import split_keys
 
-EXACT = dict(epoch_rule="uneven", drop_last=False)  # every planned sample delivered
+EXACT = dict(
+    batch=Batching(size=8, epoch_rule="uneven", drop_last=False)
+)  # every planned sample delivered
 
 
 def mix_of(shard_dir, train, val, **extra):
@@ -146,7 +148,11 @@ def test_every_batch_holds_each_sources_rounded_share(shard_dir):
         dict(weight=0.3),
     )
     loader = loader_for(
-        shard_dir, source=sources, mixing=Mixing(epoch_samples=160), batch_size=10, num_workers=2
+        shard_dir,
+        source=sources,
+        mixing=Mixing(epoch_samples=160),
+        batch=Batching(size=10),
+        workers=Workers(count=2),
     )
     batches = epoch_keys(loader)
     assert len(batches) == 16
@@ -173,7 +179,7 @@ def test_order_is_deterministic_and_changes_every_epoch(shard_dir):
 @pytest.mark.parametrize("workers,stop_after", [(0, 5), (2, 3)])
 def test_mid_epoch_resume_continues_the_identical_sequence(shard_dir, workers, stop_after):
     sources = mix_of(shard_dir, dict(repeat=1.25), dict(repeat=0.5))
-    options = dict(source=sources, num_workers=workers, persistent_workers=False)
+    options = dict(source=sources, workers=Workers(count=workers, persistent=False))
     full = epoch_keys(loader_for(shard_dir, **options))
     interrupted = loader_for(shard_dir, **options)
     head = epoch_keys(interrupted, limit=stop_after)
@@ -184,7 +190,7 @@ def test_mid_epoch_resume_continues_the_identical_sequence(shard_dir, workers, s
 
 def test_resume_on_another_world_size_gives_the_identical_remaining_multiset(shard_dir):
     sources = mix_of(shard_dir, dict(repeat=1.5), dict(samples=30))
-    options = dict(source=sources, num_workers=2, persistent_workers=False, **EXACT)
+    options = dict(source=sources, workers=Workers(count=2, persistent=False), **EXACT)
     full, consumed, states = Counter(), Counter(), []
     for rank in range(2):
         full.update(keys_of(epoch_keys(loader_for(shard_dir, rank=rank, world_size=2, **options))))
@@ -390,7 +396,7 @@ def test_a_source_read_a_million_times_its_size_gives_a_first_batch(
 ):
     """Before: O(quota / size) planning per worker, minutes (or hours) to the first batch."""
     sources = mix_of(shard_dir, train, val)
-    loader = loader_for(shard_dir, source=sources, mixing=mixing, num_workers=2, **EXACT)
+    loader = loader_for(shard_dir, source=sources, mixing=mixing, workers=Workers(count=2), **EXACT)
     assert loader.source.quotas == quotas and len(loader) == -(-sum(quotas) // 8)
     images, labels, keys = next(iter(loader))
     assert len(keys) == 8 and images.shape[0] == 8

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.dataset import BalanceRule, ShardStream
+from pipeline.config import Batching, Crop, Resampled, Workers
+from pipeline.dataset import ShardStream
 from pipeline.loader import LoaderConfig, build_loader
+from pipeline.stages import BalanceRule
 from shards.sample import DEFAULT_FIELDS, Field
 from shards.tar import TarShardWriter
 
@@ -45,12 +47,10 @@ def drawn_label_sets(source: str, weights: tuple[float, ...] | None) -> list[tup
     config = LoaderConfig(
         source=source,
         fields=("image", TAGS),
-        resampled=True,
-        epoch_samples=600,
-        batch_size=20,
-        image_size=16,
-        num_workers=0,
-        reuse_buffers=False,
+        batch=Batching(size=20),
+        sampling=Resampled(epoch_samples=600),
+        crop=Crop(image_size=16),
+        workers=Workers(count=0, reuse_buffers=False),
     )
     loader = build_loader(config)
     # The loader takes class counts from a manifest (single-label counts for now); the

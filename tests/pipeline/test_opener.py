@@ -347,9 +347,10 @@ def test_object_store_credentials_never_reach_the_store_client(monkeypatch, capl
 
 
 def test_loader_sources_with_object_store_credentials_are_refused(tmp_path):
+    from pipeline.config import Workers
     from pipeline.loader import LoaderConfig, build_loader
 
     for source in ("s3://K3Y:s3cr3tKEY@bucket/train-{000..003}.tar", "gs://K3Y:s3cr3tKEY@b/m.json"):
         with pytest.raises(ValueError, match="holds credentials") as info:
-            build_loader(LoaderConfig(source=source, num_workers=0))
+            build_loader(LoaderConfig(source=source, workers=Workers(count=0)))
         assert "s3cr3tKEY" not in str(info.value)

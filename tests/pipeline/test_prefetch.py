@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from pipeline.config import Batching, Workers
 from pipeline.prefetch import IMAGENET_MEAN, IMAGENET_STD, CudaPrefetcher
 from tests.gpu import gpu
 from tests.pipeline.conftest import epoch_keys, loader_for
@@ -108,7 +109,7 @@ def test_real_loader_batches_and_keys_pass_through(shard_dir):
 def test_empty_loaders_yield_nothing(shard_dir):
     assert list(CudaPrefetcher([], "cpu")) == []
     # More samples per batch than the split has, and drop_last: an epoch of zero batches.
-    empty = loader_for(shard_dir, batch_size=10_000, drop_last=True)
+    empty = loader_for(shard_dir, batch=Batching(size=10_000, drop_last=True))
     prefetcher = CudaPrefetcher(empty, "cpu")
     assert len(prefetcher) == 0
     assert list(prefetcher) == []
@@ -272,7 +273,9 @@ class TestCuda:
     pytestmark = gpu
 
     def test_stream_is_created_once(self, shard_dir, monkeypatch):
-        prefetcher = CudaPrefetcher(loader_for(shard_dir, pin_memory=True), "cuda")
+        prefetcher = CudaPrefetcher(
+            loader_for(shard_dir, workers=Workers(count=0, pin_memory=True)), "cuda"
+        )
         stream = prefetcher.stream
         assert isinstance(stream, torch.cuda.Stream)
         created = []
@@ -290,7 +293,11 @@ class TestCuda:
     def test_matches_the_cpu_path(self, shard_dir):
         cpu = list(CudaPrefetcher(loader_for(shard_dir), "cpu", channels_last=True))
         cuda = list(
-            CudaPrefetcher(loader_for(shard_dir, pin_memory=True), "cuda", channels_last=True)
+            CudaPrefetcher(
+                loader_for(shard_dir, workers=Workers(count=0, pin_memory=True)),
+                "cuda",
+                channels_last=True,
+            )
         )
         assert len(cuda) == len(cpu) > 1
         for (images, labels, keys), (cpu_images, cpu_labels, cpu_keys) in zip(
@@ -302,18 +309,26 @@ class TestCuda:
             assert torch.equal(labels.cpu(), cpu_labels) and keys == cpu_keys
 
     def test_pinned_source_gives_no_warning_and_pageable_warns_once(self, shard_dir):
-        pinned = loader_for(shard_dir, pin_memory=True)
+        pinned = loader_for(shard_dir, workers=Workers(count=0, pin_memory=True))
         images, _, _ = next(iter(pinned))
         assert images.is_pinned()
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*pageable")
-            list(CudaPrefetcher(loader_for(shard_dir, pin_memory=True), "cuda"))
+            list(
+                CudaPrefetcher(
+                    loader_for(shard_dir, workers=Workers(count=0, pin_memory=True)), "cuda"
+                )
+            )
         with pytest.warns(UserWarning, match="pageable") as caught:
-            list(CudaPrefetcher(loader_for(shard_dir, pin_memory=False), "cuda"))
+            list(
+                CudaPrefetcher(
+                    loader_for(shard_dir, workers=Workers(count=0, pin_memory=False)), "cuda"
+                )
+            )
         assert len([w for w in caught if "pageable" in str(w.message)]) == 1
 
     def test_two_epochs_with_persistent_workers(self, shard_dir):
-        loader = loader_for(shard_dir, num_workers=2, persistent_workers=True, pin_memory=True)
+        loader = loader_for(shard_dir, workers=Workers(count=2, persistent=True, pin_memory=True))
         prefetcher = CudaPrefetcher(loader, "cuda", dtype=torch.bfloat16)
         epochs = []
         for _ in range(2):
@@ -331,7 +346,9 @@ class TestCuda:
 
     def test_state_saved_mid_epoch_resumes_at_the_next_unseen_batch(self, shard_dir):
         full = epoch_keys(loader_for(shard_dir))
-        prefetcher = CudaPrefetcher(loader_for(shard_dir, pin_memory=True), "cuda")
+        prefetcher = CudaPrefetcher(
+            loader_for(shard_dir, workers=Workers(count=0, pin_memory=True)), "cuda"
+        )
         iterator = iter(prefetcher)
         seen = [next(iterator)[2] for _ in range(3)]
         state = prefetcher.state_dict()  # the loader is one batch ahead of `seen`
@@ -342,7 +359,9 @@ class TestCuda:
 
     def test_breaking_out_gives_the_prefetched_batch_back(self, shard_dir):
         full = epoch_keys(loader_for(shard_dir))
-        prefetcher = CudaPrefetcher(loader_for(shard_dir, pin_memory=True), "cuda")
+        prefetcher = CudaPrefetcher(
+            loader_for(shard_dir, workers=Workers(count=0, pin_memory=True)), "cuda"
+        )
         first = []
         for _, _, keys in prefetcher:
             first.append(keys)

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from pipeline import Augment, Crop, ProgressiveResize
+from pipeline import Augment, Crop, ProgressiveResize, Workers
 from shards.flags import SettingError
 from tests.pipeline.conftest import loader_for
 
@@ -70,7 +70,7 @@ def test_crop_refuses_a_schedule_with_a_custom_transform():
 
 def test_each_epoch_has_its_size_through_persistent_workers_and_ring_slots(shard_dir):
     crop = Crop(image_size=48, progressive=SCHEDULE)
-    grown = loader(shard_dir, crop, num_workers=2, persistent_workers=True, augment=DEIT)
+    grown = loader(shard_dir, crop, workers=Workers(count=2, persistent=True), augment=DEIT)
     # Slots are sized once, for the largest side; smaller epochs use their first bytes.
     assert grown.ring.slot_bytes == 8 * 32 * 32 * 3
     for epoch, side in enumerate([16, 24, 32, 32]):
@@ -84,7 +84,10 @@ def test_each_epoch_has_its_size_through_persistent_workers_and_ring_slots(shard
         # The same pixels as a loader built at that side, keyed by sample: the crop and the
         # augmentation (translations are a share of the side) are the epoch's.
         fixed = loader(
-            shard_dir, Crop(image_size=side), num_workers=2, persistent_workers=False, augment=DEIT
+            shard_dir,
+            Crop(image_size=side),
+            workers=Workers(count=2, persistent=False),
+            augment=DEIT,
         )
         fixed.set_epoch(epoch)
         expected = pixels_by_key(fixed)
@@ -95,15 +98,15 @@ def test_each_epoch_has_its_size_through_persistent_workers_and_ring_slots(shard
 
 def test_a_resume_in_a_later_epoch_continues_at_that_epochs_size(shard_dir):
     crop = Crop(image_size=48, progressive=SCHEDULE)
-    full = loader(shard_dir, crop, num_workers=2)
+    full = loader(shard_dir, crop, workers=Workers(count=2))
     full.set_epoch(1)
     reference = list(full)
-    interrupted = loader(shard_dir, crop, num_workers=2)
+    interrupted = loader(shard_dir, crop, workers=Workers(count=2))
     list(interrupted)  # epoch 0, at 16 px
     head = list(itertools.islice(interrupted, 3))
     state = interrupted.state_dict()
     assert state["epoch"] == 1
-    resumed = loader(shard_dir, crop, num_workers=2)
+    resumed = loader(shard_dir, crop, workers=Workers(count=2))
     resumed.load_state_dict(state)
     assert resumed.image_size == 24
     rest = list(resumed)
@@ -115,9 +118,9 @@ def test_a_resume_in_a_later_epoch_continues_at_that_epochs_size(shard_dir):
 
 def test_eval_keeps_the_image_size_whatever_the_epoch(shard_dir):
     crop = Crop(image_size=40, progressive=SCHEDULE)
-    evaluation = loader(shard_dir, crop, split="val", num_workers=2)
+    evaluation = loader(shard_dir, crop, split="val", workers=Workers(count=2))
     assert evaluation.ring.slot_bytes == 8 * 40 * 40 * 3
-    plain = loader(shard_dir, Crop(image_size=40), split="val", num_workers=2)
+    plain = loader(shard_dir, Crop(image_size=40), split="val", workers=Workers(count=2))
     for epoch in (0, 2):
         evaluation.set_epoch(epoch)
         plain.set_epoch(epoch)

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+from pipeline.config import Batching, Resampled, Workers
 from preprocess.job import run_build
 from tests.conftest import shard_path, small_build_config
 from tests.pipeline.conftest import epoch_keys, loader_for
@@ -37,9 +38,15 @@ def labels_of(loader):
 
 
 def test_class_balance_evens_out_a_skewed_dataset(skewed_shards):
-    plain = labels_of(loader_for(skewed_shards, resampled=True, epoch_samples=600, batch_size=20))
+    plain = labels_of(
+        loader_for(skewed_shards, batch=Batching(size=20), sampling=Resampled(epoch_samples=600))
+    )
     balanced = labels_of(
-        loader_for(skewed_shards, class_balance=True, epoch_samples=600, batch_size=20)
+        loader_for(
+            skewed_shards,
+            batch=Batching(size=20),
+            sampling=Resampled(epoch_samples=600, balance=True),
+        )
     )
     assert sum(plain.values()) == sum(balanced.values()) == 600
     assert plain[0] > 0.7 * 600  # the skew shows without balancing
@@ -52,13 +59,11 @@ def test_resampled_epochs_have_fixed_length_and_equal_batches_per_rank(skewed_sh
     for rank in range(3):
         loader = loader_for(
             skewed_shards,
-            resampled=True,
-            epoch_samples=100,
-            batch_size=8,
+            batch=Batching(size=8),
+            sampling=Resampled(epoch_samples=100),
+            workers=Workers(count=2, persistent=False),
             rank=rank,
             world_size=3,
-            num_workers=2,
-            persistent_workers=False,
         )
         batches = epoch_keys(loader)
         counts.add(len(batches))
@@ -68,7 +73,9 @@ def test_resampled_epochs_have_fixed_length_and_equal_batches_per_rank(skewed_sh
 
 def test_resampled_is_deterministic_varies_by_epoch_and_resumes_exactly(skewed_shards):
     options = dict(
-        resampled=True, epoch_samples=96, batch_size=8, num_workers=2, persistent_workers=False
+        batch=Batching(size=8),
+        sampling=Resampled(epoch_samples=96),
+        workers=Workers(count=2, persistent=False),
     )
     full = epoch_keys(loader_for(skewed_shards, **options))
     assert full == epoch_keys(loader_for(skewed_shards, **options))
@@ -82,8 +89,7 @@ def test_resampled_is_deterministic_varies_by_epoch_and_resumes_exactly(skewed_s
     assert head + epoch_keys(resumed) == full
 
 
-def test_epoch_samples_without_resampling_and_balance_without_counts_are_refused(shard_dir):
-    with pytest.raises(ValueError, match="resampled"):
-        loader_for(shard_dir, epoch_samples=10)
+def test_balance_without_counts_is_refused(shard_dir):
+    # epoch_samples without resampling is the flat spelling's mistake: tests/pipeline/test_config.py
     with pytest.raises(ValueError, match="class counts"):
-        loader_for(str(shard_path(shard_dir, "train", 0)), class_balance=True)
+        loader_for(str(shard_path(shard_dir, "train", 0)), sampling=Resampled(balance=True))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ReadOptions
+from pipeline.config import Batching, ReadOptions, Workers
 from pipeline.fetch import ShardFetcher
 from pipeline.sources import ShardSpec
 from shards.storage import cache as cache_module
@@ -41,7 +41,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def remote_loader(base: str, cache_dir, **overrides):
-    options = dict(epoch_rule="uneven", drop_last=False, cache_dir=str(cache_dir))
+    options = dict(
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+        io=ReadOptions(cache_dir=str(cache_dir)),
+    )
     options.update(overrides)
     return loader_for(f"{base}/manifest.json", **options)
 
@@ -80,7 +83,7 @@ def put(cache: ShardCache, key: str, size: int = 100, keep=frozenset()) -> None:
 
 @pytest.fixture(scope="module")
 def local_epoch(shard_dir) -> Counter:
-    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False)
+    loader = loader_for(shard_dir, batch=Batching(size=8, epoch_rule="uneven", drop_last=False))
     return Counter(k for batch in epoch_keys(loader) for k in batch)
 
 
@@ -90,7 +93,7 @@ def test_epoch_two_reads_nothing_from_the_server_when_the_cache_holds_the_datase
     cache_dir = tmp_path / "cache"
     server = LocalHTTPServer(shard_dir)
     with server as base:
-        loader = remote_loader(base, cache_dir, num_workers=2)
+        loader = remote_loader(base, cache_dir, workers=Workers(count=2))
         assert epoch_counts(loader, 0) == local_epoch
         first = shard_bytes_sent(server)
         assert first == sum(p.stat().st_size for p in train_tars(shard_dir))
@@ -108,7 +111,7 @@ def test_epoch_two_reads_nothing_from_the_server_when_the_cache_holds_the_datase
 def test_cache_entries_hold_exactly_the_shards_bytes_and_their_sha256(shard_dir, tmp_path):
     cache_dir = tmp_path / "cache"
     with LocalHTTPServer(shard_dir) as base:
-        epoch_counts(remote_loader(base, cache_dir, num_workers=2), 0)
+        epoch_counts(remote_loader(base, cache_dir, workers=Workers(count=2)), 0)
     digests = set()
     for entry in cached_entries(cache_dir):
         data = entry.read_bytes()
@@ -156,7 +159,9 @@ def test_eviction_keeps_the_cache_under_half_the_dataset_and_epochs_exact(
     server = LocalHTTPServer(shard_dir)
     held, sent = [], []
     with server as base:
-        loader = remote_loader(base, cache_dir, cache_limit=limit)
+        loader = remote_loader(
+            base, cache_dir, io=ReadOptions(cache_dir=str(cache_dir), cache_limit=limit)
+        )
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(ShardCache, "reserve", watched_reserve)
             for epoch in range(3):
@@ -360,7 +365,11 @@ def test_an_unwritable_cache_directory_turns_the_cache_off_with_one_warning(
 
 def test_local_shards_are_read_in_place_never_copied(shard_dir, tmp_path, local_epoch):
     cache_dir = tmp_path / "cache"
-    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False, cache_dir=str(cache_dir))
+    loader = loader_for(
+        shard_dir,
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+        io=ReadOptions(cache_dir=str(cache_dir)),
+    )
     assert epoch_counts(loader, 0) == local_epoch
     assert not cached_entries(cache_dir)
     assert loader.stats.workers[0]["fetch"]["bytes_fetched"] == 0
@@ -385,7 +394,10 @@ def test_an_epoch_over_a_planted_cache_is_exact_and_never_hangs(shard_dir, tmp_p
     with LocalHTTPServer(shard_dir) as base:
         epoch_counts(remote_loader(base, cache_dir), 0)  # a first job fills the cache
         loader = remote_loader(
-            base, cache_dir, num_workers=2, retry=RetryPolicy(deadline=1), timeout=60
+            base,
+            cache_dir,
+            workers=Workers(count=2),
+            io=ReadOptions(cache_dir=str(cache_dir), retry=RetryPolicy(deadline=1), timeout=60),
         )
         fifo, garbage, link, held = (
             cache_dir / (cache_key(s.url, s.sha256, s.bytes) + SHARD_SUFFIX)
@@ -440,10 +452,10 @@ def test_an_s3_dataset_is_read_from_the_cache_in_epoch_two(
         s3.upload_dir(shard_dir, "cached", "shards")
         loader = loader_for(
             "s3://cached/shards/manifest.json",
-            epoch_rule="uneven",
-            drop_last=False,
-            cache_dir=str(cache_dir),
-            storage_options=s3.storage_options(proxy.endpoint),
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            io=ReadOptions(
+                cache_dir=str(cache_dir), storage_options=s3.storage_options(proxy.endpoint)
+            ),
         )
         assert epoch_counts(loader, 0) == local_epoch
         first = proxy.count(r"\.tar$")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import LoaderConfig, ReadOptions
-from pipeline.dataset import DRAWS_AHEAD
+from pipeline.config import Batching, LoaderConfig, ReadOptions, Resampled, Workers
 from pipeline.fetch import ShardFetcher
 from pipeline.sources import ShardSpec
+from pipeline.stages import DRAWS_AHEAD
 from shards.errors import ShardpipeError
 from shards.flags import SettingError
 from shards.storage import RetryPolicy, ShardReadError, ranged
@@ -39,12 +39,12 @@ def small_spans(monkeypatch):
 
 @pytest.fixture(scope="module")
 def local_epoch(shard_dir) -> Counter:
-    loader = loader_for(shard_dir, epoch_rule="uneven", drop_last=False)
+    loader = loader_for(shard_dir, batch=Batching(size=8, epoch_rule="uneven", drop_last=False))
     return Counter(k for batch in epoch_keys(loader) for k in batch)
 
 
 def one_epoch(source: str, **overrides) -> tuple[Counter, object]:
-    options = dict(epoch_rule="uneven", drop_last=False)
+    options = dict(batch=Batching(size=8, epoch_rule="uneven", drop_last=False))
     options.update(overrides)
     loader = loader_for(source, **options)
     return Counter(k for batch in epoch_keys(loader) for k in batch), loader
@@ -64,7 +64,7 @@ def test_remote_shards_arrive_over_parallel_ranges_and_the_epoch_is_exact(
 ):
     server = LocalHTTPServer(shard_dir)
     with server as base:
-        keys, loader = one_epoch(f"{base}/manifest.json", num_workers=2)
+        keys, loader = one_epoch(f"{base}/manifest.json", workers=Workers(count=2))
     assert keys == local_epoch
     tars = shard_files(shard_dir, "tar", "train")
     for tar in tars:
@@ -114,7 +114,9 @@ def test_a_cut_range_is_resumed_and_the_epoch_is_exact(shard_dir, small_spans, l
         server.close_after("/" + tar.relative_to(shard_dir).as_posix(), 1000, times=2)
         keys, _ = one_epoch(
             f"{base}/manifest.json",
-            retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5),
+            io=ReadOptions(
+                retry=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, timeout=5)
+            ),
         )
     assert keys == local_epoch
 
@@ -173,7 +175,9 @@ def test_without_prefetch_or_cache_a_remote_shard_streams_over_one_request(shard
 def test_parquet_shards_are_fetched_and_read_from_local_files(shard_dir, small_spans):
     expected, _ = one_epoch(str(shard_dir), format="parquet")
     with LocalHTTPServer(shard_dir) as base:
-        keys, loader = one_epoch(f"{base}/manifest.json", format="parquet", num_workers=2)
+        keys, loader = one_epoch(
+            f"{base}/manifest.json", format="parquet", workers=Workers(count=2)
+        )
     assert keys == expected
     assert sum(w["fetch"]["shards_fetched"] for w in loader.stats.workers.values()) == len(
         shard_files(shard_dir, "parquet", "train")
@@ -189,7 +193,7 @@ def test_resampled_mode_fetches_its_next_draws_while_it_reads_one(shard_dir, mon
         return real_open(self, spec)
 
     monkeypatch.setattr(ShardFetcher, "open", counting_open)
-    options = dict(resampled=True, epoch_samples=64, batch_size=8)
+    options = dict(batch=Batching(size=8), sampling=Resampled(epoch_samples=64))
     with LocalHTTPServer(shard_dir) as base:
         remote = loader_for(f"{base}/manifest.json", **options)
         batches = epoch_keys(remote)
@@ -213,10 +217,10 @@ def test_a_failed_fetch_raises_a_shard_read_error_from_open(shard_dir):
 
 
 def test_cache_and_prefetch_options_are_top_level_keywords_and_checked(tmp_path):
-    config = LoaderConfig(source="data", cache_dir=tmp_path, cache_limit="2GiB")
+    config = LoaderConfig(source="data", io=ReadOptions(cache_dir=tmp_path, cache_limit="2GiB"))
     assert config.io.cache_dir == str(tmp_path) and config.io.cache_limit == 2 * 2**30
     with pytest.raises(SettingError, match="cache_limit"):
-        LoaderConfig(source="data", cache_dir=tmp_path, cache_limit=0)
+        LoaderConfig(source="data", io=ReadOptions(cache_dir=tmp_path, cache_limit=0))
     with pytest.raises(SettingError, match="fetch_connections"):
         ReadOptions(fetch_connections=0)
 
@@ -266,7 +270,9 @@ def test_a_shard_replaced_between_spans_is_never_spliced_under_default_prefetch(
     server = LocalHTTPServer(shard_copy, conditions=False)  # a server ignoring If-Match
     server.change(path, [relabelled(old)], after=1)
     with server as base:
-        loader = loader_for(f"{base}/manifest.json", epoch_rule="uneven", drop_last=False)
+        loader = loader_for(
+            f"{base}/manifest.json", batch=Batching(size=8, epoch_rule="uneven", drop_last=False)
+        )
         seen = labels_by_key(loader)
     mine = {key: str(label).encode() for key, label in seen.items() if key in old_labels}
     # Started over from the new version: every label delivered is the new one.
@@ -283,7 +289,9 @@ def test_a_shard_that_keeps_changing_is_a_counted_bad_shard_naming_its_url(shard
     server.change(path, [relabelled(old), old] * 20, after=1)
     with server as base:
         loader = loader_for(
-            f"{base}/manifest.json", epoch_rule="uneven", drop_last=False, max_skip_fraction=1.0
+            f"{base}/manifest.json",
+            batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+            max_skip_fraction=1.0,
         )
         seen = labels_by_key(loader)
     assert not set(seen) & set(tar_labels(old))  # nothing of it delivered
@@ -306,7 +314,9 @@ def test_dripping_spans_with_two_workers_end_in_a_named_error_before_the_watchdo
         server.drip(path, interval=2.3 / 16, times=1000, after=1, chunk=SPAN // 16)
     policy = RetryPolicy(attempts=1, timeout=1.0, deadline=2.5)
     with server as base:
-        loader = loader_for(f"{base}/manifest.json", num_workers=2, retry=policy)
+        loader = loader_for(
+            f"{base}/manifest.json", workers=Workers(count=2), io=ReadOptions(retry=policy)
+        )
         started = time.monotonic()
         with pytest.raises(ShardpipeError) as info:
             epoch_keys(loader)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import cli
-from pipeline.config import Shuffle
+from pipeline import Resampled, cli
+from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig
 from pipeline.shuffle_quality import (
     LabelReadError,
@@ -56,12 +56,11 @@ def sorted_shards(tmp_path_factory) -> str:
 def sorted_config(source: str, **overrides) -> LoaderConfig:
     options = dict(
         source=source,
-        batch_size=8,
-        image_size=16,
-        num_workers=0,
+        batch=Batching(size=8),
+        crop=Crop(image_size=16),
+        workers=Workers(count=0),
         seed=11,
-        shuffle_buffer=1,
-        shuffle_initial=1,
+        shuffle=Shuffle(buffer=1, initial=1),
     )
     options.update(overrides)
     return LoaderConfig(**options)
@@ -79,7 +78,7 @@ def tar_keys(loader) -> list[list[str]]:
 @pytest.mark.parametrize(("world", "workers"), [(1, 0), (2, 2), (5, 0)])
 def test_delivery_order_is_what_the_loader_yields(shard_dir, world, workers):
     loaders = [
-        loader_for(shard_dir, rank=rank, world_size=world, num_workers=workers)
+        loader_for(shard_dir, rank=rank, world_size=world, workers=Workers(count=workers))
         for rank in range(world)
     ]
     report = inspect_shuffle(loaders[0].config, epochs=2, trials=2, search_buffer=False)
@@ -105,7 +104,7 @@ def test_delivery_order_is_what_the_loader_yields(shard_dir, world, workers):
 def test_class_sorted_shards_with_a_buffer_of_one_score_clearly_worse(sorted_shards):
     bad = inspect_shuffle(sorted_config(sorted_shards), epochs=2)
     good = inspect_shuffle(
-        sorted_config(sorted_shards, shuffle_buffer=512, shuffle_initial=512), epochs=2
+        sorted_config(sorted_shards, shuffle=Shuffle(buffer=512, initial=512)), epochs=2
     )
     assert not bad.within_ideal
     assert min(bad.excess.values()) > 1.0  # every metric more than twice the ideal
@@ -116,7 +115,7 @@ def test_class_sorted_shards_with_a_buffer_of_one_score_clearly_worse(sorted_sha
     size, initial = bad.suggested_buffer
     assert (
         inspect_shuffle(
-            sorted_config(sorted_shards, shuffle_buffer=size, shuffle_initial=initial), epochs=1
+            sorted_config(sorted_shards, shuffle=Shuffle(buffer=size, initial=initial)), epochs=1
         ).excess["batch_tv"]
         < bad.excess["batch_tv"]
     )
@@ -125,14 +124,16 @@ def test_class_sorted_shards_with_a_buffer_of_one_score_clearly_worse(sorted_sha
 def test_a_buffer_cannot_mix_what_each_worker_never_sees(sorted_shards):
     # Two workers: each batch comes from one worker, whose run holds 4 of the 8 shards.
     report = inspect_shuffle(
-        sorted_config(sorted_shards, num_workers=2, shuffle_buffer=512, shuffle_initial=512)
+        sorted_config(
+            sorted_shards, shuffle=Shuffle(buffer=512, initial=512), workers=Workers(count=2)
+        )
     )
     assert not report.within_ideal and report.suggested_buffer is None
     assert "no shuffle buffer fixes it" in report.verdict
 
 
 def test_sample_shuffled_build_mixes_near_ideal(shard_dir):
-    report = inspect_shuffle(loader_for(shard_dir, num_workers=2).config, epochs=2)
+    report = inspect_shuffle(loader_for(shard_dir, workers=Workers(count=2)).config, epochs=2)
     assert report.within_ideal
     assert max(report.excess.values()) < 0.3
     assert report.verdict.startswith("mixing is within")
@@ -180,7 +181,7 @@ def test_a_count_unlike_the_manifest_is_an_error(sorted_shards):
 
 def test_resampled_mode_is_refused(sorted_shards):
     with pytest.raises(ValueError, match="exact epochs"):
-        inspect_shuffle(sorted_config(sorted_shards, resampled=True))
+        inspect_shuffle(sorted_config(sorted_shards, sampling=Resampled()))
 
 
 def test_statistics_on_known_streams():

@@ -14,12 +14,14 @@ from collections import Counter
 
 import pytest
 
-from pipeline import Source
+from pipeline import Batching, Source, Workers
 from pipeline.plan import LoaderStateError
 from tests.pipeline.conftest import epoch_keys, loader_for
 
 DROP = object()  # a table value: remove the key
-EXACT = dict(epoch_rule="uneven", drop_last=False)  # every sample of the epoch delivered
+EXACT = dict(
+    batch=Batching(size=8, epoch_rule="uneven", drop_last=False)
+)  # every sample of the epoch delivered
 
 
 def loader_at(shard_dir, stop_after=2, **options):
@@ -155,7 +157,9 @@ def test_a_segment_past_what_remains_after_the_earlier_ones_is_refused(shard_dir
     _, state = loader_at(shard_dir)
     both = dict(state["segments"][0], world_size=2, consumed=13)
     state["segments"] = [both, dict(both, world_size=1, consumed=1)]
-    loader = loader_for(shard_dir, num_workers=2, **EXACT)  # another partition: both replayed
+    loader = loader_for(
+        shard_dir, workers=Workers(count=2), **EXACT
+    )  # another partition: both replayed
     assert_refused(loader, state, "segments[1].consumed")
 
 
@@ -196,7 +200,7 @@ def mixed_options(shard_dir):
         Source(shard_dir, name="tr", repeat=1.5),
         Source(shard_dir, split="val", name="va", samples=30),
     ]
-    return dict(source=sources, num_workers=0)
+    return dict(source=sources, workers=Workers(count=0))
 
 
 @pytest.mark.parametrize(

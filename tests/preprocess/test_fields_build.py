@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.config import Batching, Resampled
 from preprocess.cli import main
 from preprocess.job import run_build
 from preprocess.listing import InputError
@@ -178,7 +179,9 @@ def test_a_label_free_build_of_image_text_pairs_streams_every_sample_once(image_
     )
     want = {sample_key(rel): caption(i) for i, rel in enumerate(rels)}
     for fmt in ("tar", "parquet"):
-        loader = loader_for(out, format=fmt, fields=("image", "txt"), drop_last=False)
+        loader = loader_for(
+            out, format=fmt, fields=("image", "txt"), batch=Batching(size=8, drop_last=False)
+        )
         seen = {}
         for images, texts, keys in loader:
             assert images.shape[0] == len(texts) == len(keys)
@@ -227,7 +230,9 @@ def test_multi_label_round_trips_through_both_formats_hf_and_the_loader(image_ro
     }
     target = Field("labels", "multi_label", num_classes=len(classes))
     for fmt in ("tar", "parquet"):
-        loader = loader_for(out, format=fmt, fields=("image", target), drop_last=False)
+        loader = loader_for(
+            out, format=fmt, fields=("image", target), batch=Batching(size=8, drop_last=False)
+        )
         for _, hot, keys in loader:
             for row, key in zip(hot.tolist(), keys, strict=True):
                 assert [c for c, v in enumerate(row) if v] == want[key], fmt
@@ -381,25 +386,23 @@ def test_the_loader_refuses_a_label_the_manifest_says_the_dataset_lacks(image_ro
     free = tmp_path / "free"
     run_build(small_build_config(pairs, free, label="none", fields=("text:txt",)))
     with pytest.raises(ValueError, match=r"no class labels \(built with --label none\)"):
-        build_loader(LoaderConfig(source=str(free), batch_size=4))
+        build_loader(LoaderConfig(source=str(free), batch=Batching(size=4)))
     tagged = write_jsonl(
         root / "tags2.jsonl", [{"path": r, "label": tags(i)} for i, r in enumerate(rels)]
     )
     multi = tmp_path / "multi"
     classes = run_build(small_build_config(tagged, multi, label="multi")).manifest.classes
     with pytest.raises(ValueError, match="holds multi-label targets"):
-        build_loader(LoaderConfig(source=str(multi), batch_size=4))
+        build_loader(LoaderConfig(source=str(multi), batch=Batching(size=4)))
     # Asked for as they are, both load; multi-label class balance uses the label counts.
-    build_loader(LoaderConfig(source=str(free), batch_size=4, fields=("image", "txt")))
+    build_loader(LoaderConfig(source=str(free), batch=Batching(size=4), fields=("image", "txt")))
     target = Field("labels", "multi_label", num_classes=len(classes))
     loader = build_loader(
         LoaderConfig(
             source=str(multi),
-            batch_size=4,
+            batch=Batching(size=4),
+            sampling=Resampled(epoch_samples=16, balance=True),
             fields=("image", target),
-            class_balance=True,
-            resampled=True,
-            epoch_samples=16,
         )
     )
     counts = read_manifest(multi).fields["label_counts"]["train"]

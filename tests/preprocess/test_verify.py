@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from pipeline.config import Batching, Crop, Workers
 from pipeline.loader import LoaderConfig, build_loader
 from preprocess.cli import main
 from preprocess.verify import VerifyError, verify_directory
@@ -65,9 +66,9 @@ def loader_skips(directory: Path) -> dict[str, int]:
     """What one exactly-once epoch of the loader skips, by reason."""
     config = LoaderConfig(
         source=str(directory),
-        batch_size=8,
-        image_size=32,
-        num_workers=0,
+        batch=Batching(size=8),
+        crop=Crop(image_size=32),
+        workers=Workers(count=0),
         max_skip_fraction=1.0,
         train=False,
     )

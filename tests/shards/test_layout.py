@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow.dataset as pads
 import pytest
 
-from pipeline import LoaderConfig, build_loader
+from pipeline import Batching, Crop, LoaderConfig, Workers, build_loader
 from pipeline.sources import resolve_source
 from preprocess.cli import main as preprocess_main
 from preprocess.commit import rewrite_client_files
@@ -167,9 +167,9 @@ def loader_keys(source, split="train") -> list[str]:
     config = LoaderConfig(
         source=str(source) if isinstance(source, Path) else source,
         split=split,
-        batch_size=8,
-        image_size=32,
-        num_workers=0,
+        batch=Batching(size=8),
+        crop=Crop(image_size=32),
+        workers=Workers(count=0),
         seed=1,
         train=False,
         with_keys=True,

@@ -74,7 +74,11 @@ def test_a_byte_size_is_an_int_everywhere_else():
 
 # Every size setting takes an int or a size text, and stores the bytes it names.
 SETTINGS = [
-    (lambda v: LoaderConfig(source="data", cache_limit=v).io.cache_limit, "6G", 6 * 10**9),
+    (
+        lambda v: LoaderConfig(source="data", io=ReadOptions(cache_limit=v)).io.cache_limit,
+        "6G",
+        6 * 10**9,
+    ),
     (lambda v: ReadOptions(prefetch_bytes=v).prefetch_bytes, "512MiB", 512 * 2**20),
     (lambda v: ReadOptions(cache_limit=v).cache_limit, 2**30, 2**30),
     (lambda v: ImageConfig(max_file_bytes=v).max_file_bytes, "64MiB", 64 * 2**20),
@@ -91,7 +95,7 @@ def test_every_size_setting_takes_an_int_or_a_size(make, value, expected):
 @pytest.mark.parametrize(
     ("make", "name"),
     [
-        (lambda: LoaderConfig(source="data", cache_limit="lots"), "cache_limit"),
+        (lambda: LoaderConfig(source="data", io=ReadOptions(cache_limit="lots")), "cache_limit"),
         (lambda: ReadOptions(prefetch_bytes="-1MB"), "prefetch_bytes"),
         (lambda: BuildConfig(input="i", output="o", shard_bytes="0"), "shard_bytes"),
         (lambda: ImageConfig(max_file_bytes="1.5"), "max_file_bytes"),

@@ -150,3 +150,27 @@ def test_resume_from_a_tampered_loader_state_is_one_line(
     assert len(errors) == 1 and "Traceback" not in errors[0]
     assert str(path) in errors[0] and f"loader state: {field}" in errors[0]
     assert [row["step"] for row in read_rows(run_dir, "train")] == [1, 2]
+
+
+def test_a_checkpoint_stored_before_the_config_groups_resumes(train_shards, tmp_path):
+    """Checkpoints of earlier versions store the config flat (`batch_size` at the top). A
+    resume checks the stored data identity, whose keys did not change, so they resume; the
+    stored config still reads as this version's (`TrainConfig.from_dict`)."""
+    from tests.trainers.conftest import read_rows, train_main
+    from trainers.config import TrainConfig
+
+    run_dir = tmp_path / "run"
+    assert train_main(train_shards, run_dir, epochs=1, max_steps=2) == 0
+    path = latest_checkpoint(run_dir)
+    checkpoint = torch.load(path, weights_only=True)
+    grouped = checkpoint["config"]
+    flat = {"loader": grouped["loader"], "recipe": dict(grouped["recipe"])}
+    for name, group in grouped.items():
+        if name not in flat:
+            flat.update(group)
+    flat["label_smoothing"] = flat["recipe"].pop("label_smoothing")
+    checkpoint["config"] = flat  # the layout of before the groups
+    torch.save(checkpoint, path)
+    assert TrainConfig.from_dict(flat) == TrainConfig.from_dict(grouped)
+    assert train_main(train_shards, run_dir, epochs=1, max_steps=4, resume="auto") == 0
+    assert [row["step"] for row in read_rows(run_dir, "train")] == [1, 2, 3, 4]

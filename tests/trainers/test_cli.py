@@ -345,9 +345,11 @@ def test_every_startup_line_is_short_for_a_run_of_many_options(trainer_log):
         plan=plan,
         schedule=schedule,
         info=SimpleNamespace(world_size=64, device="cuda:0"),
-        loaders=SimpleNamespace(train=SimpleNamespace(source=source_info), val=None, classes=[]),
+        feed=SimpleNamespace(
+            loaders=SimpleNamespace(train=SimpleNamespace(source=source_info), val=None, classes=[])
+        ),
         identity={"num_classes": 1000},
-        module=torch.nn.Linear(4, 2),
+        learner=SimpleNamespace(module=torch.nn.Linear(4, 2)),
         state=SimpleNamespace(step=4567, epoch=3),
     )
     log_startup(run)
@@ -368,7 +370,7 @@ def test_changed_options_wrap_into_short_lines_per_group():
     lines = config_lines(config)
     assert (
         lines[0]
-        == f"config: every option in {config.run_dir}/config.json; changed from the defaults:"
+        == f"config: every option in {config.run.run_dir}/config.json; changed from the defaults:"
     )
     assert all(len(line) <= CONFIG_LINE_WIDTH for line in lines), lines
     text = " ".join(lines)
@@ -387,7 +389,7 @@ def test_changed_options_wrap_into_short_lines_per_group():
         assert text.count(flag) == 1, flag
     assert "--model" not in text  # at its default
     assert config_lines(TrainConfig()) == [
-        f"config: every option in {TrainConfig().run_dir}/config.json; all at their defaults"
+        f"config: every option in {TrainConfig().run.run_dir}/config.json; all at their defaults"
     ]
 
 
@@ -417,8 +419,8 @@ def trainer_log() -> Lines:
     logger.setLevel(level)
 
 
-def plot_run(tmp_path: Path) -> SimpleNamespace:
-    """What `draw_plot` reads of a run: its directory, metrics file and threshold."""
+def plot_run(tmp_path: Path) -> tuple[Path, str, float]:
+    """What `draw_plot` takes: a run's metrics file, its directory and the threshold."""
     metrics = tmp_path / "metrics.jsonl"
     rows = [
         {
@@ -433,15 +435,14 @@ def plot_run(tmp_path: Path) -> SimpleNamespace:
         for s in (1, 2)
     ]
     metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = SimpleNamespace(run_dir=str(tmp_path), input_bound_threshold=0.2)
-    return SimpleNamespace(config=config, metrics=SimpleNamespace(path=metrics))
+    return metrics, str(tmp_path), 0.2
 
 
 def test_plot_is_skipped_as_not_installed_only_when_matplotlib_is_missing(
     tmp_path, monkeypatch, trainer_log
 ):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what find_spec reports as absent
-    draw_plot(plot_run(tmp_path))
+    draw_plot(*plot_run(tmp_path))
     assert trainer_log.messages == [
         "plot skipped: matplotlib is not installed; `pip install matplotlib` draws it"
     ]
@@ -457,7 +458,7 @@ def test_a_broken_matplotlib_says_so_and_the_run_still_ends(tmp_path, monkeypatc
     for name in [name for name in sys.modules if name.split(".")[0] == "matplotlib"]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(fake.parent))
-    draw_plot(plot_run(tmp_path))
+    draw_plot(*plot_run(tmp_path))
     (message,) = trainer_log.messages
     assert "matplotlib is installed but does not import (libfreetype.so.6" in message
     assert "pip install --force-reinstall matplotlib" in message
@@ -466,7 +467,7 @@ def test_a_broken_matplotlib_says_so_and_the_run_still_ends(tmp_path, monkeypatc
 
 def test_plot_is_drawn_with_matplotlib(tmp_path, trainer_log):
     pytest.importorskip("matplotlib")
-    draw_plot(plot_run(tmp_path))
+    draw_plot(*plot_run(tmp_path))
     png = tmp_path / PLOT_NAME
     assert trainer_log.messages == [f"plot: {png}"]
     assert png.read_bytes().startswith(b"\x89PNG")

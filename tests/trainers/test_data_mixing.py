@@ -16,12 +16,12 @@ def test_repeated_train_shards_with_weights_make_a_mix():
         ["--train-shards", "data/web", "--train-shards=s3://b/curated/manifest.json"]
         + ["--train-weights", "0.7,0.3", "--train-epoch-samples", "1000"]
     )
-    assert config.train_shards == "data/web::s3://b/curated/manifest.json"
+    assert config.data.train_shards == "data/web::s3://b/curated/manifest.json"
     assert train_source(config) == [
         Source("data/web", weight=0.7, name="web"),
         Source("s3://b/curated/manifest.json", weight=0.3, name="curated"),
     ]
-    assert config.train_epoch_samples == 1000
+    assert config.data.train_epoch_samples == 1000
 
 
 def test_open_clip_form_without_weights_reads_each_dataset_once_an_epoch():

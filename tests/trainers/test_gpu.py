@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from pipeline.config import Batching, Crop, Workers
 from pipeline.loader import LoaderConfig, build_loader
 from pipeline.prefetch import CudaPrefetcher
 from tests.gpu import gpu
@@ -58,7 +59,12 @@ def test_fp16_unscales_before_clipping(train_shards, tmp_path, monkeypatch):
 
 def test_loader_pins_batches_and_prefetcher_normalizes_on_the_gpu(train_shards):
     loader = build_loader(
-        LoaderConfig(source=str(train_shards), batch_size=8, image_size=24, num_workers=1)
+        LoaderConfig(
+            source=str(train_shards),
+            batch=Batching(size=8),
+            crop=Crop(image_size=24),
+            workers=Workers(count=1),
+        )
     )
     images, labels = next(iter(loader))
     assert images.is_pinned() and images.dtype == torch.uint8

@@ -13,7 +13,7 @@ from PIL import Image
 
 from shards.tar import TarShardWriter
 from tests.trainers.conftest import read_rows, train_main
-from trainers.config import TrainConfig, parse_command_line
+from trainers.config import Data, TrainConfig, parse_command_line
 from trainers.metrics import f1_scores, multi_label_report, summary_line
 
 # Saturated colours far apart: stripes of a sample's label colours encode its label set.
@@ -168,8 +168,8 @@ def test_label_flag_mistakes_are_usage_errors(argv, message, capsys):
 
 
 def test_single_label_stays_the_default():
-    config = TrainConfig(train_shards="x")
-    assert config.task == "single-label" and config.label_field is None
+    config = TrainConfig(data=Data(train_shards="x"))
+    assert config.data.task == "single-label" and config.data.label_field is None
 
 
 def test_report_on_known_scores():

@@ -58,7 +58,7 @@ def test_timm_flags_set_the_recipe():
         0.4,
     )
     assert recipe.mixup_mode == "pair" and recipe.aug_repeats == 3 and recipe.color_jitter == 0.3
-    assert config.label_smoothing == 0.1
+    assert config.recipe.label_smoothing == 0.1
     assert progressive_resize(config) == ProgressiveResize(
         start=160, end=192, first_epoch=2, last_epoch=12, step=32
     )
@@ -89,11 +89,11 @@ def test_a_config_file_takes_the_same_names(tmp_path):
 
 
 def test_the_old_label_smoothing_spelling_still_works(tmp_path):
-    assert parse("--label-smoothing", "0.2").label_smoothing == 0.2
-    assert parse("--label-smoothing=0.3").label_smoothing == 0.3
+    assert parse("--label-smoothing", "0.2").recipe.label_smoothing == 0.2
+    assert parse("--label-smoothing=0.3").recipe.label_smoothing == 0.3
     path = tmp_path / "old.toml"
     path.write_text("label-smoothing = 0.1\n")
-    assert parse("--config", str(path)).label_smoothing == 0.1
+    assert parse("--config", str(path)).recipe.label_smoothing == 0.1
 
 
 @pytest.mark.parametrize(

@@ -33,14 +33,13 @@ def test_unscale_before_clip_then_step_update_schedule_zero(monkeypatch, clip):
         "clip_grad_norm_",
         lambda params, max_norm: calls.append("clip") or torch.tensor(0.0),
     )
-    run = SimpleNamespace(
-        config=SimpleNamespace(clip_grad=clip),
+    learner = SimpleNamespace(
         scaler=Recorder(calls, "scaler"),
         optimizer=Recorder(calls, "optimizer"),
         scheduler=Recorder(calls, "scheduler"),
         module=torch.nn.Linear(2, 2),
     )
-    optimizer_step(run)
+    optimizer_step(learner, clip)
     expected = ["scaler.unscale_", "clip"] if clip else []
     expected += ["scaler.step", "scaler.update", "scheduler.step", "optimizer.zero_grad"]
     assert calls == expected

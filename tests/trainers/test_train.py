@@ -36,7 +36,7 @@ def test_loss_falls_and_val_accuracy_beats_chance(train_shards, tmp_path, capsys
     end = read_rows(run_dir, "end")[0]
     assert end["verdict"].startswith(("input-bound", "compute-bound"))
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["config"]["batch_size"] == 16 and config["effective_batch"] == 16
+    assert config["config"]["schedule"]["batch_size"] == 16 and config["effective_batch"] == 16
     assert (run_dir / "metrics.csv").read_text().startswith("kind,step,epoch,loss,lr")
     if _has_matplotlib():
         assert (run_dir / "metrics.png").stat().st_size > 0
