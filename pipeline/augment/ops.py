@@ -147,9 +147,11 @@ def blend_constant(pixels: np.ndarray, degenerate: int, factor: float) -> None:
         apply_lut(pixels, blend(float(degenerate), _LEVELS, factor).astype(np.uint8))
 
 
-# Pillow truncates its float blend; OpenCV rounds. Rounding v - 0.5 + 2**-10 truncates v
-# unless v is within 2**-10 below an integer, where the two float orders can differ anyway.
-_TRUNCATE = -0.5 + 2.0**-10
+# Pillow truncates its float results; ours (float32 in another order, or OpenCV's rounding)
+# are a few 1e-5 off, so whole numbers can land just below. Truncating v + NUDGE (rounding
+# v - 0.5 + NUDGE) keeps them, and only values within NUDGE under a whole number go the
+# other way (off by 1).
+NUDGE = 2.0**-10
 
 
 def blend_pixels(pixels: np.ndarray, degenerate: np.ndarray, factor: float) -> None:
@@ -157,11 +159,11 @@ def blend_pixels(pixels: np.ndarray, degenerate: np.ndarray, factor: float) -> N
 
     `cv2.addWeighted` in one SIMD pass (Pillow: degenerate + f * (pixels - degenerate) in
     float32, truncated; here f * pixels + (1 - f) * degenerate, rounded after the shift
-    `_TRUNCATE`): measured on photos, under 1% of the values differ, by 1.
+    -0.5 + `NUDGE`): measured on photos, under 1% of the values differ, by 1.
     """
     if factor != 1.0:
         alpha = float(np.float32(factor))  # Pillow's C float
-        cv2.addWeighted(pixels, alpha, degenerate, 1.0 - alpha, _TRUNCATE, dst=pixels)
+        cv2.addWeighted(pixels, alpha, degenerate, 1.0 - alpha, NUDGE - 0.5, dst=pixels)
 
 
 def luma(pixels: np.ndarray) -> np.ndarray:

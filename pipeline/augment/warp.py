@@ -8,8 +8,8 @@ Pillow's own weights: each row gathered at its whole shift and one weighted sum 
 shifted views (`numpy.einsum`), or one 1-D `cv2.filter2D` when every row moves alike. That
 is within a value of Pillow, where OpenCV's 2-D bicubic warp (a scalar loop, ~6x the time)
 is 51 dB. Other matrices (rotation) go through `cv2.warpAffine`. Every way, the fill goes
-exactly where Pillow's goes: each row's inside span is solved from the matrix and checked
-with Pillow's own float arithmetic at its ends.
+exactly where Pillow's goes: each row's inside span is solved from the matrix, and a row
+whose edge falls within 1e-6 of a pixel centre is scanned with Pillow's double arithmetic.
 """
 
 from __future__ import annotations
@@ -22,15 +22,11 @@ import cv2
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from pipeline.augment.ops import solid
+from pipeline.augment.ops import NUDGE, solid
 
 RESAMPLE = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
-# Pillow truncates its double result. Ours is float32, a few 1e-5 off, so whole numbers
-# (flat regions) can land just below: truncating after adding 2**-10 keeps them, and only
-# values within 2**-10 under a whole number round the other way (off by 1).
-_NUDGE = 2.0**-10
-_TAPS = {"bilinear": 2, "bicubic": 4}
-_MARGIN = 2  # bicubic's taps reach 2 pixels past a point inside the image  # interpolation taps; bicubic's start one to the left
+_TAPS = {"bilinear": 2, "bicubic": 4}  # interpolation taps; bicubic's start one to the left
+_MARGIN = 2  # bicubic's taps reach 2 pixels past a point inside the image
 
 
 def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Sequence[int]) -> None:
@@ -177,14 +173,14 @@ def _shift_rows_each(
 
 
 def _truncate(values: np.ndarray, out: np.ndarray, signed: bool = True) -> None:
-    """Pillow's clip and truncation of float32 `values` (nudged up by `_NUDGE`) into uint8.
+    """Pillow's clip and truncation of float32 `values` (nudged up by `NUDGE`) into uint8.
 
-    Negative values (bicubic's undershoot; `signed`) to 0 first; then |v + _NUDGE - 0.5|
-    rounded (OpenCV saturates at 255) is the truncation of v + _NUDGE: SIMD passes.
+    Negative values (bicubic's undershoot; `signed`) to 0 first; then |v + NUDGE - 0.5|
+    rounded (OpenCV saturates at 255) is the truncation of v + NUDGE: SIMD passes.
     """
     if signed:
         cv2.threshold(values, 0, 0, cv2.THRESH_TOZERO, dst=values)
-    cv2.convertScaleAbs(values, dst=out, alpha=1.0, beta=_NUDGE - 0.5)
+    cv2.convertScaleAbs(values, dst=out, alpha=1.0, beta=NUDGE - 0.5)
 
 
 def _translate(
@@ -216,7 +212,7 @@ def _translate(
                 -1,
                 kernel if axis == 1 else kernel.T,
                 anchor=(0, 0),
-                delta=-0.5 + _NUDGE,
+                delta=-0.5 + NUDGE,
                 borderType=cv2.BORDER_REPLICATE,
             )[index(slice(0, high - low), slice(None))]
         pixels[index(slice(low, high), slice(top, bottom))] = moved
