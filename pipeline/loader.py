@@ -22,11 +22,12 @@ from torch.utils.data import DataLoader, default_convert
 from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.checksum import open_shard
 from pipeline.config import EPOCH_RULES, Batching, LoaderConfig, Resampled, Shuffle
-from pipeline.dataset import MAX_SEGMENTS, MixedShards, ShardStream, SharedState, StreamSettings
+from pipeline.dataset import MAX_SEGMENTS, ShardStream, SharedState
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
 from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
 from pipeline.sources import ResolvedSource, resolve_source
+from pipeline.stages import MixedShards, StreamSettings
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import ShardError, UsageError

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.assemble import batch_sizes
 from pipeline.checksum import open_shard
-from pipeline.dataset import batch_sizes
 from pipeline.loader import LoaderConfig, ShardLoader
 from pipeline.plan import Partition, plan_epoch, shuffle_buffer, worker_rng
 from pipeline.positions import Pieces, Runs

@@ -1,10 +1,76 @@
-"""Loader measurements the trainer reads: time to first batch, images/s, waits, skips."""
+"""Loader measurements: what each worker role counts (`WorkerStats`, `count_skips`) and
+what the trainer reads, aggregated (`LoaderStats`: time to first batch, images/s, waits,
+skips)."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from shards.errors import DataError
+from shards.sample import skip_budget_hint
+
+
+class LoaderDataError(DataError, RuntimeError):
+    """Too much bad data: the skip budget of the epoch was exceeded."""
+
+
+@dataclass
+class WorkerStats:
+    """Counters a worker ships with each batch; the loader aggregates them."""
+
+    worker: int = 0
+    samples: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    bad_shards: Counter = field(default_factory=Counter)  # reason -> shards
+    bad_shard_examples: list = field(default_factory=list)  # the first few, named
+    refilled: int = 0
+    unfilled: int = 0  # exactly-once epochs: planned slots left empty (their samples were bad)
+    decode_s: float = 0.0  # decoding every field of the samples, augmentation included
+    augment_s: float = 0.0  # the part of decode_s spent augmenting images (`LoaderConfig.augment`)
+    pillow_fallbacks: int = 0  # samples the fast crops handed to Pillow (non-JPEG, CMYK, ...)
+    sources: Counter = field(default_factory=Counter)  # a mix: samples delivered per source
+    source_skipped: Counter = field(default_factory=Counter)  # a mix: skips per source
+    fetch: dict = field(default_factory=dict)  # remote reads: bytes, cache hits, in flight
+    budget: int = 10  # skips allowed before the worker stops
+
+    def snapshot(self) -> dict:
+        return {
+            "worker": self.worker,
+            "samples": self.samples,
+            "skipped": dict(self.skipped),
+            "bad_shards": dict(self.bad_shards),
+            "bad_shard_examples": list(self.bad_shard_examples),
+            "refilled": self.refilled,
+            "unfilled": self.unfilled,
+            "decode_s": self.decode_s,
+            "augment_s": self.augment_s,
+            "pillow_fallbacks": self.pillow_fallbacks,
+            "sources": dict(self.sources),
+            "source_skipped": dict(self.source_skipped),
+            "fetch": dict(self.fetch),
+        }
+
+
+def count_skips(
+    stats: WorkerStats,
+    reason: str,
+    count: int,
+    where: str,
+    hint: Callable[[Mapping[str, int]], str] | None = None,
+) -> None:
+    """Count skipped samples; past the worker's budget, stop with what, where and what to do
+    (a field whose member no sample has is named: the data is not bad, the field is)."""
+    stats.skipped[reason] += count
+    skipped = sum(stats.skipped.values())
+    if skipped > stats.budget:
+        raise LoaderDataError(
+            f"worker {stats.worker} skipped {skipped} samples, over its budget of {stats.budget} "
+            f"({dict(stats.skipped)}); last: {where}. "
+            + (hint(stats.skipped) if hint else skip_budget_hint((), stats.skipped))
+        )
 
 
 @dataclass

@@ -21,12 +21,13 @@ import torch
 from PIL import Image
 
 from pipeline.config import Batching, Resampled, Workers
-from pipeline.dataset import check_class_range, class_ranged_fields
 from shards.errors import UsageError
 from shards.manifest import read_manifest
 from shards.sample import (
     Field,
     SampleError,
+    check_class_range,
+    class_ranged_fields,
     collate_values,
     field_value,
     parse_json,

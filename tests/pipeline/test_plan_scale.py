@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.dataset import batch_sizes
+from pipeline.assemble import batch_sizes
 from pipeline.plan import (
     Partition,
     Segment,
