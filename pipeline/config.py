@@ -491,11 +491,8 @@ class ReadOptions:
             not of this job are evicted to stay under it (a dataset larger than the
             limit keeps what fitted first and streams the rest). None: no limit but the
             disk (a full disk turns the cache off with one warning).
-        allow_missing_shards: read the shards that exist when some named ones do not.
         count_remote_shards: count remote tar shards without a manifest by reading each
-            once (exact epochs need counts), the progress in the log; without it such a
-            source is refused in one line saying how else. Resampled sampling needs no
-            counts: those shards are then drawn uniformly and read to their end.
+            once (exact epochs need counts; resampled sampling needs none).
     """
 
     retry: RetryPolicy = option(
