@@ -96,5 +96,7 @@ def quantile_tables(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np
     for m, s in zip(mean, std, strict=True):
         # value v takes the z with 255 (m + s z) in [v - 0.5, v + 0.5): edges in probability
         edges = [NormalDist(m * 255, s * 255).cdf(v + 0.5) for v in range(255)]
-        tables.append(np.searchsorted(np.array(edges), steps, side="right").astype(np.uint8))
+        table = np.searchsorted(np.array(edges), steps, side="right").astype(np.uint8)
+        table.flags.writeable = False  # cached: shared by every call
+        tables.append(table)
     return tuple(tables)

@@ -251,7 +251,9 @@ def _trimmed(weights: np.ndarray) -> np.ndarray:
     keep = np.flatnonzero(weights >= 1e-4)
     side = min(keep[0], len(weights) - 1 - keep[-1])
     weights = weights[side : len(weights) - side]
-    return (weights / weights.sum()).astype(np.float32)[:, None]
+    column = (weights / weights.sum()).astype(np.float32)[:, None]
+    column.flags.writeable = False  # cached: shared by every call
+    return column
 
 
 @functools.lru_cache(maxsize=64)
