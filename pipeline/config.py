@@ -615,9 +615,9 @@ class LoaderOptions:
         return {f.name: getattr(self, f.name) for f in fields(LoaderOptions)}
 
 
-# The flat keyword arguments `LoaderConfig` took before it had groups (docs, notebooks and
-# scripts use them), and the group field each one sets. The three sampling keywords make
-# one `sampling` choice (`flat_sampling`).
+# The flat keyword arguments `LoaderConfig` took before it had groups, kept for one release
+# (each warns once, `warn_flat_name`), and the group field each one sets. The three sampling
+# keywords make one `sampling` choice (`flat_sampling`).
 FLAT_NAMES: dict[str, tuple[str, str]] = {
     "batch_size": ("batch", "size"),
     "drop_last": ("batch", "drop_last"),
@@ -646,7 +646,9 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "cache_limit": ("io", "cache_limit"),
     "allow_missing_shards": ("io", "allow_missing_shards"),
 }
-SAMPLING_NAMES = ("resampled", "epoch_samples", "class_balance")
+# The sampling keywords and the `Resampled` field each sets ("": `Resampled()` itself).
+SAMPLING_FIELDS = {"resampled": "", "epoch_samples": "epoch_samples", "class_balance": "balance"}
+SAMPLING_NAMES = tuple(SAMPLING_FIELDS)
 GROUP_TYPES: dict[str, type] = {
     "batch": Batching,
     "shuffle": Shuffle,
@@ -654,6 +656,32 @@ GROUP_TYPES: dict[str, type] = {
     "workers": Workers,
     "io": ReadOptions,
 }
+
+
+# The flat names that have warned in this process: each warns once.
+WARNED_FLAT_NAMES: set[str] = set()
+
+
+def grouped_spelling(name: str) -> str:
+    """`batch_size` -> `LoaderConfig(batch=Batching(size=...))`: what replaces a flat name."""
+    if name in SAMPLING_FIELDS:
+        inner = SAMPLING_FIELDS[name]
+        return f"LoaderConfig(sampling=Resampled({f'{inner}=...' if inner else ''}))"
+    group, inner = FLAT_NAMES[name]
+    return f"LoaderConfig({group}={GROUP_TYPES[group].__name__}({inner}=...))"
+
+
+def warn_flat_name(name: str) -> None:
+    """The first use of a flat name in this process warns, naming its grouped spelling."""
+    if name in WARNED_FLAT_NAMES:
+        return
+    WARNED_FLAT_NAMES.add(name)
+    warnings.warn(
+        f"LoaderConfig({name}=...) is now {grouped_spelling(name)}; the flat keyword "
+        "goes in the next release",
+        OldSpellingWarning,
+        stacklevel=4,  # warn_flat_name <- group_flat_names <- __init__ <- the caller
+    )
 
 
 def group_flat_names(kwargs: dict[str, Any]) -> dict[str, Any]:
