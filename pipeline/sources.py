@@ -473,7 +473,8 @@ def refuse_missing(missing: list[str], named: int, allow_missing: bool) -> None:
     if len(missing) == named or not allow_missing:
         raise UsageError(
             f"{line}; fix the pattern or the list, or read the ones that exist with "
-            "LoaderConfig(allow_missing_shards=True) (train: --allow-missing-shards)"
+            "LoaderConfig(io=ReadOptions(allow_missing_shards=True)) "
+            "(train: --allow-missing-shards)"
         )
     log.warning("%s; reading the %d that exist (allow_missing_shards)", line, named - len(missing))
 
