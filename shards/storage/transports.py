@@ -63,17 +63,13 @@ class HttpTransport(Transport):
 
 
 class FsspecTransport(Transport):
-    """An object store through fsspec (s3fs, gcsfs, adlfs, fsspec's `memory://`), with
-    the client's own retries off and its socket waits set from the `RetryPolicy`."""
+    """An object store through fsspec, with the client's own retries off and its socket
+    waits set from the `RetryPolicy` (`tune`, by each store's class below)."""
 
     request_per_read = True
 
-    def __init__(
-        self, *schemes: str, package: str, credentials: str = "none", shards: bool = True
-    ) -> None:
-        self.schemes, self.package = schemes, package
-        self.credentials, self.shards = credentials, shards
-        self.authority = "" if package == "fsspec" else "bucket"  # memory:// has no bucket
+    def __init__(self, *schemes: str, shards: bool = True) -> None:
+        self.schemes, self.shards = schemes, shards
 
     def open(self, url, retry, *, storage_options, random_access=False, expected_size=None):
         return open_object(url, retry, storage_options, random_access, expected_size)
@@ -107,33 +103,68 @@ class FsspecTransport(Transport):
         store.write_bytes_atomic(url.rsplit("/", 1)[1], data)
 
     def tune(self, options: Mapping[str, Any], retry: RetryPolicy) -> dict[str, Any]:
-        """One socket wait is at most the stall limit, and never longer than the deadline;
-        the client's own retry loops are reduced to one try (ours is the budget)."""
+        """A store is read as it is now: a listing cached before `index` wrote a manifest
+        would hide it from the next look in the same process. Each store's own class
+        adds its client's socket waits and retries."""
         tuned = dict(options)
-        # A store is read as it is now: a listing cached before `index` wrote a manifest
-        # would hide it from the next look in the same process.
         tuned.setdefault("use_listings_cache", False)
-        wait = min(retry.timeout, retry.deadline)
-        if self.package == "s3fs":
-            # s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its own.
-            config = dict(tuned.get("config_kwargs") or {})
-            config.setdefault("connect_timeout", wait)
-            config.setdefault("read_timeout", wait)
-            config.setdefault("retries", {"total_max_attempts": 1})
-            tuned["config_kwargs"] = config
-        elif self.package == "gcsfs":
-            tuned.setdefault("requests_timeout", wait)  # gcsfs's per-request timeout
-        elif self.package == "adlfs":
-            tuned.setdefault("connection_timeout", wait)  # the Azure SDK's socket waits
-            tuned.setdefault("read_timeout", wait)
         return tuned
+
+
+class S3Transport(FsspecTransport):
+    """S3 and compatible stores through s3fs and botocore."""
+
+    package = "s3fs"
+
+    def tune(self, options: Mapping[str, Any], retry: RetryPolicy) -> dict[str, Any]:
+        """One socket wait is at most the stall limit, and never longer than the deadline;
+        s3fs nests two retry loops (5 x 5 tries on a stall) and botocore adds its own:
+        one try each, ours is the budget."""
+        tuned = super().tune(options, retry)
+        config = dict(tuned.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", min(retry.timeout, retry.deadline))
+        config.setdefault("read_timeout", min(retry.timeout, retry.deadline))
+        config.setdefault("retries", {"total_max_attempts": 1})
+        tuned["config_kwargs"] = config
+        return tuned
+
+
+class GcsTransport(FsspecTransport):
+    """Google Cloud Storage through gcsfs."""
+
+    package = "gcsfs"
+
+    def tune(self, options: Mapping[str, Any], retry: RetryPolicy) -> dict[str, Any]:
+        tuned = super().tune(options, retry)
+        tuned.setdefault("requests_timeout", min(retry.timeout, retry.deadline))
+        return tuned
+
+
+class AzureTransport(FsspecTransport):
+    """Azure Blob and Data Lake through adlfs; URLs name `container@account`."""
+
+    package = "adlfs"
+    credentials = "account"
+
+    def tune(self, options: Mapping[str, Any], retry: RetryPolicy) -> dict[str, Any]:
+        tuned = super().tune(options, retry)
+        tuned.setdefault("connection_timeout", min(retry.timeout, retry.deadline))
+        tuned.setdefault("read_timeout", min(retry.timeout, retry.deadline))
+        return tuned
+
+
+class MemoryTransport(FsspecTransport):
+    """fsspec's in-process store (tests): no bucket, one per process."""
+
+    package = "fsspec"
+    authority = ""
 
 
 register(LocalTransport())
 register(HttpTransport())
-register(FsspecTransport("s3", package="s3fs"))
-register(FsspecTransport("gs", package="gcsfs"))
+register(S3Transport("s3"))
+register(GcsTransport("gs"))
 # A build's inputs only: gcsfs's other name, Azure, fsspec's in-process store (tests).
-register(FsspecTransport("gcs", package="gcsfs", shards=False))
-register(FsspecTransport("az", "abfs", package="adlfs", credentials="account", shards=False))
-register(FsspecTransport("memory", package="fsspec", shards=False))
+register(GcsTransport("gcs", shards=False))
+register(AzureTransport("az", "abfs", shards=False))
+register(MemoryTransport("memory", shards=False))

@@ -16,15 +16,16 @@ from pipeline.config import Batching, Crop, LoaderConfig, Shuffle, Workers
 from pipeline.loader import build_loader
 from shards.manifest import read_manifest
 from shards.storage import (
+    DEFAULT_RETRY,
     READ_SCHEMES,
     SHARD_SCHEMES,
-    DEFAULT_RETRY,
     ObjectNotFoundError,
     ShardReadError,
     Transport,
     open_stream,
     read_bytes,
     register,
+    transport_of,
     unregister,
     validate_url,
 )
@@ -122,3 +123,20 @@ def test_the_loader_reads_an_epoch_from_a_registered_store(store, built_shards):
     )
     keys = Counter(key for _, _, batch_keys in loader for key in batch_keys)
     assert len(keys) == expected and set(keys.values()) == {1}
+
+
+def test_every_object_store_gets_the_stall_limit_and_one_client_try():
+    """The tuning only s3 had: each fsspec store's client waits at most the stall limit
+    (capped at the deadline) a socket, and options a user gave win."""
+    from shards.storage.retry import RetryPolicy
+
+    retry = RetryPolicy(timeout=7.0, deadline=5.0)
+    s3 = transport_of("s3").tune({}, retry)["config_kwargs"]
+    assert s3["connect_timeout"] == s3["read_timeout"] == 5.0
+    assert s3["retries"] == {"total_max_attempts": 1}
+    assert transport_of("gs").tune({}, retry)["requests_timeout"] == 5.0
+    azure = transport_of("az").tune({}, retry)
+    assert azure["connection_timeout"] == azure["read_timeout"] == 5.0
+    assert transport_of("gs").tune({"requests_timeout": 99}, retry)["requests_timeout"] == 99
+    for scheme in ("s3", "gs", "gcs", "az", "abfs", "memory"):
+        assert transport_of(scheme).tune({}, retry)["use_listings_cache"] is False
