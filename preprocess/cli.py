@@ -49,8 +49,12 @@ class SampleOptions:
         None, "processes drawing images (default: one per CPU; 1: this process)", "sample"
     )
     overwrite: bool = option(
-        False, "replace an earlier sample in --output (nothing else is ever deleted)", "sample"
+        False,
+        "replace an earlier sample in --output (nothing else is ever deleted); one that is "
+        "this sample already is kept as it is",
+        "sample",
     )
+    progress: bool = option(True, "a bar on a terminal, a line every 10 s in a log file", "sample")
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -181,6 +185,7 @@ def run_make_sample(options: SampleOptions, args: argparse.Namespace) -> int:
             seed=options.seed,
             workers=options.workers,
             overwrite=options.overwrite,
+            progress=options.progress,
         )
     except OSError as error:
         return fail("make-sample", error)

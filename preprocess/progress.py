@@ -20,7 +20,14 @@ class ProgressLine:
     Never a `\r` frame: each report is a line of its own.
     """
 
-    def __init__(self, total: int, initial: int = 0, every_s: float = PROGRESS_EVERY_S) -> None:
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        every_s: float = PROGRESS_EVERY_S,
+        label: str = "build-shards",
+    ) -> None:
+        self.label = label
         self.total = total
         self.done = initial
         self.every_s = every_s
@@ -36,7 +43,7 @@ class ProgressLine:
             rate = self.counted / max(now - self.started, 1e-9)
             share = self.done / self.total if self.total else 1.0
             print(
-                f"build-shards: {self.done} of {self.total} images ({share:.0%}), "
+                f"{self.label}: {self.done} of {self.total} images ({share:.0%}), "
                 f"{rate:.0f} images/s",
                 file=sys.stderr,
                 flush=True,
@@ -51,20 +58,27 @@ class NoProgress:
 
 
 @contextlib.contextmanager
-def progress_bar(total: int, enabled: bool, initial: int = 0, every_s: float = PROGRESS_EVERY_S):
-    """A tqdm bar on a terminal (log lines written above it), a `ProgressLine` otherwise."""
+def progress_bar(
+    total: int,
+    enabled: bool,
+    initial: int = 0,
+    every_s: float | None = None,
+    label: str = "build-shards",
+):
+    """A tqdm bar on a terminal (log lines written above it), a `ProgressLine` otherwise
+    (a line every `every_s`, default `PROGRESS_EVERY_S`); `label` names the command."""
     if not enabled:
         yield NoProgress()
         return
     if not sys.stderr.isatty():
-        yield ProgressLine(total, initial, every_s)
+        yield ProgressLine(total, initial, PROGRESS_EVERY_S if every_s is None else every_s, label)
         return
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     loggers = [logging.getLogger("preprocess"), logging.getLogger("ray"), logging.getLogger()]
     with (
-        tqdm(total=total, initial=initial, unit="img", smoothing=0.1, desc="build-shards") as bar,
+        tqdm(total=total, initial=initial, unit="img", smoothing=0.1, desc=label) as bar,
         logging_redirect_tqdm(loggers=loggers),
     ):
         yield bar

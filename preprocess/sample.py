@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from preprocess.progress import progress_bar
 from shards.errors import UsageError
 from shards.storage.write import atomic_write_bytes
 
@@ -92,6 +93,7 @@ class SampleSummary:
         formats: images per kind (`jpeg`, `jpeg_gray`, `png_rgba`, ...), sorted by name.
         wall_s: wall-clock seconds, including worker start-up.
         images_per_s: `count / wall_s`.
+        kept: the tree held this sample already and was kept (`make_sample`'s rerun).
     """
 
     output: Path
@@ -100,10 +102,16 @@ class SampleSummary:
     formats: dict[str, int]
     wall_s: float
     images_per_s: float
+    kept: bool = False
 
     def describe(self) -> str:
         """Return a short human-readable report, one fact per line."""
         shares = ", ".join(f"{k} {v} ({v / self.count:.1%})" for k, v in self.formats.items())
+        if self.kept:
+            return (
+                f"kept {self.output}: it holds this sample already ({self.count} images in "
+                f"{len(self.classes)} classes, the same seed); nothing drawn\nformats: {shares}"
+            )
         return (
             f"wrote {self.count} images in {len(self.classes)} classes to {self.output}\n"
             f"formats: {shares}\n"
@@ -153,6 +161,7 @@ def make_sample(
     seed: int = 0,
     workers: int | None = None,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> SampleSummary:
     """Write `count` synthetic photo-like images as `output/<class>/img_<index>.<ext>`.
 
@@ -173,7 +182,10 @@ def make_sample(
         seed: non-negative seed.
         workers: worker processes; defaults to `os.cpu_count()`. 1 runs in-process.
         overwrite: replace an earlier make-sample tree at `output`. A directory that
-            holds anything else is never deleted.
+            holds anything else is never deleted. A tree that already is this sample
+            (every file name of `(count, classes, seed)`, and the first and last image
+            byte for byte) is kept as it is: rerunning the command draws nothing.
+        progress: a bar on a terminal, a line every 10 s in a log file.
 
     Returns:
         A `SampleSummary`.
@@ -183,13 +195,20 @@ def make_sample(
     """
     _check_args(count, classes, seed, workers)
     start = time.perf_counter()
-    root = _prepare_output(Path(output), overwrite)
     names = class_names(classes)
+    if overwrite and _is_this_sample(Path(output), count, classes, seed):
+        kinds = Counter(_draw_plan(index, seed, classes).kind for index in range(count))
+        wall = time.perf_counter() - start
+        return SampleSummary(
+            Path(output), count, names, dict(sorted(kinds.items())), wall, count / wall, True
+        )
+    root = _prepare_output(Path(output), overwrite)
     for name in names:
         (root / name).mkdir()
     chunks = [range(i, min(i + _CHUNK, count)) for i in range(0, count, _CHUNK)]
     writer = partial(_write_chunk, root=str(root), count=count, classes=classes, seed=seed)
-    formats = _run_chunks(writer, chunks, workers or os.cpu_count() or 1, count)
+    with progress_bar(count, progress, label="make-sample") as bar:
+        formats = _run_chunks(writer, chunks, workers or os.cpu_count() or 1, count, bar)
     os.sync()  # the images were renamed into place unsynced (`durable=False`): flush once
     wall = time.perf_counter() - start
     return SampleSummary(
@@ -200,6 +219,37 @@ def make_sample(
         wall_s=wall,
         images_per_s=count / wall,
     )
+
+
+def _sample_path(plan: _Plan, names: list[str], width: int) -> str:
+    """`class_NNN/img_INDEX.EXT`: where image `plan.index` of a sample goes."""
+    ext = EXTENSIONS[plan.kind.split("_")[0]]
+    return os.path.join(names[plan.label], f"img_{plan.index:0{width}d}.{ext}")
+
+
+def _is_this_sample(root: Path, count: int, classes: int, seed: int) -> bool:
+    """Whether `root` holds exactly the sample `(count, classes, seed)` draws: its file
+    names (a name says the image's index, class and kind), and its first and last
+    image byte for byte (drawn again: under a second), so another seed is told apart."""
+    if not root.is_dir():
+        return False
+    names, width = class_names(classes), max(7, len(str(count - 1)))
+    plans = [_draw_plan(index, seed, classes) for index in range(count)]
+    expected = {_sample_path(plan, names, width) for plan in plans}
+    held = {
+        os.path.join(entry.name, item.name)
+        for entry in root.iterdir()
+        if entry.is_dir()
+        for item in entry.iterdir()
+    }
+    if held != expected or len(list(root.iterdir())) != len(names):
+        return False
+    bank = _get_bank(seed)
+    for plan in {plans[0].index: plans[0], plans[-1].index: plans[-1]}.values():
+        data = _encode(plan, _compose(plan, bank))
+        if (root / _sample_path(plan, names, width)).read_bytes() != data:
+            return False
+    return True
 
 
 def render_image(index: int, classes: int = 10, seed: int = 0) -> tuple[int, Image.Image]:
@@ -261,23 +311,26 @@ def _remove_old_sample(root: Path) -> None:
 
 
 def _run_chunks(
-    writer: Callable[[range], Counter], chunks: list[range], workers: int, count: int
+    writer: Callable[[range], Counter], chunks: list[range], workers: int, count: int, bar=None
 ) -> Counter:
     """Run `writer` over all chunks, in-process or on a spawn pool; sum the kind counts."""
     if workers == 1 or len(chunks) == 1:
-        return _tally(map(writer, chunks), count)
+        return _tally(map(writer, chunks), count, bar)
     # spawn, not fork: the caller may hold threads (Ray, torch), and fork would copy them.
     context = multiprocessing.get_context("spawn")
     with context.Pool(min(workers, len(chunks))) as pool:
-        return _tally(pool.imap_unordered(writer, chunks), count)
+        return _tally(pool.imap_unordered(writer, chunks), count, bar)
 
 
-def _tally(results: Iterable[Counter], count: int) -> Counter:
-    """Sum per-chunk kind counts, logging progress every 50,000 images."""
+def _tally(results: Iterable[Counter], count: int, bar=None) -> Counter:
+    """Sum per-chunk kind counts, logging progress every 50,000 images (and each chunk
+    to `bar`, a `preprocess.progress.progress_bar`)."""
     totals: Counter = Counter()
     for counts in results:
         before = totals.total()
         totals += counts
+        if bar is not None:
+            bar.update(counts.total())
         if totals.total() // 50_000 > before // 50_000:
             log.info("make-sample: %d of %d images written", totals.total(), count)
     return totals
@@ -292,8 +345,7 @@ def _write_chunk(indices: range, root: str, count: int, classes: int, seed: int)
     for index in indices:
         plan = _draw_plan(index, seed, classes)
         data = _encode(plan, _compose(plan, bank))
-        ext = EXTENSIONS[plan.kind.split("_")[0]]
-        path = os.path.join(root, names[plan.label], f"img_{index:0{width}d}.{ext}")
+        path = os.path.join(root, _sample_path(plan, names, width))
         # Write then rename, so a killed run never leaves a truncated image behind;
         # `make_sample` syncs once at the end instead of twice an image.
         atomic_write_bytes(path, data, durable=False)

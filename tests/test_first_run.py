@@ -380,3 +380,80 @@ def test_train_from_http_logs_bytes_fetched_then_cache_hits(tmp_path):
     (fetched, mib, hits), (fetched_again, _, hits_again) = lines
     assert int(fetched) == 3 and float(mib) > 0 and int(hits) == 0  # 36 train images, 12 a shard
     assert int(fetched_again) == 0 and int(hits_again) == 3  # the second epoch: the cache
+
+
+# --- the README's first command, run again; make-sample's progress ---------------------------
+
+
+def test_make_sample_rerun_keeps_the_same_sample_and_says_so(tmp_path, capsys):
+    command = ["make-sample", "--output", str(tmp_path / "sample"), "--count", "60"]
+    command += ["--workers", "1", "--overwrite"]  # as the README's first command
+    assert preprocess_main(command) == 0
+    assert capsys.readouterr().out.startswith("wrote 60 images")
+    files = sorted((tmp_path / "sample").rglob("*.*"))
+    stamps = [path.stat().st_mtime_ns for path in files]
+    assert preprocess_main(command) == 0
+    assert capsys.readouterr().out.startswith(f"kept {tmp_path / 'sample'}: it holds this sample")
+    assert [path.stat().st_mtime_ns for path in files] == stamps  # nothing drawn again
+    assert preprocess_main([*command, "--seed", "1"]) == 0  # another sample: drawn
+    assert capsys.readouterr().out.startswith("wrote 60 images")
+    (tmp_path / "sample" / "class_000" / "extra.jpg").write_bytes(b"x")
+    assert preprocess_main([*command, "--seed", "1"]) == 1  # a tree holding more: refused
+
+
+def test_make_sample_into_a_log_file_says_how_far_it_is(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("preprocess.progress.PROGRESS_EVERY_S", 0.0)  # a line every chunk
+    command = ["make-sample", "--output", str(tmp_path / "sample"), "--count", "200"]
+    assert preprocess_main([*command, "--workers", "1"]) == 0
+    lines = re.findall(r"make-sample: (\d+) of 200 images", capsys.readouterr().err)
+    assert [int(n) for n in lines] == [64, 128, 192, 200]
+    assert (
+        preprocess_main([*command, "--workers", "1", "--overwrite", "--seed", "2", "--no-progress"])
+        == 0
+    )
+    assert "of 200 images" not in capsys.readouterr().err
+
+
+# A stand-in for the venv's python: `-c` checks pass (torch and our packages import),
+# `-m pip install` prints what pip prints while it fetches, and every call is recorded.
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/../calls"
+if [ "$1" = "-c" ]; then echo 2.13.0; exit 0; fi
+if [ "$1 $2 $3" = "-m pip install" ]; then
+  echo "Obtaining file:///repo"
+  echo "Collecting numpy>=1.26 (from shardpipe==0.1)"
+  echo "  Downloading numpy-2.3.0-cp311-cp311-manylinux_2_28_x86_64.whl (16.6 MB)"
+  echo "Collecting pillow>=10 (from shardpipe==0.1)"
+  echo "Installing collected packages: numpy, pillow, shardpipe"
+  echo "Successfully installed numpy-2.3.0 pillow-11.0 shardpipe-0.1"
+fi
+"""
+
+
+def test_ci_setup_says_what_it_fetches_and_a_rerun_installs_nothing(tmp_path):
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "setup").write_text((REPO / ".ci" / "setup").read_text())
+    (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+
+    def setup() -> tuple[str, list[str]]:
+        (tmp_path / ".venv" / "calls").write_text("")
+        run = subprocess.run(
+            ["bash", ".ci/setup"], cwd=tmp_path, capture_output=True, text=True, check=True
+        )
+        return run.stdout, (tmp_path / ".venv" / "calls").read_text().splitlines()
+
+    out, calls = setup()
+    assert "setup:   fetching numpy>=1.26" in out and "setup:   fetching pillow>=10" in out
+    assert "setup:   installing the packages fetched" in out and "Downloading" not in out
+    assert any(call.startswith("-m pip install") for call in calls)
+    out, calls = setup()  # the README's first command, run again
+    assert "pyproject.toml unchanged): nothing to do" in out
+    assert not any("-m pip" in call for call in calls)
+    with open(tmp_path / "pyproject.toml", "a") as changed:
+        changed.write("\n# a new dependency\n")
+    out, calls = setup()
+    assert "fetching numpy" in out and any("pip install" in call for call in calls)
