@@ -457,3 +457,21 @@ def test_ci_setup_says_what_it_fetches_and_a_rerun_installs_nothing(tmp_path):
         changed.write("\n# a new dependency\n")
     out, calls = setup()
     assert "fetching numpy" in out and any("pip install" in call for call in calls)
+
+
+def test_hf_reads_tar_labels_as_ints_and_the_cast_the_doc_gives_names_them(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    make_sample(tmp_path / "images", 24, classes=3, seed=3, workers=1)
+    build = ["build-shards", "--input", str(tmp_path / "images"), "--output", str(tmp_path / "out")]
+    assert preprocess_main([*build, "--executor", "inline", "--no-progress"]) == 0
+    parquet = datasets.load_dataset(
+        str(tmp_path / "out" / "parquet"), cache_dir=str(tmp_path / "hf")
+    )
+    tar = datasets.load_dataset(str(tmp_path / "out" / "tar"), cache_dir=str(tmp_path / "hf"))
+    classes = read_manifest(str(tmp_path / "out")).classes
+    assert parquet["train"].features["cls"] == datasets.ClassLabel(names=classes)
+    assert tar["train"].features["cls"] == datasets.Value("int64")  # as CLIENTS.md says
+    named = tar["train"].cast_column("cls", datasets.ClassLabel(names=classes))  # its cast
+    assert named.features["cls"].names == classes
+    assert sorted(named["cls"]) == sorted(parquet["train"]["cls"])
