@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Generic, TypeVar
 
+from cluster.connect import ray_slots
 from preprocess.build import ShardJob, ShardResult
 from preprocess.plan import ShardPiece, ShardTask
 from preprocess.ray_job import (
@@ -30,7 +31,6 @@ from preprocess.ray_job import (
     BuildError,
     build_with_options,
     iter_inline,
-    ray_slots,
 )
 from shards.errors import UsageError
 

@@ -2,7 +2,8 @@
 
 One task per shard, exactly one per CPU in flight (taken largest first, so no
 shard waits in Ray's queue behind others while a CPU idles at the end) and the
-driver's memory stays flat however many shards there are. `start_ray` runs in the
+driver's memory stays flat however many shards there are. `start_ray` (`cluster.connect`,
+shared with the loader's remote roles) runs in the
 main thread while the driver plans in another (`preprocess.pool.ShardExecutor`). Tasks are retried by Ray when a worker or
 node dies (`max_retries`); a data error never fails a task (it is a skip) and
 an environment error fails the job at once rather than being retried. A task
@@ -15,14 +16,13 @@ for an object-store output, the `ShardTask` the driver loaded from it.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Iterable, Iterator
 
+from cluster import connect
+from cluster.connect import ray_slots
 from preprocess.build import ShardJob, ShardResult, build_shard
 from preprocess.plan import ShardPiece, ShardTask, load_task
 from shards.errors import ShardpipeError
-from shards.redact import redact_url
 
 TASK_RETRIES = 3
 
@@ -82,57 +82,10 @@ def iter_ray(
             ray.cancel(ref, force=True)
 
 
-def ray_slots() -> int:
-    """Tasks Ray runs at once: the CPUs of the cluster (one task needs one)."""
-    import ray
-
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
 def start_ray(address: str | None, workers: int | None) -> None:
-    """Start a local Ray, or join a cluster, as one `starting Ray` step with its duration.
-
-    Ray's own start-up lines (INFO lines, the token-authentication notice) are held
-    back; its warnings show again once it runs. Does nothing when Ray is up already.
-    Call it from the main thread: Ray's processes die with the thread that started them.
-
-    Raises:
-        BuildError: no Ray cluster answers at the address.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    # Under `ray job submit` the job's driver finds its cluster through RAY_ADDRESS.
-    address = address or os.environ.get("RAY_ADDRESS")
-    where = redact_url(address) if address else f"local, {workers or os.cpu_count()} CPUs"
-    log.info("starting Ray (%s) ...", where)
-    started = time.perf_counter()
-    try:
-        init_ray(address, workers)
-    except ConnectionError as error:
-        raise BuildError(
-            f"could not join the Ray cluster at {where}: {error}. Check --ray-address "
-            "(and RAY_ADDRESS), or leave both out to build on this machine."
-        ) from error
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    log.info("Ray started in %.1f s", time.perf_counter() - started)
-
-
-def init_ray(address: str | None, workers: int | None) -> None:
-    import ray
-
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-    else:
-        # "local": a Ray of our own, even on a machine where `ray start` ran;
-        # plain ray.init() would join that cluster, then refuse num_cpus.
-        ray.init(
-            address="local",
-            num_cpus=workers or os.cpu_count(),
-            include_dashboard=False,
-            logging_level="ERROR",
-        )
+    """Start a local Ray or join the cluster (`cluster.connect.start_ray`), logged as one
+    step of the build."""
+    connect.start_ray(address, workers, "--ray-address", log)
 
 
 def build_with_options(task: ShardPiece | ShardTask, job: ShardJob) -> ShardResult:
