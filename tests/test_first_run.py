@@ -475,3 +475,24 @@ def test_hf_reads_tar_labels_as_ints_and_the_cast_the_doc_gives_names_them(tmp_p
     named = tar["train"].cast_column("cls", datasets.ClassLabel(names=classes))  # its cast
     assert named.features["cls"].names == classes
     assert sorted(named["cls"]) == sorted(parquet["train"]["cls"])
+
+
+# --- naming the datasets of a mix on the command line ----------------------------------------
+
+
+def test_train_names_the_datasets_of_a_mix_as_given(tmp_path):
+    for place in ("a", "b"):  # two builds named alike: `out1`, `out2` unless named
+        make_sample(tmp_path / place / "images", 24, classes=2, seed=3, workers=1)
+        build = ["build-shards", "--input", str(tmp_path / place / "images")]
+        build += ["--output", str(tmp_path / place / "out"), "--val-fraction", "0.25"]
+        assert preprocess_main([*build, "--executor", "inline", "--no-progress"]) == 0
+    train = [str(REPO / ".venv" / "bin" / "train")]
+    train += ["--train-shards", f"web={tmp_path / 'a' / 'out'}"]
+    train += ["--train-shards", f"curated={tmp_path / 'b' / 'out'}"]
+    train += ["--val-shards", str(tmp_path / "a" / "out"), "--model", "cnn", "--image-size", "16"]
+    train += ["--batch-size", "6", "--epochs", "1", "--workers", "0", "--device", "cpu"]
+    train += ["--run-dir", str(tmp_path / "run")]
+    run = subprocess.run(train, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "samples an epoch: web 20, curated 20" in run.stderr, run.stderr[-2000:]
+    assert re.search(r"epoch sources: curated 18 samples .*, web 18 samples", run.stderr)

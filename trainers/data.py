@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -100,14 +101,17 @@ def train_source(config: TrainConfig) -> str | list[Source]:
 
     A mix's datasets share each epoch by `--train-weights`, else each gives its own size
     (open_clip's `A::B` without upsampling factors). Names come from the datasets
-    (`.../web/manifest.json` -> `web`); two alike get their position appended (`out1`,
-    `out2`), so keys and stats tell them apart.
+    (`.../web/manifest.json` -> `web`) unless given (`web=s3://bucket/web`); two alike
+    get their position appended (`out1`, `out2`), so keys and stats tell them apart.
     """
-    parts = config.data.train_sources
+    named = [named_source(part) for part in config.data.train_sources]
+    parts = [part for _, part in named]
     if len(parts) == 1 and config.data.train_weights is None:
         return parts[0]
-    names = [default_source_name(part) for part in parts]
-    names = [f"{n}{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    names = [given or default_source_name(part) for given, part in named]
+    names = [
+        f"{n}{i + 1}" if names.count(n) > 1 and not named[i][0] else n for i, n in enumerate(names)
+    ]
     weights = config.data.train_weights or (None,) * len(parts)
     return [
         Source(
@@ -121,6 +125,19 @@ def train_source(config: TrainConfig) -> str | list[Source]:
     ]
 
 
+_NAMED_SOURCE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
+
+
+def named_source(part: str) -> tuple[str | None, str]:
+    """`web=s3://bucket/web` -> `("web", "s3://bucket/web")`: a mix's dataset named on the
+    command line; `(None, part)` for a part without a name (a URL's `=` comes after its
+    `:` or `/`, which a name cannot hold; a local path that exists is taken as it is)."""
+    match = _NAMED_SOURCE.match(part)
+    if match is None or os.path.exists(part):
+        return None, part
+    return match.group(1), match.group(2)
+
+
 def check_sources(config: TrainConfig) -> None:
     """Local `--train-shards` / `--val-shards` that do not exist, found before any loader is built.
 
@@ -128,7 +145,7 @@ def check_sources(config: TrainConfig) -> None:
         DataError: naming the flag, the path, and what to pass instead.
     """
     for source in config.data.train_sources:
-        check_source("--train-shards", source)
+        check_source("--train-shards", named_source(source)[1])
     if config.data.val_shards is not None:
         check_source("--val-shards", config.data.val_shards)
 
