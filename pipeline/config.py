@@ -44,6 +44,7 @@ from shards.storage import RetryPolicy, is_remote
 from shards.storage.ranged import DEFAULT_CONNECTIONS, DEFAULT_PREFETCH_BYTES
 from shards.units import ByteSize
 
+PLACEMENTS = ("local", "ray")  # where worker roles run (`Workers.placement`)
 EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
 
 
@@ -429,6 +430,14 @@ class Workers:
             of fresh shared memory per batch (~8% of a worker's time goes to new pages
             otherwise). Safe when batches are held: a slot is reused only once no
             tensor over it is left. Needs persistent workers when `count > 0`.
+        placement: `local` (worker processes of this machine) or `ray`: `remote` worker
+            roles run as Ray actors on the cluster (`pipeline.remote`) and stream their
+            uint8 batches here, `prefetch_factor` in flight per role; `count` is unused.
+        ray_address: the cluster (default: `RAY_ADDRESS`, else a local Ray).
+        remote: worker roles on the cluster (`placement="ray"`).
+        ray_cpus: CPUs each role's actor asks of the cluster.
+        ray_resources: custom resources each actor asks for, e.g. `{"cpu_node": 1}` to keep
+            the roles on nodes started with `--resources='{"cpu_node": 8}'`.
     """
 
     count: int = option(
@@ -447,6 +456,11 @@ class Workers:
     reuse_buffers: bool = option(
         True, "workers build batches in reused shared-memory slots", "workers"
     )
+    placement: str = option("local", "where worker roles run", "workers", PLACEMENTS, cli=False)
+    ray_address: str | None = option(None, "the Ray cluster", "workers", cli=False)
+    remote: int = option(2, "worker roles on the Ray cluster", "workers", cli=False)
+    ray_cpus: float = option(1.0, "CPUs of each remote role", "workers", cli=False)
+    ray_resources: dict | None = option(None, "resources of each remote role", "workers", cli=False)
 
     def __post_init__(self) -> None:
         check_int_at_least(self, "count", 0)
@@ -454,6 +468,9 @@ class Workers:
         check_flag(self, "persistent")
         check_flag(self, "pin_memory", optional=True)
         check_flag(self, "reuse_buffers")
+        check_choice(self, "placement", PLACEMENTS)
+        check_int_at_least(self, "remote", 1)
+        check_at_least(self, "ray_cpus", 0)
 
 
 @dataclass(frozen=True)

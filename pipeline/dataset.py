@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.assemble import BatchMemory
 from pipeline.batchring import BatchRing
-from pipeline.plan import SEGMENT_INTS, Partition, Segment
+from pipeline.plan import SEGMENT_INTS, Partition, Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
 from pipeline.sources import ShardSpec
 from pipeline.stages import MixedShards, StreamSettings
@@ -98,6 +98,7 @@ class ShardStream(IterableDataset):
         # After resuming at batch c the DataLoader restarts its round robin at
         # worker 0, so physical worker w plays slot (w + c) % num_workers.
         role = (worker + resumed) % num_workers
-        task = RoleTask(role, num_workers, epoch, tuple(segments), resumed)
+        delivered = roles_consumed(resumed, num_workers)[role]
+        task = RoleTask(role, num_workers, epoch, tuple(segments), delivered)
         memory = BatchMemory(self.ring, worker, shared=info is not None)
         yield from iter_role_batches(self.source, task, self.reader, memory, worker)

@@ -26,6 +26,7 @@ from pipeline.dataset import MAX_SEGMENTS, ShardStream, SharedState
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
 from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
+from pipeline.remote import RemoteRoles
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stages import MixedShards, StreamSettings
 from pipeline.stats import LoaderStats
@@ -90,7 +91,7 @@ class ShardLoader:
         # still queued when they are shut down are never received, so never freed);
         # persistent ones hand those batches over when the next iteration drains them.
         workers = config.workers
-        reusable = workers.count == 0 or workers.persistent
+        reusable = workers.placement == "local" and (workers.count == 0 or workers.persistent)
         has_images = any(spec.kind == "image" for spec in fields)
         self.ring = self.make_ring() if workers.reuse_buffers and reusable and has_images else None
         self.dataset = self.make_stream(settings)
@@ -100,6 +101,7 @@ class ShardLoader:
         self._plans: dict[tuple, EpochPlan] = {}  # (epoch, segments, partition) -> plan
         self.stats = LoaderStats()
         self._loader: DataLoader | None = None
+        self._remote: RemoteRoles | None = None  # Workers(placement="ray"): made on first use
         log_epoch_plan(self)
 
     def make_stream(self, settings: StreamSettings) -> ShardStream:
@@ -146,7 +148,8 @@ class ShardLoader:
 
     @property
     def num_worker_slots(self) -> int:
-        return max(1, self.config.workers.count)
+        workers = self.config.workers
+        return workers.remote if workers.placement == "ray" else max(1, workers.count)
 
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
@@ -197,6 +200,17 @@ class ShardLoader:
             )
         return self._loader
 
+    def iter_workers(self) -> Iterator[tuple]:
+        """The workers' batches of this epoch from where it stands: the DataLoader's, or
+        the remote roles' (`Workers.placement`), in the same order."""
+        c = self.config.workers
+        if c.placement == "local":
+            return iter(self.dataloader())
+        if self._remote is None:
+            pin = torch.cuda.is_available() if c.pin_memory is None else c.pin_memory
+            self._remote = RemoteRoles(self.dataset.source, c, pin)
+        return self._remote.iter_epoch(self.epoch, tuple(self.segments), self.consumed)
+
     def batch_timeout(self) -> float:
         """Seconds the DataLoader waits for one batch: see `ReadOptions.timeout`."""
         if self.config.io.timeout is not None:
@@ -218,7 +232,7 @@ class ShardLoader:
             log.info("epoch %d: train images of %d px (progressive)", self.epoch, self.image_size)
         started = time.perf_counter()
         self.stats.start_epoch()
-        iterator = iter(self.dataloader())
+        iterator = self.iter_workers()
         while True:
             waited = time.perf_counter()
             try:

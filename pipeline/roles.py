@@ -25,7 +25,6 @@ from pipeline.plan import (
     Segment,
     WorkerPlan,
     plan_epoch,
-    roles_consumed,
     shuffle_buffer,
     worker_rng,
 )
@@ -95,14 +94,16 @@ class RoleTask:
     Args:
         role: the plan's worker slot, `0 <= role < num_workers`.
         segments: the epoch's earlier partitions and what they consumed (a resume).
-        consumed: batches this partition delivered, over all roles, before this start.
+        delivered: batches this role delivered under this partition before this start
+            (a resume: `pipeline.plan.roles_consumed`; a role restarted on another node:
+            what the trainer received from it).
     """
 
     role: int
     num_workers: int
     epoch: int
     segments: tuple[Segment, ...] = ()
-    consumed: int = 0
+    delivered: int = 0
 
 
 def iter_role_batches(
@@ -134,9 +135,9 @@ def iter_role_batches(
     )
     stats.budget = max(10, int(slot.samples * source.settings.max_skip_fraction))
     samples = iter_role_samples(source, task, part, slot, reader, stats)
-    skip_batches = roles_consumed(task.consumed, task.num_workers)[task.role]
-    samples = skip_delivered(samples, min(skip_batches * part.batch_size, slot.samples))
-    sizes = iter_batch_sizes(slot.samples, slot.batches, part.batch_size, skip_batches)
+    skipped = min(task.delivered * part.batch_size, slot.samples)
+    samples = skip_delivered(samples, skipped)
+    sizes = iter_batch_sizes(slot.samples, slot.batches, part.batch_size, task.delivered)
     assembler = BatchAssembler(source.settings, source.transform, reader.skip_hint, memory)
     return assembler.iter_batches(samples, sizes, task.epoch, stats)
 

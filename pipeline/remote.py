@@ -1,0 +1,189 @@
+"""Worker roles as Ray actors (`Workers(placement="ray")`): each runs `iter_role_batches`
+for its role's slice of the same epoch plan on the cluster's CPU nodes, and streams its
+uint8 batches to the training process, which only receives, pins and prefetches them.
+
+Back-pressure: the trainer keeps at most `Workers.prefetch_factor` `next_batch` calls
+outstanding per role; a synchronous actor runs one caller's calls in order, one batch each.
+
+The wire is Ray's object store, no channel of our own: a batch's arrays are numpy
+buffers, the image batch its contiguous NHWC uint8 buffer (H * W * 3 bytes an image, and
+8 for its int64 label; keys and counters pickled beside). Ray maps numpy arrays out of
+the object store without a copy on the node that holds them, and its object manager
+moves the bytes once between nodes. The one copy here is into page-locked memory (the
+DataLoader path makes the same one out of shared memory), or, without pinning, into the
+trainer's own memory (object-store arrays are read-only).
+
+Exactly once: the trainer counts the batches it received from each role; an actor lost
+with its node is started again on another node and resumes its role from that count
+(`RoleTask.delivered`), so no batch is lost or delivered twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cluster.connect import ClusterError, start_ray
+from pipeline.config import Workers
+from pipeline.plan import Segment, roles_consumed
+from pipeline.roles import RoleTask, StreamSource, iter_role_batches
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass(frozen=True)
+class WireImages:
+    """An image batch on the wire: its `[B, H, W, 3]` buffer (the batch is channels-last)."""
+
+    nhwc: np.ndarray
+
+
+class RoleActor:
+    """One role's stage chain in a Ray actor process (`ray.remote` makes it an actor)."""
+
+    def __init__(self, source: StreamSource) -> None:
+        self.source = source
+        self.reader = source.build_reader()  # this process's fetcher, kept across epochs
+        self.batches: Iterator[tuple] = iter(())
+
+    def start(self, task: RoleTask) -> None:
+        self.batches = iter_role_batches(self.source, task, self.reader)
+
+    def next_batch(self) -> tuple | None:
+        """The role's next batch as numpy buffers, or None once the role is done."""
+        batch = next(self.batches, None)
+        if batch is None:
+            return None
+        values, size, keys, stats = batch
+        return tuple(to_wire(value) for value in values), size, keys, stats
+
+
+def to_wire(value: object) -> object:
+    """A batch entry as the object store holds it without a copy: numpy, not torch."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() == 4 and value.permute(0, 2, 3, 1).is_contiguous():
+        return WireImages(value.permute(0, 2, 3, 1).numpy())
+    return np.ascontiguousarray(value.numpy())
+
+
+def from_wire(value: object, pin: bool) -> object:
+    """A batch entry as the loader yields it: a tensor in pinned memory (`pin`) or in the
+    trainer's own; the one copy out of the read-only object store."""
+    images = isinstance(value, WireImages)
+    array = value.nhwc if images else value
+    if not isinstance(array, np.ndarray):
+        return value
+    with warnings.catch_warnings():
+        # The tensor over the read-only buffer lives only until the copy below.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        tensor = torch.from_numpy(array)
+    tensor = tensor.pin_memory() if pin else tensor.clone()
+    return tensor.permute(0, 3, 1, 2) if images else tensor
+
+
+class RemoteRoles:
+    """The loader's worker roles as Ray actors, made once and kept across epochs.
+
+    Raises:
+        ClusterError: no cluster answers, or it cannot hold `remote` actors of
+            `ray_cpus` CPUs and `ray_resources` (one line saying what is missing).
+    """
+
+    def __init__(self, source: StreamSource, workers: Workers, pin: bool) -> None:
+        import ray
+
+        start_ray(workers.ray_address, None, "Workers.ray_address", log)
+        check_capacity(workers, ray.cluster_resources())
+        self.source_ref = ray.put(source)
+        self.workers, self.pin = workers, pin
+        self.actors = [self.spawn() for _ in range(workers.remote)]
+
+    def spawn(self):
+        import ray
+
+        options = dict(num_cpus=self.workers.ray_cpus, max_restarts=0)
+        if self.workers.ray_resources:
+            options["resources"] = dict(self.workers.ray_resources)
+        return ray.remote(RoleActor).options(**options).remote(self.source_ref)
+
+    def iter_epoch(self, epoch: int, segments: tuple[Segment, ...], consumed: int):
+        """The batches of `epoch` after `consumed` of this partition, in the DataLoader's
+        order (batch `j` from role `j % remote`; a role that is done is passed over)."""
+        count = len(self.actors)
+        delivered = roles_consumed(consumed, count)
+        received = [0] * count
+        pending: list[deque] = [deque() for _ in range(count)]
+
+        def begin(role: int) -> None:
+            task = RoleTask(role, count, epoch, segments, delivered[role] + received[role])
+            self.actors[role].start.remote(task)
+            pending[role].clear()
+            pending[role].extend(
+                self.actors[role].next_batch.remote() for _ in range(self.workers.prefetch_factor)
+            )
+
+        for role in range(count):
+            begin(role)
+        live = deque((consumed + offset) % count for offset in range(count))
+        while live:
+            role = live.popleft()
+            batch = self.receive(role, pending, begin)
+            if batch is None:
+                continue  # the role is done
+            pending[role].append(self.actors[role].next_batch.remote())
+            received[role] += 1
+            live.append(role)
+            values, size, keys, stats = batch
+            yield tuple(from_wire(v, self.pin) for v in values), size, keys, stats
+
+    def receive(self, role: int, pending: list[deque], begin) -> tuple | None:
+        """The role's next batch; an actor lost with its node (its batches in that node's
+        object store lost with it) is started again elsewhere and resumes from what was
+        received (the stall, bounded by Ray's node failure detection, is logged)."""
+        import ray
+
+        while True:
+            started = time.perf_counter()
+            try:
+                return ray.get(pending[role].popleft())
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+                self.actors[role] = self.spawn()
+                begin(role)
+                log.warning(
+                    "worker role %d was lost (%s); started again on the cluster, from its "
+                    "next undelivered batch (a stall of %.1f s)",
+                    role,
+                    type(error).__name__,
+                    time.perf_counter() - started,
+                )
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+def check_capacity(workers: Workers, resources: dict) -> None:
+    """One clear line when the cluster cannot hold the roles at all."""
+    needs = {"CPU": workers.remote * workers.ray_cpus}
+    for name, amount in (workers.ray_resources or {}).items():
+        needs[name] = workers.remote * amount
+    short = {name: amount for name, amount in needs.items() if resources.get(name, 0) < amount}
+    if short:
+        has = ", ".join(f"{name} {resources.get(name, 0):g}" for name in short)
+        wants = ", ".join(f"{name} {amount:g}" for name, amount in short.items())
+        raise ClusterError(
+            f"the Ray cluster has {has} but Workers(remote={workers.remote}, "
+            f"ray_cpus={workers.ray_cpus:g}, ray_resources={workers.ray_resources}) needs "
+            f"{wants}: add nodes with them, or ask for fewer remote roles"
+        )

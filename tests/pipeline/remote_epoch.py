@@ -1,0 +1,67 @@
+"""A driver for the remote-roles tests: one epoch under `Workers(placement="ray")`, printed
+as JSON lines `[keys, sha256 of pixels and labels]`, one a batch.
+
+Run as its own process (`python -m tests.pipeline.remote_epoch SOURCE ADDRESS`): a Ray
+driver holds process-wide state, so the pytest process never becomes one. With
+`--pause-after N --go FILE` it stops after N batches, prints `paused`, and goes on once
+FILE exists (the test kills a node meanwhile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from pipeline import Batching, Workers
+from pipeline.config import Crop, Shuffle
+from pipeline.loader import LoaderConfig, build_loader
+
+REMOTE_ROLES = 2
+
+
+def loader_config(source: str, workers: Workers) -> LoaderConfig:
+    """The loader both sides of a comparison read with (a train epoch: crops, flips)."""
+    return LoaderConfig(
+        source=source,
+        split="train",
+        batch=Batching(size=8),
+        crop=Crop(image_size=32),
+        workers=workers,
+        seed=11,
+        shuffle=Shuffle(buffer=64, initial=16),
+        with_keys=True,
+    )
+
+
+def batch_line(images, labels, keys) -> list:
+    digest = hashlib.sha256(images.contiguous().numpy().tobytes() + labels.numpy().tobytes())
+    return [list(keys), digest.hexdigest()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("source")
+    parser.add_argument("address")
+    parser.add_argument("--pause-after", type=int, default=0)
+    parser.add_argument("--go", type=Path)
+    args = parser.parse_args(argv)
+    workers = Workers(
+        placement="ray", ray_address=args.address, remote=REMOTE_ROLES, pin_memory=False
+    )
+    loader = build_loader(loader_config(args.source, workers))
+    for index, (images, labels, keys) in enumerate(loader):
+        print(json.dumps(batch_line(images, labels, keys)), flush=True)
+        if index + 1 == args.pause_after:
+            print("paused", flush=True)
+            while not args.go.exists():
+                time.sleep(0.1)
+    print(json.dumps({"samples": loader.stats.samples}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
