@@ -31,6 +31,7 @@ from pipeline.loader import build_loader
 from preprocess.cli import main as preprocess_main
 from preprocess.sample import make_sample
 from preprocess.worker_shards import CLIENT_WORKERS
+from shards.errors import UsageError
 from shards.manifest import read_manifest
 from shards.sample import Field, MissingFieldError
 from tests.httpserver import LocalHTTPServer
@@ -496,3 +497,22 @@ def test_train_names_the_datasets_of_a_mix_as_given(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "samples an epoch: web 20, curated 20" in run.stderr, run.stderr[-2000:]
     assert re.search(r"epoch sources: curated 18 samples .*, web 18 samples", run.stderr)
+
+
+def test_a_label_none_build_read_with_the_default_fields_suggests_fields_that_read_it(tmp_path):
+    make_sample(tmp_path / "images", 24, classes=2, seed=3, workers=1)
+    flat = tmp_path / "flat"  # a folder of images without classes
+    flat.mkdir()
+    for image in (tmp_path / "images").rglob("*.jpg"):
+        image.rename(flat / image.name)
+    build = ["build-shards", "--input", str(flat), "--output", str(tmp_path / "out")]
+    assert (
+        preprocess_main([*build, "--label", "none", "--executor", "inline", "--no-progress"]) == 0
+    )
+    with pytest.raises(UsageError) as refused:
+        build_loader(loader_config(tmp_path / "out"))
+    message = str(refused.value)
+    assert "no class labels (built with --label none)" in message
+    fields = pasted_fields(message)
+    assert "txt" not in fields  # these shards hold no text: ('image', 'txt') would be refused
+    assert first_batch_fields(loader_config(tmp_path / "out", fields=fields)) == 0
