@@ -61,14 +61,19 @@ class StreamSource:
             counts = np.fromiter((s.samples for s in self.shards), np.int64, len(self.shards))
             object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "counts", np.asarray(self.counts, dtype=np.int64))
-
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum()) if self.mix is None else self.mix.plan.total
+        # The one place one source and a mix differ here: what the plan is made of
+        # (a source's counts, or the mix's `Mix`) and the lists of shards read.
+        if self.mix is None:
+            planned, lists, total = self.counts, (self.shards,), int(self.counts.sum())
+        else:
+            planned, lists, total = self.mix.plan, self.mix.shards, self.mix.plan.total
+        object.__setattr__(self, "planned", planned)  # what `plan_epoch` plans from
+        object.__setattr__(self, "shard_lists", lists)  # one list, or one a source
+        object.__setattr__(self, "total", total)  # samples of a whole epoch
 
     def every_shard(self) -> Iterator[ShardSpec]:
         """Every shard any role may read (the fetcher's cache plans by them)."""
-        return iter(self.shards) if self.mix is None else itertools.chain(*self.mix.shards)
+        return itertools.chain(*self.shard_lists)
 
     def partition(self, num_workers: int) -> Partition:
         s = self.settings
@@ -78,13 +83,12 @@ class StreamSource:
         """This rank's `plan_epoch` of one source or of the mix: the main process, the
         workers and remote roles ask here, so they plan alike."""
         s = self.settings
-        counts = self.counts if self.mix is None else self.mix.plan
-        return plan_epoch(counts, part, s.rank, s.seed, epoch, segments, s.epoch_samples)
+        return plan_epoch(self.planned, part, s.rank, s.seed, epoch, segments, s.epoch_samples)
 
     def build_reader(self) -> ShardReader:
         """A reader for one process (its fetcher's threads are that process's)."""
-        shards = self.shards if self.mix is None else self.mix.shards[0]
-        return ShardReader(self.settings, shards[0] if len(shards) else None)
+        first = self.shard_lists[0]
+        return ShardReader(self.settings, first[0] if len(first) else None)
 
 
 @dataclass(frozen=True)
