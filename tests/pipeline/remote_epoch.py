@@ -4,7 +4,8 @@ as JSON lines `[keys, sha256 of pixels and labels]`, one a batch.
 Run as its own process (`python -m tests.pipeline.remote_epoch SOURCE ADDRESS`): a Ray
 driver holds process-wide state, so the pytest process never becomes one. With
 `--pause-after N --go FILE` it stops after N batches, prints `paused`, and goes on once
-FILE exists (the test kills a node meanwhile).
+FILE exists (the test kills a node meanwhile). `--state-in FILE` resumes from a saved
+`state_dict()`; `--stop-after N --state-out FILE` saves one after N batches and stops.
 """
 
 from __future__ import annotations
@@ -48,13 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address")
     parser.add_argument("--pause-after", type=int, default=0)
     parser.add_argument("--go", type=Path)
+    parser.add_argument("--state-in", type=Path)
+    parser.add_argument("--stop-after", type=int, default=0)
+    parser.add_argument("--state-out", type=Path)
     args = parser.parse_args(argv)
     workers = Workers(
         placement="ray", ray_address=args.address, remote=REMOTE_ROLES, pin_memory=False
     )
     loader = build_loader(loader_config(args.source, workers))
+    if args.state_in:
+        loader.load_state_dict(json.loads(args.state_in.read_text()))
     for index, (images, labels, keys) in enumerate(loader):
         print(json.dumps(batch_line(images, labels, keys)), flush=True)
+        if index + 1 == args.stop_after:
+            args.state_out.write_text(json.dumps(loader.state_dict()))
+            break
         if index + 1 == args.pause_after:
             print("paused", flush=True)
             while not args.go.exists():

@@ -91,7 +91,9 @@ def role_nodes(cluster: LocalRayCluster) -> list:
 @pytest.mark.ray
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_remote_roles_deliver_the_local_epoch_and_survive_a_lost_node(shard_dir, tmp_path):
+def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_lost_node(
+    shard_dir, tmp_path
+):
     expected = local_epoch(shard_dir)
     with LocalRayCluster(tmp_path / "ray", workers=3, head_cpus=0, env=FAST_NODE_DEATH) as cluster:
         # The whole epoch, on the worker nodes (the head has no CPU): keys and pixels.
@@ -100,6 +102,24 @@ def test_remote_roles_deliver_the_local_epoch_and_survive_a_lost_node(shard_dir,
         assert run.returncode == 0, err[-3000:]
         batches, samples = epoch_of(out.splitlines())
         assert batches == expected and samples == sum(len(keys) for keys, _ in expected)
+
+        # Mid-epoch resume: stopped under Ray placement, continued by local workers...
+        state = tmp_path / "state.json"
+        run = driver(shard_dir, cluster, "--stop-after", "5", "--state-out", str(state))
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
+        local.load_state_dict(json.loads(state.read_text()))
+        rest = [batch_line(*batch) for batch in local]
+        assert epoch_of(out.splitlines() + ['{"samples": 0}'])[0] + rest == expected
+        # ... and stopped by local workers, continued under Ray placement.
+        local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
+        first = [batch_line(*batch) for _, batch in zip(range(9), local, strict=False)]
+        state.write_text(json.dumps(local.state_dict()))
+        run = driver(shard_dir, cluster, "--state-in", str(state))
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert first + epoch_of(out.splitlines())[0] == expected
 
         # Again, with a node that runs a role SIGKILLed after 5 batches: the role starts
         # on the spare node from its next batch; nothing lost, nothing twice.
