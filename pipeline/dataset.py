@@ -74,7 +74,7 @@ class ShardStream(IterableDataset):
         # epoch needs only these, O(shards), never O(samples).
         self.source = StreamSource(settings, transform, shards, counts, mix)
         self.shards, self.mix, self.transform = shards, mix, transform
-        self.total = self.source.total
+        self.counts, self.total = self.source.counts, self.source.total
         self.shared = shared
         self.ring = ring
         self.reader = self.source.build_reader()  # per process: threads start on first use
