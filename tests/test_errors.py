@@ -65,6 +65,8 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "ByteSizeError": (UsageError, ValueError),  # a text that is not a byte size
     "PolicyError": (UsageError, ValueError),  # an auto_augment string outside the grammar
     "_NotAHeader": (DataError, None),  # Parquet page header bytes; stays inside
+    "LoaderStateError": (DataError, ValueError),  # a resume state of no point of this epoch
+    "MissingFieldError": (UsageError, None),  # a field no sample of the first shard holds
 }
 # The root and its two kinds, one signal that never leaves `shards.storage` (an HTTP
 # status worth retrying, raised and caught inside one request), and a warning (a setting's
