@@ -20,6 +20,7 @@ with its node is started again on another node and resumes its role from that co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -119,51 +120,19 @@ class RemoteRoles:
         order (batch `j` from role `j % remote`; a role that is done is passed over)."""
         count = len(self.actors)
         delivered = roles_consumed(consumed, count)
-        received = [0] * count
-        pending: list[deque] = [deque() for _ in range(count)]
-
-        def begin(role: int) -> None:
-            task = RoleTask(role, count, epoch, segments, delivered[role] + received[role])
-            self.actors[role].start.remote(task)
-            pending[role].clear()
-            pending[role].extend(
-                self.actors[role].next_batch.remote() for _ in range(self.workers.prefetch_factor)
-            )
-
-        for role in range(count):
-            begin(role)
+        streams = [
+            RoleStream(self, RoleTask(role, count, epoch, segments, delivered[role]))
+            for role in range(count)
+        ]
         live = deque((consumed + offset) % count for offset in range(count))
         while live:
             role = live.popleft()
-            batch = self.receive(role, pending, begin)
+            batch = streams[role].next_batch()
             if batch is None:
                 continue  # the role is done
-            pending[role].append(self.actors[role].next_batch.remote())
-            received[role] += 1
             live.append(role)
             values, size, keys, stats = batch
             yield tuple(from_wire(v, self.pin) for v in values), size, keys, stats
-
-    def receive(self, role: int, pending: list[deque], begin) -> tuple | None:
-        """The role's next batch; an actor lost with its node (its batches in that node's
-        object store lost with it) is started again elsewhere and resumes from what was
-        received (the stall, bounded by Ray's node failure detection, is logged)."""
-        import ray
-
-        while True:
-            started = time.perf_counter()
-            try:
-                return ray.get(pending[role].popleft())
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-                self.actors[role] = self.spawn()
-                begin(role)
-                log.warning(
-                    "worker role %d was lost (%s); started again on the cluster, from its "
-                    "next undelivered batch (a stall of %.1f s)",
-                    role,
-                    type(error).__name__,
-                    time.perf_counter() - started,
-                )
 
     def close(self) -> None:
         import ray
@@ -187,3 +156,59 @@ def check_capacity(workers: Workers, resources: dict) -> None:
             f"ray_cpus={workers.ray_cpus:g}, ray_resources={workers.ray_resources}) needs "
             f"{wants}: add nodes with them, or ask for fewer remote roles"
         )
+
+
+class RoleStream:
+    """One role's batches as the training process receives them: its actor's outstanding
+    `next_batch` calls (`Workers.prefetch_factor`) and the count received, which is where
+    an actor started again after its node was lost resumes the role."""
+
+    def __init__(self, roles: RemoteRoles, task: RoleTask) -> None:
+        self.roles, self.task = roles, task
+        self.received = 0
+        self.pending: deque = deque()
+        self.begin()
+
+    @property
+    def actor(self):
+        return self.roles.actors[self.task.role]
+
+    def begin(self) -> None:
+        """Start the role on its actor from the first batch not received, `prefetch_factor`
+        batches asked for."""
+        delivered = self.task.delivered + self.received
+        self.actor.start.remote(dataclasses.replace(self.task, delivered=delivered))
+        ahead = self.roles.workers.prefetch_factor
+        self.pending = deque(self.actor.next_batch.remote() for _ in range(ahead))
+
+    def next_batch(self) -> tuple | None:
+        """The role's next batch, or None when it is done. An actor lost with its node (its
+        batches in that node's object store lost with it) is started again where the
+        cluster has room and resumes from what was received; the stall, bounded by Ray's
+        node failure detection, is logged."""
+        import ray
+
+        started, lost = time.perf_counter(), False
+        while True:
+            try:
+                batch = ray.get(self.pending.popleft())
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+                self.roles.actors[self.task.role] = self.roles.spawn()
+                self.begin()
+                log.warning(
+                    "worker role %d was lost (%s); started again on the cluster from its batch %d",
+                    self.task.role,
+                    type(error).__name__,
+                    self.task.delivered + self.received,
+                )
+                lost = True
+                continue
+            if lost:
+                stall = time.perf_counter() - started
+                log.warning(
+                    "worker role %d delivers again after a stall of %.1f s", self.task.role, stall
+                )
+            if batch is not None:
+                self.received += 1
+                self.pending.append(self.actor.next_batch.remote())
+            return batch

@@ -121,6 +121,12 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         assert run.returncode == 0, err[-3000:]
         assert first + epoch_of(out.splitlines())[0] == expected
 
+        # More roles than the cluster has CPUs for: one line, before any actor waits.
+        run = driver(shard_dir, cluster, "--remote", "8")
+        out, err = run.communicate(timeout=300)
+        assert run.returncode != 0
+        assert "ClusterError: the Ray cluster has CPU 3 but Workers(remote=8" in err, err[-3000:]
+
         # Again, with a node that runs a role SIGKILLed after 5 batches: the role starts
         # on the spare node from its next batch; nothing lost, nothing twice.
         go = tmp_path / "go"
@@ -139,4 +145,5 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         assert run.returncode == 0, err[-3000:]
         batches, _ = epoch_of(lines + out.splitlines())
         assert batches == expected, "the epoch after a lost node differs"
-        assert "was lost" in err and time.monotonic() - started < 120
+        assert "was lost" in err and "delivers again after a stall of" in err
+        assert time.monotonic() - started < 120
