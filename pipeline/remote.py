@@ -142,8 +142,9 @@ class RemoteRoles:
         self.actors = []
 
 
-def check_capacity(workers: Workers, resources: dict) -> None:
-    """One clear line when the cluster cannot hold the roles at all."""
+def check_capacity(workers: Workers, resources: dict, context: str = "") -> None:
+    """One clear line when the cluster cannot hold the roles at all (`context`: what
+    happened first, said before it)."""
     needs = {"CPU": workers.remote * workers.ray_cpus}
     for name, amount in (workers.ray_resources or {}).items():
         needs[name] = workers.remote * amount
@@ -152,7 +153,7 @@ def check_capacity(workers: Workers, resources: dict) -> None:
         has = ", ".join(f"{name} {resources.get(name, 0):g}" for name in short)
         wants = ", ".join(f"{name} {amount:g}" for name, amount in short.items())
         raise ClusterError(
-            f"the Ray cluster has {has} but Workers(remote={workers.remote}, "
+            f"{context}the Ray cluster has {has} but Workers(remote={workers.remote}, "
             f"ray_cpus={workers.ray_cpus:g}, ray_resources={workers.ray_resources}) needs "
             f"{wants}: add nodes with them, or ask for fewer remote roles"
         )
@@ -193,6 +194,9 @@ class RoleStream:
             try:
                 batch = ray.get(self.pending.popleft())
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+                # Room for the role elsewhere, or one line now rather than a wait forever.
+                lost = f"worker role {self.task.role} was lost with its node, and "
+                check_capacity(self.roles.workers, ray.cluster_resources(), lost)
                 self.roles.actors[self.task.role] = self.roles.spawn()
                 self.begin()
                 log.warning(

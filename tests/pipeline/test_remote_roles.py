@@ -6,6 +6,7 @@ a node running a role is SIGKILLed mid-epoch."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -147,3 +148,20 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         assert batches == expected, "the epoch after a lost node differs"
         assert "was lost" in err and "delivers again after a stall of" in err
         assert time.monotonic() - started < 120
+
+        # Once more, and a second role node lost: the one node left has no room for two
+        # roles, which is one line at once, not a wait for capacity that never comes.
+        go_again = tmp_path / "go-again"
+        run = driver(shard_dir, cluster, "--pause-after", "3", "--go", str(go_again))
+        for line in run.stdout:
+            if line.startswith("paused"):
+                break
+        cluster.kill_node(role_nodes(cluster)[0])
+        go_again.touch()
+        out, err = run.communicate(timeout=300)
+        assert run.returncode != 0
+        assert re.search(
+            r"ClusterError: worker role \d was lost with its node, and the Ray cluster has "
+            r"CPU 1 but Workers\(remote=2",
+            err,
+        ), err[-3000:]
