@@ -1,4 +1,5 @@
-"""The code's shape: no library module past 900 lines, every error class under `ShardpipeError`.
+"""The code's shape: no library module past 900 lines, every error class under `ShardpipeError`;
+and the results page's: docs/BENCHMARKS.md at most 500 lines, every link into it a heading.
 
 A module past 900 lines holds more than one job (STYLE.md: one module, one job); split
 it along a seam. Every exception class of the library is one of ours, so the command
@@ -12,6 +13,7 @@ import ast
 import builtins
 import importlib
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,61 @@ def test_the_walk_finds_error_classes_wherever_they_are(source, outside, tmp_pat
     classes = error_classes_of(path, module)
     assert len(classes) == (0 if "Text" in source or "Note" in source else 1)
     assert bool(outside_the_root(classes)) == outside
+
+
+# The results page: current figures with their commands and the decisions they support,
+# history in git (issue 31). Its links and the other docs' links into it name its headings.
+RESULTS_PAGE = ROOT / "docs" / "BENCHMARKS.md"
+RESULTS_PAGE_MAX_LINES = 500
+_LINK_INTO_RESULTS = re.compile(r"\]\((?:[\w./-]*BENCHMARKS\.md)?#([^)\s]+)\)")
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lowercase, punctuation but `-` and `_`
+    dropped, spaces as hyphens (`Scale: 500,000 inputs` -> `scale-500000-inputs`)."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def links_into_results_page() -> list[tuple[str, str]]:
+    """`(doc, anchor)` of every link to a heading of the results page: its own `(#...)`
+    links and the `BENCHMARKS.md#...` links of README.md and the other docs."""
+    others = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = []
+    for doc in [RESULTS_PAGE, *(path for path in others if path.name != RESULTS_PAGE.name)]:
+        for match in _LINK_INTO_RESULTS.finditer(doc.read_text(encoding="utf-8")):
+            if doc == RESULTS_PAGE or "BENCHMARKS.md" in match.group(0):
+                found.append((doc.name, match.group(1)))
+    return found
+
+
+def test_the_results_page_stays_a_results_page():
+    lines = RESULTS_PAGE.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= RESULTS_PAGE_MAX_LINES, (
+        f"docs/BENCHMARKS.md has {len(lines)} lines (at most {RESULTS_PAGE_MAX_LINES}): "
+        "keep current figures, their commands and decisions; history is in git"
+    )
+
+
+def test_links_into_the_results_page_name_its_headings():
+    text = RESULTS_PAGE.read_text(encoding="utf-8")
+    anchors = {
+        heading_anchor(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")
+    }
+    links = links_into_results_page()
+    assert len(links) > 15  # the headline's links and LOADER.md's were found
+    broken = sorted({link for link in links if link[1] not in anchors})
+    assert not broken, "these links name no heading of docs/BENCHMARKS.md"
+
+
+@pytest.mark.parametrize(
+    ("heading", "anchor"),
+    [
+        ("Scale: the loader at 10^6 to 10^9 samples", "scale-the-loader-at-106-to-109-samples"),
+        ("Scale: 500,000 inputs, built then read", "scale-500000-inputs-built-then-read"),
+        ("open_clip check", "open_clip-check"),
+        ("Build, end to end", "build-end-to-end"),
+    ],
+)
+def test_heading_anchors_are_githubs(heading, anchor):
+    assert heading_anchor(heading) == anchor
