@@ -197,6 +197,7 @@ class RoleStream:
                 # Room for the role elsewhere, or one line now rather than a wait forever.
                 lost = f"worker role {self.task.role} was lost with its node, and "
                 check_capacity(self.roles.workers, ray.cluster_resources(), lost)
+                ray.kill(self.actor)  # one that is only unreachable must not come back beside it
                 self.roles.actors[self.task.role] = self.roles.spawn()
                 self.begin()
                 log.warning(
