@@ -38,6 +38,8 @@ from pipeline.roles import RoleTask, StreamSource, iter_role_batches
 
 log = logging.getLogger("pipeline")
 
+RESTART_POLL_S = 1.0  # a lost role's new actor: how often room for it is checked while it waits
+
 
 @dataclass(frozen=True)
 class WireImages:
@@ -174,13 +176,14 @@ class RoleStream:
     def actor(self):
         return self.roles.actors[self.task.role]
 
-    def begin(self) -> None:
+    def begin(self):
         """Start the role on its actor from the first batch not received, `prefetch_factor`
-        batches asked for."""
+        batches asked for; returns the start call's reference."""
         delivered = self.task.delivered + self.received
-        self.actor.start.remote(dataclasses.replace(self.task, delivered=delivered))
+        started = self.actor.start.remote(dataclasses.replace(self.task, delivered=delivered))
         ahead = self.roles.workers.prefetch_factor
         self.pending = deque(self.actor.next_batch.remote() for _ in range(ahead))
+        return started
 
     def next_batch(self) -> tuple | None:
         """The role's next batch, or None when it is done. An actor lost with its node (its
@@ -189,27 +192,23 @@ class RoleStream:
         node failure detection, is logged."""
         import ray
 
-        started, lost = time.perf_counter(), False
+        began, lost = time.perf_counter(), False
         while True:
             try:
                 batch = ray.get(self.pending.popleft())
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-                # Room for the role elsewhere, or one line now rather than a wait forever.
-                lost = f"worker role {self.task.role} was lost with its node, and "
-                check_capacity(self.roles.workers, ray.cluster_resources(), lost)
-                ray.kill(self.actor)  # one that is only unreachable must not come back beside it
-                self.roles.actors[self.task.role] = self.roles.spawn()
-                self.begin()
                 log.warning(
-                    "worker role %d was lost (%s); started again on the cluster from its batch %d",
+                    "worker role %d was lost (%s); starting it again on the cluster from its "
+                    "batch %d",
                     self.task.role,
                     type(error).__name__,
                     self.task.delivered + self.received,
                 )
+                self.restart()
                 lost = True
                 continue
             if lost:
-                stall = time.perf_counter() - started
+                stall = time.perf_counter() - began
                 log.warning(
                     "worker role %d delivers again after a stall of %.1f s", self.task.role, stall
                 )
@@ -217,3 +216,16 @@ class RoleStream:
                 self.received += 1
                 self.pending.append(self.actor.next_batch.remote())
             return batch
+
+    def restart(self) -> None:
+        """A new actor for the role, started from what was received. It waits for room
+        while the cluster has it; once Ray has declared the lost node dead and the rest
+        cannot hold the roles, one `ClusterError` line rather than a wait forever."""
+        import ray
+
+        ray.kill(self.actor)  # one that was only unreachable must not come back beside it
+        self.roles.actors[self.task.role] = self.roles.spawn()
+        started = self.begin()
+        context = f"worker role {self.task.role} was lost with its node, and "
+        while not ray.wait([started], timeout=RESTART_POLL_S)[0]:
+            check_capacity(self.roles.workers, ray.cluster_resources(), context)
