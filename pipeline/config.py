@@ -432,7 +432,8 @@ class Workers:
             tensor over it is left. Needs persistent workers when `count > 0`.
         placement: `local` (worker processes of this machine) or `ray`: `remote` worker
             roles run as Ray actors on the cluster (`pipeline.remote`) and stream their
-            uint8 batches here, `prefetch_factor` in flight per role; `count` is unused.
+            uint8 batches here, `prefetch_factor` in flight per role, beside `count` local
+            roles (DataLoader workers; 0: only remote ones).
         ray_address: the cluster (default: `RAY_ADDRESS`, else a local Ray).
         remote: worker roles on the cluster (`placement="ray"`).
         ray_cpus: CPUs each role's actor asks of the cluster.

@@ -68,8 +68,12 @@ class ShardStream(IterableDataset):
         ring: BatchRing | None = None,
         counts: np.ndarray | None = None,
         mix: MixedShards | None = None,
+        num_roles: int | None = None,
     ) -> None:
+        """`num_roles`: the roles of the epoch plan when more than this DataLoader's
+        workers (remote roles play the rest, `pipeline.remote`); default: its workers."""
         super().__init__()
+        self.num_roles = num_roles
         # Samples per shard (the source's column when given), read once: planning an
         # epoch needs only these, O(shards), never O(samples).
         self.source = StreamSource(settings, transform, shards, counts, mix)
@@ -89,15 +93,18 @@ class ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
+        worker, local = (info.id, info.num_workers) if info else (0, 1)
+        num_workers = self.num_roles or local  # roles 0 .. local - 1 are this DataLoader's
         epoch, segments = self.shared.read()
         resumed = 0
         if segments and segments[-1].partition == self.partition(num_workers):
             resumed = segments[-1].consumed
             segments = segments[:-1]
-        # After resuming at batch c the DataLoader restarts its round robin at
-        # worker 0, so physical worker w plays slot (w + c) % num_workers.
-        role = (worker + resumed) % num_workers
+        # After resuming at batch c the DataLoader restarts its round robin at worker 0,
+        # which plays the first local role the epoch asks for from batch c on: with only
+        # local roles, physical worker w plays role (w + c) % num_workers.
+        first = resumed % num_workers
+        role = (worker + (first if first < local else 0)) % local
         delivered = roles_consumed(resumed, num_workers)[role]
         task = RoleTask(role, num_workers, epoch, tuple(segments), delivered)
         memory = BatchMemory(self.ring, worker, shared=info is not None)

@@ -107,14 +107,15 @@ class ShardLoader:
     def make_stream(self, settings: StreamSettings) -> ShardStream:
         """The workers' dataset: of one source, or of the mix (its plan and shards)."""
         source, transform = self.source, self.make_transform()
+        roles = dict(ring=self.ring, num_roles=self.num_worker_slots)
         if not isinstance(source, ResolvedMix):
             return ShardStream(
-                source.shards, settings, transform, self.shared, self.ring, source.counts
+                source.shards, settings, transform, self.shared, counts=source.counts, **roles
             )
         unit = self.config.batch.size if self.config.mixing.batches == "single" else 1
         shards = tuple(part.shards for part in source.parts)
         mix = MixedShards(source.mix(unit), shards, source.remaps)
-        return ShardStream((), settings, transform, self.shared, self.ring, mix=mix)
+        return ShardStream((), settings, transform, self.shared, mix=mix, **roles)
 
     def make_transform(self) -> Callable:
         c = self.config.crop
@@ -149,7 +150,9 @@ class ShardLoader:
     @property
     def num_worker_slots(self) -> int:
         workers = self.config.workers
-        return workers.remote if workers.placement == "ray" else max(1, workers.count)
+        if workers.placement == "ray":
+            return workers.count + workers.remote  # the DataLoader's roles, then the actors'
+        return max(1, workers.count)
 
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
@@ -209,7 +212,11 @@ class ShardLoader:
         if self._remote is None:
             pin = torch.cuda.is_available() if c.pin_memory is None else c.pin_memory
             self._remote = RemoteRoles(self.dataset.source, c, pin)
-        return self._remote.iter_epoch(self.epoch, tuple(self.segments), self.consumed)
+        plan = self.epoch_plan()
+        batches = [plan.worker(role).batches for role in range(self.num_worker_slots)]
+        local = iter(self.dataloader()) if c.count else None
+        segments = tuple(self.segments)
+        return self._remote.iter_epoch(self.epoch, segments, self.consumed, batches, local)
 
     def batch_timeout(self) -> float:
         """Seconds the DataLoader waits for one batch: see `ReadOptions.timeout`."""

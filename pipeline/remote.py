@@ -117,23 +117,39 @@ class RemoteRoles:
             options["resources"] = dict(self.workers.ray_resources)
         return ray.remote(RoleActor).options(**options).remote(self.source_ref)
 
-    def iter_epoch(self, epoch: int, segments: tuple[Segment, ...], consumed: int):
+    def iter_epoch(
+        self,
+        epoch: int,
+        segments: tuple[Segment, ...],
+        consumed: int,
+        batches: list[int],
+        local: Iterator[tuple] | None = None,
+    ) -> Iterator[tuple]:
         """The batches of `epoch` after `consumed` of this partition, in the DataLoader's
-        order (batch `j` from role `j % remote`; a role that is done is passed over)."""
-        count = len(self.actors)
+        order: batch `j` from role `j % roles`, a role that is done passed over.
+
+        Args:
+            batches: each role's planned batches (`len(batches)` roles in all); the last
+                `remote` are this object's actors, the first the DataLoader's workers.
+            local: the DataLoader's batches (its round robin over the local roles).
+        """
+        count, first_remote = len(batches), len(batches) - len(self.actors)
         delivered = roles_consumed(consumed, count)
-        streams = [
-            RoleStream(self, RoleTask(role, count, epoch, segments, delivered[role]))
-            for role in range(count)
-        ]
-        live = deque((consumed + offset) % count for offset in range(count))
+        streams = {
+            role: RoleStream(self, RoleTask(role, count, epoch, segments, delivered[role]), index)
+            for index, role in enumerate(range(first_remote, count))
+        }
+        left = [planned - done for planned, done in zip(batches, delivered, strict=True)]
+        live = deque(r for r in ((consumed + o) % count for o in range(count)) if left[r] > 0)
         while live:
             role = live.popleft()
-            batch = streams[role].next_batch()
+            batch = next(local, None) if role < first_remote else streams[role].next_batch()
             if batch is None:
                 continue  # the role is done
-            live.append(role)
             values, size, keys, stats = batch
+            left[role] -= 1
+            if size and left[role] > 0:  # no size: an exactly-once role that ended short
+                live.append(role)
             yield tuple(from_wire(v, self.pin) for v in values), size, keys, stats
 
     def close(self) -> None:
@@ -166,15 +182,15 @@ class RoleStream:
     `next_batch` calls (`Workers.prefetch_factor`) and the count received, which is where
     an actor started again after its node was lost resumes the role."""
 
-    def __init__(self, roles: RemoteRoles, task: RoleTask) -> None:
-        self.roles, self.task = roles, task
+    def __init__(self, roles: RemoteRoles, task: RoleTask, index: int) -> None:
+        self.roles, self.task, self.index = roles, task, index  # index: of the role's actor
         self.received = 0
         self.pending: deque = deque()
         self.begin()
 
     @property
     def actor(self):
-        return self.roles.actors[self.task.role]
+        return self.roles.actors[self.index]
 
     def begin(self):
         """Start the role on its actor from the first batch not received, `prefetch_factor`
@@ -224,7 +240,7 @@ class RoleStream:
         import ray
 
         ray.kill(self.actor)  # one that was only unreachable must not come back beside it
-        self.roles.actors[self.task.role] = self.roles.spawn()
+        self.roles.actors[self.index] = self.roles.spawn()
         started = self.begin()
         context = f"worker role {self.task.role} was lost with its node, and "
         while not ray.wait([started], timeout=RESTART_POLL_S)[0]:

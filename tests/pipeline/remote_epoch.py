@@ -53,9 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, default=0)
     parser.add_argument("--state-out", type=Path)
     parser.add_argument("--remote", type=int, default=REMOTE_ROLES)
+    parser.add_argument("--count", type=int, default=0, help="local roles beside the remote")
     args = parser.parse_args(argv)
     workers = Workers(
-        placement="ray", ray_address=args.address, remote=args.remote, pin_memory=False
+        placement="ray",
+        ray_address=args.address,
+        count=args.count,
+        remote=args.remote,
+        pin_memory=False,
     )
     loader = build_loader(loader_config(args.source, workers))
     if args.state_in:

@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline import dataset as dataset_module
-from pipeline.config import Batching, Shuffle
+from pipeline import roles as roles_module
+from pipeline.config import Batching, Shuffle, Workers
 from pipeline.plan import (
     SEGMENT_INTS,
     Partition,
@@ -188,8 +188,8 @@ def test_the_loader_plans_each_epoch_once_for_len_the_log_and_what_is_left(shard
         planned.append(tuple(args[5]) if len(args) > 5 else ())
         return plan_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "plan_epoch", counted)  # where loader and workers ask
-    options = dict(num_workers=2, persistent_workers=False)
+    monkeypatch.setattr(roles_module, "plan_epoch", counted)  # where loader and workers ask
+    options = dict(workers=Workers(count=2, persistent=False))
     first = loader_for(shard_dir, rank=0, world_size=2, **options)
     assert planned == [()]  # the log line's plan
     assert len(first) == len(first) == first.batches_remaining() > 3

@@ -104,6 +104,12 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         batches, samples = epoch_of(out.splitlines())
         assert batches == expected and samples == sum(len(keys) for keys, _ in expected)
 
+        # One local role (a DataLoader worker) and one remote role: the same epoch.
+        run = driver(shard_dir, cluster, "--count", "1", "--remote", "1")
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert epoch_of(out.splitlines())[0] == expected
+
         # Mid-epoch resume: stopped under Ray placement, continued by local workers...
         state = tmp_path / "state.json"
         run = driver(shard_dir, cluster, "--stop-after", "5", "--state-out", str(state))
@@ -118,6 +124,11 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         first = [batch_line(*batch) for _, batch in zip(range(9), local, strict=False)]
         state.write_text(json.dumps(local.state_dict()))
         run = driver(shard_dir, cluster, "--state-in", str(state))
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert first + epoch_of(out.splitlines())[0] == expected
+        # ... also into one local and one remote role.
+        run = driver(shard_dir, cluster, "--state-in", str(state), "--count", "1", "--remote", "1")
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-3000:]
         assert first + epoch_of(out.splitlines())[0] == expected
