@@ -185,6 +185,8 @@ class RoleStream:
     def __init__(self, roles: RemoteRoles, task: RoleTask, index: int) -> None:
         self.roles, self.task, self.index = roles, task, index  # index: of the role's actor
         self.received = 0
+        self.before: dict = {}  # the counters of the role's lost actors, summed
+        self.latest: dict = {}  # the current actor's latest counters
         self.pending: deque = deque()
         self.begin()
 
@@ -228,10 +230,12 @@ class RoleStream:
                 log.warning(
                     "worker role %d delivers again after a stall of %.1f s", self.task.role, stall
                 )
-            if batch is not None:
-                self.received += 1
-                self.pending.append(self.actor.next_batch.remote())
-            return batch
+            if batch is None:
+                return None
+            self.received += 1
+            self.pending.append(self.actor.next_batch.remote())
+            values, size, keys, self.latest = batch
+            return values, size, keys, add_counts(self.before, self.latest)
 
     def restart(self) -> None:
         """A new actor for the role, started from what was received. It waits for room
@@ -240,8 +244,26 @@ class RoleStream:
         import ray
 
         ray.kill(self.actor)  # one that was only unreachable must not come back beside it
+        self.before, self.latest = add_counts(self.before, self.latest), {}
         self.roles.actors[self.index] = self.roles.spawn()
         started = self.begin()
         context = f"worker role {self.task.role} was lost with its node, and "
         while not ray.wait([started], timeout=RESTART_POLL_S)[0]:
             check_capacity(self.roles.workers, ray.cluster_resources(), context)
+
+
+def add_counts(before: dict, latest: dict) -> dict:
+    """A role's counters (`WorkerStats.snapshot`) over its actors: numbers and per-reason
+    counts added, examples joined, the rest (its id, the fetcher's read-ahead) the latest."""
+    total = dict(latest)
+    for name, value in before.items():
+        now = latest.get(name)
+        if isinstance(value, dict) and name != "fetch":
+            total[name] = {
+                k: value.get(k, 0) + (now or {}).get(k, 0) for k in {*value, *(now or {})}
+            }
+        elif isinstance(value, list):
+            total[name] = value + (now or [])
+        elif isinstance(value, (int, float)) and name not in ("worker", "budget"):
+            total[name] = value + (now or 0)
+    return total

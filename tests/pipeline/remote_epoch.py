@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             print("paused", flush=True)
             while not args.go.exists():
                 time.sleep(0.1)
-    print(json.dumps({"samples": loader.stats.samples}), flush=True)
+    # The roles' own counts (a restarted role's summed over its actors) beside the trainer's.
+    counted = sum(worker["samples"] for worker in loader.stats.workers.values())
+    print(json.dumps({"samples": loader.stats.samples, "role_samples": counted}), flush=True)
     return 0
 
 

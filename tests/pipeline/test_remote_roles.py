@@ -18,7 +18,7 @@ import torch
 from cluster.connect import ClusterError
 from pipeline import Workers
 from pipeline.loader import build_loader
-from pipeline.remote import WireImages, check_capacity, from_wire, to_wire
+from pipeline.remote import WireImages, add_counts, check_capacity, from_wire, to_wire
 from tests.cluster.raycluster import LocalRayCluster
 from tests.pipeline.remote_epoch import REMOTE_ROLES, batch_line, loader_config
 
@@ -52,6 +52,34 @@ def test_a_cluster_without_room_for_the_roles_is_one_line():
     check_capacity(workers, {"CPU": 4.0, "cpu_node": 8.0})
 
 
+def test_a_restarted_roles_counters_add_up_over_its_actors():
+    lost = {
+        "worker": 3,
+        "samples": 16,
+        "skipped": {"corrupt": 1},
+        "decode_s": 0.5,
+        "bad_shard_examples": ["a"],
+        "fetch": {"ahead_peak": 2},
+    }
+    latest = {
+        "worker": 3,
+        "samples": 8,
+        "skipped": {"corrupt": 1, "short": 2},
+        "decode_s": 0.25,
+        "bad_shard_examples": ["b"],
+        "fetch": {"ahead_peak": 1},
+    }
+    assert add_counts(lost, latest) == {
+        "worker": 3,
+        "samples": 24,
+        "skipped": {"corrupt": 2, "short": 2},
+        "decode_s": 0.75,
+        "bad_shard_examples": ["a", "b"],
+        "fetch": {"ahead_peak": 1},
+    }
+    assert add_counts({}, latest) == latest
+
+
 def local_epoch(shard_dir) -> list:
     loader = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
     return [batch_line(*batch) for batch in loader]
@@ -70,8 +98,13 @@ def driver(shard_dir, cluster: LocalRayCluster, *extra: str) -> subprocess.Popen
 
 
 def epoch_of(lines: list[str]) -> tuple[list, int]:
-    batches = [json.loads(line) for line in lines if line.startswith("[")]
-    return batches, json.loads(lines[-1])["samples"]
+    """The driver's batches and its final counts (Ray may forward its workers' log lines
+    to the driver's stdout too: only our JSON lines are read)."""
+    return [json.loads(line) for line in lines if line.startswith("[")], final(lines)["samples"]
+
+
+def final(lines: list[str]) -> dict:
+    return json.loads([line for line in lines if line.startswith("{")][-1])
 
 
 def role_nodes(cluster: LocalRayCluster) -> list:
@@ -155,8 +188,10 @@ def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_los
         go.touch()
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-3000:]
-        batches, _ = epoch_of(lines + out.splitlines())
+        batches, samples = epoch_of(lines + out.splitlines())
         assert batches == expected, "the epoch after a lost node differs"
+        # The lost role's counters are kept: its actors' samples add up to what arrived.
+        assert final(out.splitlines())["role_samples"] == samples
         assert "was lost" in err and "delivers again after a stall of" in err
         assert time.monotonic() - started < 120
 
