@@ -43,6 +43,7 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "ManifestError": (DataError, ValueError),
     "SplitNotFoundError": (ManifestError, KeyError),
     "FormatNotBuiltError": (ManifestError, KeyError),
+    "ManifestNotFoundError": (DataError, FileNotFoundError),  # no manifest where one was asked
     "ShardReadError": (DataError, OSError),
     "ObjectNotFoundError": (DataError, OSError),
     "ObjectChangedError": (DataError, OSError),

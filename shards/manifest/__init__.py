@@ -48,7 +48,12 @@ JSON), `mapped` (local side tables, memory-mapped), `state` (what one read has l
 `model` (`Manifest`) and `files` (`read_manifest`, `write_manifest`).
 """
 
-from shards.manifest.errors import FormatNotBuiltError, ManifestError, SplitNotFoundError
+from shards.manifest.errors import (
+    FormatNotBuiltError,
+    ManifestError,
+    ManifestNotFoundError,
+    SplitNotFoundError,
+)
 from shards.manifest.fields import LABEL_MODES, fields_entry
 from shards.manifest.files import manifest_base, manifest_url, read_manifest, write_manifest
 from shards.manifest.mapped import SideTableReader, TableReader
@@ -96,6 +101,7 @@ __all__ = [
     "MIN_TABLE_ROW_BYTES",
     "Manifest",
     "ManifestError",
+    "ManifestNotFoundError",
     "ShardInfo",
     "ShardTable",
     "SplitInfo",

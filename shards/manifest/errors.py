@@ -38,6 +38,17 @@ class ManifestError(DataError, ValueError):
         return (type(self), (self.source, self.field, self.problem, self.action))
 
 
+class ManifestNotFoundError(DataError, FileNotFoundError):
+    """No manifest where one was asked for; the message says why one may be missing and
+    what to do (`shards.manifest.files.missing_manifest`).
+
+    Also a `FileNotFoundError`, which a missing manifest always was, so code catching that
+    still does; a `DataError`, so a command line prints it as one line.
+    """
+
+    __str__ = Exception.__str__  # the message, not OSError's errno form
+
+
 class SplitNotFoundError(ManifestError, KeyError):
     """A split the manifest does not have; the message names the file and the splits it has.
 

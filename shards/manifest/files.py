@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from shards.manifest.errors import ManifestError
+from shards.manifest.errors import ManifestError, ManifestNotFoundError
 from shards.manifest.mapped import SideTableReader
 from shards.manifest.model import Manifest
 from shards.manifest.names import INLINE_MAX_SHARDS, MANIFEST_NAME, MAX_MANIFEST_BYTES
@@ -98,7 +98,8 @@ def read_manifest(
     subset, as for `Manifest.from_json`.
 
     Raises:
-        FileNotFoundError: there is no manifest (`missing_manifest` says why it may be).
+        ManifestNotFoundError: there is no manifest (`missing_manifest` says why it may
+            be); a `FileNotFoundError`, as it always was, and one of our `DataError`s.
         ManifestError: the file is larger than `MAX_MANIFEST_BYTES`, not a regular
             file (a FIFO: refused, never waited on) or not a valid manifest, or a side
             table it names is missing, not a regular file, or invalid.
@@ -119,7 +120,7 @@ def read_manifest(
 
 def _read_local(path: str) -> bytes:
     if not os.path.exists(path):
-        raise FileNotFoundError(missing_manifest(path))
+        raise ManifestNotFoundError(missing_manifest(path))
     try:
         file = open_regular_file(path)
     except NotRegularFileError as error:
@@ -133,4 +134,4 @@ def _read_remote(url: str, retry: RetryPolicy, storage_options: Mapping[str, Any
         with open_stream(url, retry, storage_options=storage_options) as stream:
             return stream.read(MAX_MANIFEST_BYTES + 1)
     except ObjectNotFoundError:
-        raise FileNotFoundError(missing_manifest(redact_url(url))) from None
+        raise ManifestNotFoundError(missing_manifest(redact_url(url))) from None
