@@ -5,29 +5,35 @@ mode `Exact` or `Resampled`) refuses a bad value where it is made, naming the fi
 and what it allows, so no bad value reaches the epoch plan's arithmetic.
 `LoaderOptions` are the groups one run shares across its splits; `TrainConfig`
 holds them as one group. Imports no torch: `train --help` and the CLIs stay light.
+
+`Workers` (pipeline/worker_config.py), `ReadOptions` (pipeline/read_config.py) and
+`Source`/`Mixing` (pipeline/source_config.py) live in modules of their own and are
+re-exported here, so `from pipeline.config import ...` names every group.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import os
-import posixpath
-import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import urlsplit
 
 from pipeline.augment import Augment
-from shards.errors import ReadLimits, UsageError
+from pipeline.read_config import ReadOptions
+from pipeline.source_config import (  # noqa: F401  (re-exported: `from pipeline.config import`)
+    Mixing,
+    Source,
+    default_source_name,
+    redact_source,
+    source_names,
+)
+from pipeline.worker_config import PLACEMENTS, Workers  # noqa: F401  (re-exported)
+from shards.errors import UsageError
 from shards.flags import (
     OldSpellingWarning,
     SettingError,
-    check_at_least,
-    check_bytes,
     check_choice,
     check_flag,
     check_fraction,
@@ -36,21 +42,11 @@ from shards.flags import (
     refuse,
     settings_group,
 )
-from shards.formats import DEFAULT_FORMAT, FORMAT_NAMES, FORMATS, is_format
+from shards.formats import DEFAULT_FORMAT, FORMAT_NAMES, FORMATS
 from shards.image.policy import BACKENDS
-from shards.redact import redact_url
 from shards.sample import Field, resolve_fields
-from shards.storage import RetryPolicy, is_remote
-from shards.storage.ranged import DEFAULT_CONNECTIONS, DEFAULT_PREFETCH_BYTES
-from shards.units import ByteSize
 
-PLACEMENTS = ("local", "ray")  # where worker roles run (`Workers.placement`)
 EPOCH_RULES = ("pad", "drop", "uneven")  # how ranks get equal work (`pipeline.plan.rank_slice`)
-
-
-def default_workers() -> int:
-    """DataLoader workers by default: one per CPU, up to 8."""
-    return min(8, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -131,137 +127,6 @@ class Resampled:
         if self.epoch_samples is not None:
             check_int_at_least(self, "epoch_samples", 1)
         check_flag(self, "balance")
-
-
-@dataclass(frozen=True)
-class Mixing:
-    """How a mix of sources (`source=[Source(...), ...]`) shares out each epoch.
-
-    Attributes:
-        epoch_samples: samples an epoch over all ranks that the sources' weights share
-            out; default: the sum of the sources' sizes. Only with weights (with
-            `samples=` or `repeat=` the epoch is their sum).
-        batches: `mixed` (default): every batch holds each source's share, rounded,
-            the remainder rotated; `single`: sources take turns in runs of a batch, so a
-            batch holds one source when its rank's share starts on a run (see
-            docs/LOADER.md, "Mixing datasets").
-    """
-
-    epoch_samples: int | None = None
-    batches: str = "mixed"
-
-    def __post_init__(self) -> None:
-        if self.epoch_samples is not None:
-            check_int_at_least(self, "epoch_samples", 1)
-        check_choice(self, "batches", ("mixed", "single"))
-
-
-SOURCE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # keys become "{name}/{key}": no slash
-
-
-@dataclass(frozen=True)
-class Source:
-    """One dataset of a mix and its share of each epoch.
-
-    `Source("s3://big/manifest.json", weight=0.7)`. Give exactly one of:
-
-    Attributes:
-        source: anything `LoaderConfig.source` takes for one dataset: a manifest
-            (file, directory or URL), shard URLs or a brace pattern, tar or Parquet.
-        weight: its share of `Mixing.epoch_samples` (default: the sum of the sources'
-            sizes); weights are relative, and every source of a mix then has one.
-        samples: exactly this many samples an epoch.
-        repeat: this many times its size an epoch (0.5: half of it, 2: twice).
-        split: the manifest split to read.
-        format: `tar` or `parquet`; default: the loader's `format`.
-        name: what its keys (`"{name}/{key}"`), stats and logs call it; default: a
-            short name from the source (`s3://big/manifest.json` -> `big`,
-            `data/curated` -> `curated`), unique within the mix.
-    """
-
-    source: str | os.PathLike | Sequence[str]
-    weight: float | None = field(default=None, kw_only=True)
-    samples: int | None = field(default=None, kw_only=True)
-    repeat: float | None = field(default=None, kw_only=True)
-    split: str = field(default="train", kw_only=True)
-    format: str | None = field(default=None, kw_only=True)
-    name: str | None = field(default=None, kw_only=True)
-
-    def __post_init__(self) -> None:
-        single = isinstance(self.source, (str, os.PathLike))
-        many = isinstance(self.source, Sequence) and not single and len(self.source) > 0
-        if not (single and os.fspath(self.source)) and not many:
-            raise refuse(self, "source", f" must name a manifest or shards, got {self.source!r}")
-        given = [
-            name for name in ("weight", "samples", "repeat") if getattr(self, name) is not None
-        ]
-        if len(given) != 1:
-            raise refuse(
-                self,
-                "weight",
-                f": give exactly one of weight, samples or repeat, got {given or 'none'}",
-            )
-        value = getattr(self, given[0])
-        if given[0] == "samples":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise refuse(self, "samples", f" must be an integer of at least 1, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise refuse(self, given[0], f" must be a number above 0, got {value!r}")
-        elif not math.isfinite(value):
-            raise refuse(self, given[0], f" must be finite, got {value!r}")
-        if not isinstance(self.split, str) or not self.split:
-            raise refuse(self, "split", f" must be a split name, got {self.split!r}")
-        if self.format is not None and not is_format(self.format):
-            raise refuse(self, "format", f" {self.format!r} is not one of {', '.join(FORMATS)}")
-        if self.name is not None and not (
-            isinstance(self.name, str) and SOURCE_NAME.match(self.name)
-        ):
-            raise refuse(
-                self, "name", f" must be letters, digits, '_', '.' or '-', got {self.name!r}"
-            )
-
-    def __repr__(self) -> str:
-        # URLs may carry credentials (`user:password@`, presigned signatures).
-        shown = {"source": redact_source(self.source)}
-        for name in ("weight", "samples", "repeat", "split", "format", "name"):
-            value = getattr(self, name)
-            if value is not None and not (name == "split" and value == "train"):
-                shown[name] = value
-        return f"Source({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
-
-    @property
-    def label(self) -> str:
-        """Its name as given, else the one derived from the source."""
-        return self.name or default_source_name(self.source)
-
-
-def default_source_name(source: Any) -> str:
-    """A short name for a source: its dataset directory, bucket or shard folder."""
-    text = os.fspath(source if isinstance(source, (str, os.PathLike)) else source[0])
-    parts = urlsplit(text) if is_remote(text) else None
-    path = (parts.path if parts else text).rstrip("/")
-    base = posixpath.basename(path)
-    files = (".json", *(fmt.suffix for fmt in FORMATS.values()))
-    if base.lower().endswith(files) or "{" in base:  # a manifest or shard files
-        base = posixpath.basename(posixpath.dirname(path))
-        if is_format(base):  # the build's format folders: name the dataset
-            base = posixpath.basename(posixpath.dirname(posixpath.dirname(path)))
-    if not base and parts:
-        base = parts.netloc.rsplit("@", 1)[-1]
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")
-    return name or "source"
-
-
-def source_names(sources: Sequence[Source]) -> tuple[str, ...]:
-    """Each source's name; two alike are refused (their keys would clash)."""
-    names = tuple(source.label for source in sources)
-    clashes = sorted({name for name in names if names.count(name) > 1})
-    if clashes:
-        raise UsageError(
-            f"sources of a mix are named alike ({', '.join(clashes)}): give each a name, "
-            "e.g. Source(..., name='web')"
-        )
-    return names
 
 
 @dataclass(frozen=True)
@@ -414,185 +279,6 @@ def pair(value: Any) -> tuple[float, float]:
     if numbers and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         return value[0], value[1]
     return 0, -1
-
-
-@dataclass(frozen=True)
-class Workers:
-    """The DataLoader's worker processes.
-
-    Attributes:
-        count: worker processes (0: read in the main process).
-        prefetch_factor: batches each worker builds ahead.
-        persistent: workers live across epochs.
-        pin_memory: page-locked batches; default (None): when CUDA is available.
-        reuse_buffers: workers build batches in a ring of reused shared-memory slots
-            (`pipeline.batchring`), `prefetch_factor + 2` batches per worker, instead
-            of fresh shared memory per batch (~8% of a worker's time goes to new pages
-            otherwise). Safe when batches are held: a slot is reused only once no
-            tensor over it is left. Needs persistent workers when `count > 0`.
-        placement: `local` (worker processes of this machine) or `ray`: `remote` worker
-            roles run as Ray actors on the cluster (`pipeline.remote`) and stream their
-            uint8 batches here, `prefetch_factor` in flight per role, beside `count` local
-            roles (DataLoader workers; 0: only remote ones).
-        ray_address: the cluster (default: `RAY_ADDRESS`, else a local Ray).
-        remote: worker roles on the cluster (`placement="ray"`).
-        ray_cpus: CPUs each role's actor asks of the cluster.
-        ray_resources: custom resources each actor asks for, e.g. `{"cpu_node": 1}` to keep
-            the roles on nodes started with `--resources='{"cpu_node": 8}'`.
-    """
-
-    count: int = option(
-        default_factory=default_workers,
-        text="loader worker processes per rank; default: one per CPU, up to 8",
-        group="workers",
-        flag="workers",
-    )
-    prefetch_factor: int = option(2, "batches each worker builds ahead", "workers")
-    persistent: bool = option(
-        True, "loader workers live across epochs", "workers", flag="persistent_workers"
-    )
-    pin_memory: bool | None = option(
-        None, "page-locked batches; default: when CUDA is available", "workers", cli=False
-    )
-    reuse_buffers: bool = option(
-        True, "workers build batches in reused shared-memory slots", "workers"
-    )
-    placement: str = option("local", "where worker roles run", "workers", PLACEMENTS, cli=False)
-    ray_address: str | None = option(None, "the Ray cluster", "workers", cli=False)
-    remote: int = option(2, "worker roles on the Ray cluster", "workers", cli=False)
-    ray_cpus: float = option(1.0, "CPUs of each remote role", "workers", cli=False)
-    ray_resources: dict | None = option(None, "resources of each remote role", "workers", cli=False)
-
-    def __post_init__(self) -> None:
-        check_int_at_least(self, "count", 0)
-        check_int_at_least(self, "prefetch_factor", 1)
-        check_flag(self, "persistent")
-        check_flag(self, "pin_memory", optional=True)
-        check_flag(self, "reuse_buffers")
-        check_choice(self, "placement", PLACEMENTS)
-        check_int_at_least(self, "remote", 1)
-        check_at_least(self, "ray_cpus", 0)
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """How shard bytes are read.
-
-    Attributes:
-        retry: retries, stall limit and per-shard deadline of every request.
-        storage_options: fsspec options for object stores (e.g. endpoint_url); never
-            shown in a repr, since credentials go here.
-        limits: caps on one shard read (member and cell bytes, members, bytes, Parquet
-            row-group size); the manifest's byte count caps each shard too.
-        checksums: hash every shard against the manifest's sha256 before reading it;
-            a mismatch makes it a bad shard (counted, never half-read). Costs one extra
-            read of local shards or a spool to a temporary file for remote ones.
-        timeout: seconds to wait for one batch from a worker before raising (a stuck,
-            not dead, worker; dead ones raise at once). 0 waits forever. Default: the
-            retry policy's per-shard deadline plus two stall limits, so a shard that
-            stalls ends as a counted bad shard naming its URL before this watchdog
-            (which cannot name one) fires.
-
-        The two byte sizes take an int or a text (`"512MiB"`, `"200GB"`: powers of 1024
-        with an `i`, else of 1000; `shards.units`).
-
-        prefetch_bytes: bytes of remote shards fetched ahead per worker (in flight and
-            fetched, not yet read), into the cache or a temporary file, never memory;
-            the next shard is always fetched, even one larger. 0: stream each remote
-            shard as it is read, one connection, no read-ahead.
-        fetch_connections: parallel ranged requests per shard fetched, so a store that
-            caps one connection's bandwidth does not cap the worker's.
-        cache_dir: a node-local directory where fetched shards are kept (checked against
-            the manifest's sha256, else its size) for later epochs and for every
-            worker and rank on the node. None: no cache.
-        cache_limit: bytes the cache may hold; least-recently-used shards not in use and
-            not of this job are evicted to stay under it (a dataset larger than the
-            limit keeps what fitted first and streams the rest). None: no limit but the
-            disk (a full disk turns the cache off with one warning).
-        count_remote_shards: count remote tar shards without a manifest by reading each
-            once (exact epochs need counts; resampled sampling needs none).
-    """
-
-    retry: RetryPolicy = option(
-        default_factory=RetryPolicy, text="retries and deadlines of reads", cli=False
-    )
-    # repr=False: credentials put here must not leak wherever a config is logged.
-    storage_options: dict | None = field(
-        default=None, repr=False, metadata={"help": "fsspec options", "cli": False}
-    )
-    limits: ReadLimits = option(
-        default_factory=ReadLimits, text="caps on one shard read", cli=False
-    )
-    checksums: bool = option(
-        False,
-        "hash every shard against the manifest's sha256 before reading it",
-        "reading",
-        flag="verify_checksums",
-    )
-    timeout: float | None = option(
-        None,
-        "seconds to wait for one batch from a loader worker (0: forever); default: the "
-        "per-shard read deadline plus two stall limits",
-        "reading",
-        flag="batch_timeout",
-    )
-    prefetch_bytes: ByteSize = option(
-        DEFAULT_PREFETCH_BYTES,
-        "bytes of remote shards fetched ahead per worker (e.g. 512MiB); 0: stream without "
-        "read-ahead",
-        "reading",
-    )
-    fetch_connections: int = option(
-        DEFAULT_CONNECTIONS, "parallel ranged requests per remote shard fetched", "reading"
-    )
-    cache_dir: str | None = option(
-        None,
-        "node-local directory that keeps fetched remote shards for later epochs; default: no cache",
-        "reading",
-    )
-    cache_limit: ByteSize | None = option(
-        None,
-        "bytes the shard cache may hold (e.g. 200GB or 200GiB); default: no limit but the disk",
-        "reading",
-    )
-    allow_missing_shards: bool = option(
-        False,
-        "read the shards that exist when some named ones do not (a half-synced brace "
-        "range); default: refuse, naming how many are missing",
-        "reading",
-    )
-    count_remote_shards: bool = option(
-        False,
-        "count remote tar shards without a manifest by reading each once, with progress "
-        "(exact epochs need counts); default: refuse, saying how else (resampled sampling "
-        "needs none)",
-        "reading",
-    )
-
-    @property
-    def wants_digests(self) -> bool:
-        """Whether the shards' sha256 should be read: checked reads or the cache's check."""
-        return self.checksums or self.cache_dir is not None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.retry, RetryPolicy):
-            raise refuse(self, "retry", f" must be a RetryPolicy, got {self.retry!r}")
-        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
-            raise refuse(self, "storage_options", " must be a dict of fsspec options or None")
-        if not isinstance(self.limits, ReadLimits):
-            raise refuse(self, "limits", f" must be a ReadLimits, got {self.limits!r}")
-        check_flag(self, "checksums")
-        if self.timeout is not None:
-            check_at_least(self, "timeout", 0)
-        check_bytes(self, "prefetch_bytes")
-        check_int_at_least(self, "fetch_connections", 1)
-        if isinstance(self.cache_dir, os.PathLike):
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if self.cache_dir is not None and not (isinstance(self.cache_dir, str) and self.cache_dir):
-            raise refuse(self, "cache_dir", f" must be a directory or None, got {self.cache_dir!r}")
-        check_bytes(self, "cache_limit", 1, optional=True)
-        check_flag(self, "allow_missing_shards")
-        check_flag(self, "count_remote_shards")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -894,6 +580,20 @@ class LoaderConfig(LoaderOptions):
                 "replacement, so no copy count can be kept; use Exact() or aug_repeats=1",
             )
 
+    def check_augment(self) -> None:
+        """An `Augment` (None: `Augment()`, nothing), enabled only where the loader trains."""
+        if self.augment is None:
+            object.__setattr__(self, "augment", Augment())
+        if not isinstance(self.augment, Augment):
+            raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
+        if self.augment.enabled and not self.is_train:
+            raise refuse(
+                self,
+                "augment",
+                f" is for training, and this loader evaluates (split {self.split!r}, "
+                f"train={self.train}): eval never augments, so leave augment out of it",
+            )
+
     @property
     def is_mix(self) -> bool:
         """Whether `source` is a list of `Source`s (a mix, even of one)."""
@@ -925,20 +625,6 @@ class LoaderConfig(LoaderOptions):
             parts.append(f"{item.name}={value!r}")
         return f"LoaderConfig({', '.join(parts)})"
 
-    def check_augment(self) -> None:
-        """An `Augment` (None: `Augment()`, nothing), enabled only where the loader trains."""
-        if self.augment is None:
-            object.__setattr__(self, "augment", Augment())
-        if not isinstance(self.augment, Augment):
-            raise refuse(self, "augment", f" must be an Augment, got {self.augment!r}")
-        if self.augment.enabled and not self.is_train:
-            raise refuse(
-                self,
-                "augment",
-                f" is for training, and this loader evaluates (split {self.split!r}, "
-                f"train={self.train}): eval never augments, so leave augment out of it",
-            )
-
     @property
     def is_train(self) -> bool:
         return self.split == "train" if self.train is None else self.train
@@ -947,14 +633,3 @@ class LoaderConfig(LoaderOptions):
     def resampling(self) -> bool:
         """Whether samples are drawn with replacement."""
         return isinstance(self.sampling, Resampled)
-
-
-def redact_source(source: Any) -> Any:
-    """A loader source with every URL in it redacted, for reprs and logs."""
-    if isinstance(source, (str, os.PathLike)):
-        return redact_url(os.fspath(source))
-    if isinstance(source, Sequence):
-        return [redact_source(item) for item in source]
-    if hasattr(source, "source"):  # a `pipeline.Source`: its URLs redacted, the rest kept
-        return dataclasses.replace(source, source=redact_source(source.source))
-    return source
