@@ -162,7 +162,8 @@ def inspect_shuffle(
 
     Args:
         config: the loader's configuration; `world_size` (default 1) ranks are all measured,
-            `rank` is ignored. Resampled and class-balanced modes are not supported.
+            `rank` and `fields` are ignored (labels come from `label_field`). Resampled
+            and class-balanced modes are not supported.
         epochs: epochs to measure, from epoch 0.
         trials: ideal shuffles simulated per epoch.
         tolerance: relative excess over ideal still called "within" an ideal shuffle.
@@ -199,7 +200,10 @@ def inspect_shuffle(
     flat = np.concatenate(labels_by_shard) if labels_by_shard else np.empty(0, np.int64)
     classes = max(len(source.classes or []), int(flat.max()) + 1 if len(flat) else 0)
     # The partition is the same for every rank; rank 0's loader gives it, as configured.
-    probe = ShardLoader(replace(config, rank=0, world_size=config.world_size or 1), source)
+    # The labels were read by `label_field`, and the probe reads no sample: the loader's
+    # own label field is not asked of the shards (label-free or multi-label ones lack it).
+    ranks = config.world_size or 1
+    probe = ShardLoader(replace(config, rank=0, world_size=ranks, fields=("image",)), source)
     part, counts = probe.partition(), probe.dataset.counts
     labels, orders = [], []
     for epoch in range(epochs):
