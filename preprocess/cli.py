@@ -17,6 +17,7 @@ from preprocess.config import BuildConfig
 from shards.errors import ShardError, ShardpipeError, UsageError
 from shards.flags import (
     Command,
+    StderrHandler,
     build_command_parser,
     config_from_args,
     option,
@@ -137,21 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     return build_command_parser("preprocess", DESCRIPTION, EPILOG, COMMANDS)
-
-
-class StderrHandler(logging.StreamHandler):
-    """Writes to whatever `sys.stderr` is when a record comes (tests and tqdm swap it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass  # always the current sys.stderr
 
 
 def setup_logging() -> None:

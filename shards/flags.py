@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib.metadata
+import logging
 import os
 import sys
 import types
@@ -629,6 +630,26 @@ def build_command_parser(
             sub.add_argument(flag, action="store_true", help=text)
         sub.set_defaults(command=command, parser=sub)
     return parser
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes, not the one it was made with.
+
+    A command's `main` may run more than once in a process (tests, notebooks), each time
+    under another `sys.stderr` (pytest's capture, tqdm's wrapper); a handler holding the
+    first one would write later lines to a closed stream ('--- Logging error ---').
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always the current sys.stderr
 
 
 def exit_quietly_on_closed_pipe() -> int:

@@ -26,6 +26,22 @@ def flat_keywords_warn_in_every_test(monkeypatch):
     monkeypatch.setattr(config, "WARNED_FLAT_NAMES", set())
 
 
+@pytest.fixture(autouse=True)
+def logging_as_in_a_new_process():
+    """A command's `main` sets up its loggers (`train`: handlers on `trainers` and `pipeline`,
+    which stop propagating); each test starts from the loggers as found, as each command
+    line starts in a new process, so one test's `train` does not print another's lines."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("pipeline", "preprocess", "shards", "trainers")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
     """An ImageFolder tree of real, photo-like images in several formats."""

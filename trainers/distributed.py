@@ -10,13 +10,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from shards.errors import UsageError
+from shards.flags import StderrHandler
 
 log = logging.getLogger("trainers")
 
@@ -152,7 +152,7 @@ class RankFilter(logging.Filter):
 
 def setup_logging(info: DistInfo) -> None:
     """INFO on rank 0, WARNING and up on the other ranks, each line tagged with its rank."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()  # the current sys.stderr: main() may run again under another
     handler.addFilter(RankFilter(info.rank))
     tag = "[rank %(rank)d] " if info.distributed else ""
     handler.setFormatter(

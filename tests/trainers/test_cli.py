@@ -9,6 +9,7 @@ script is run in subprocesses for the same exit codes and single stderr line.
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import json
 import logging
 import re
@@ -471,3 +472,23 @@ def test_plot_is_drawn_with_matplotlib(tmp_path, trainer_log):
     png = tmp_path / PLOT_NAME
     assert trainer_log.messages == [f"plot: {png}"]
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_log_lines_of_a_second_main_go_to_the_stderr_of_then(monkeypatch):
+    """`train` run twice in one process (tests, a notebook), each time under another
+    `sys.stderr`: the loader's lines go to the current one, not to a closed first one
+    ('--- Logging error ---', which broke inspect-shuffle's one-line error after a train)."""
+    from trainers.distributed import DistInfo, setup_logging
+
+    first, now = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    logger = logging.getLogger("pipeline")
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # restored after
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
+    setup_logging(DistInfo(0, 1, 0, torch.device("cpu")))
+    first.close()  # what pytest's capture does at the end of a test
+    monkeypatch.setattr(sys, "stderr", now)
+    logger.warning("a line after the first stderr closed")
+    assert "a line after the first stderr closed" in now.getvalue()
+    assert "Logging error" not in now.getvalue()
