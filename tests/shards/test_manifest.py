@@ -12,7 +12,6 @@ import random
 import shutil
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -842,7 +841,9 @@ def test_shard_specs_index_slice_and_pickle_compactly(side_built):
 
 def test_the_trainers_data_identity_is_the_one_of_every_spec(built, side_built):
     torch_run = pytest.importorskip("trainers.run")
-    config = SimpleNamespace(batch_size=8, accum_steps=1, seed=1, model="m", task="single-label")
+    from trainers.config import Runtime, Schedule, TrainConfig
+
+    config = TrainConfig(schedule=Schedule(batch_size=8, accum_steps=2), run=Runtime(seed=1))
     source = resolve_source(str(built), "train")  # inline: every shard's own sha256
     digest = hashlib.sha256()
     for spec in source.shards:  # the formula before the columns
@@ -850,6 +851,9 @@ def test_the_trainers_data_identity_is_the_one_of_every_spec(built, side_built):
         digest.update(f"{name}|{spec.samples}|{spec.sha256 or ''}\n".encode())
     identity = torch_run.data_identity(source, config, 1, 3)
     assert identity["train_data"].endswith(digest.hexdigest()[:16])
+    assert identity["global_batch"] == 16 and identity["seed"] == 1
+    assert identity["task"] == "single-label" and identity["num_classes"] == 3
+    assert identity["model"] == config.model.model and identity["aug_repeats"] == 1
     # A side table: its checksum stands for the shards' digests, read or not.
     lean = resolve_source(str(side_built), "train")
     digest = hashlib.sha256(f"table {lean.shards.table_sha256}\n".encode())
