@@ -75,6 +75,10 @@ class ShardFormat:
             format (exact for tar; the payload for Parquet), for sizing shards.
         file_overhead_bytes: the least a file of this format adds beyond its samples
             (a tar's two end blocks), for estimates.
+        download_status: img2dataset writes each shard's download status as a file of
+            this format beside it (`00000.parquet` by `00000.tar` and
+            `00000_stats.json`): in a folder without a manifest, such files beside
+            another format's shards are that status, not shards.
     """
 
     name: str
@@ -89,6 +93,7 @@ class ShardFormat:
     list_members: Callable[[Any, str, ReadLimits], tuple[str, ...]]
     sample_bytes: Callable[[Sample], int]
     file_overhead_bytes: int = 0
+    download_status: bool = False
 
 
 def _tar_writer(
@@ -166,6 +171,7 @@ PARQUET = ShardFormat(
     count_samples=parquet.count_parquet_samples,
     list_members=parquet.column_names,
     sample_bytes=_payload_bytes,
+    download_status=True,
 )
 # The registry: a format is its module's reader and writer plus one entry here. Code
 # looks formats up here when it runs (`FORMATS`, `get_format`, `is_format`), so a

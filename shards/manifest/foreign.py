@@ -77,23 +77,31 @@ def list_shards(
         shard_format = shard_format_of(path)
         if shard_format is not None:
             found.setdefault(shard_format, []).append(path)
-    if fmt is None and is_img2dataset_status(found, candidates):
-        found.pop("parquet")
+    if fmt is None:
+        for name in img2dataset_status(found, candidates):
+            found.pop(name)
     return pick_format(found, where, fmt)
 
 
-def is_img2dataset_status(found: dict[str, list[str]], candidates: Sequence[str]) -> bool:
-    """Whether the Parquet files beside tar shards are img2dataset's download status
-    (`00000.parquet` beside `00000.tar` and `00000_stats.json`, the layout of its
-    `--output_format webdataset`), not shards: the tars are then what the folder holds."""
-    if not found.get("tar") or not found.get("parquet"):
-        return False
-    tars = {os.path.splitext(path)[0] for path in found["tar"]}
+def img2dataset_status(found: dict[str, list[str]], candidates: Sequence[str]) -> list[str]:
+    """The formats of `found` whose files are img2dataset's download status, not shards:
+    those of a format that holds it (`ShardFormat.download_status`) each beside another
+    format's shard of the same stem and `STEM_stats.json` (`00000.parquet` by `00000.tar`,
+    its `--output_format webdataset` layout). The other format is what the folder holds."""
     names = set(candidates)
-    return all(
-        stem in tars and f"{stem}_stats.json" in names
-        for stem in (os.path.splitext(path)[0] for path in found["parquet"])
-    )
+    status = []
+    for name, paths in found.items():
+        shards = {stem for other in found if other != name for stem in stems(found[other])}
+        if get_format(name).download_status and all(
+            stem in shards and f"{stem}_stats.json" in names for stem in stems(paths)
+        ):
+            status.append(name)
+    return status
+
+
+def stems(paths: Sequence[str]) -> set[str]:
+    """The paths without their suffixes."""
+    return {os.path.splitext(path)[0] for path in paths}
 
 
 def remote_listing(source: str, retry: RetryPolicy, options: Mapping[str, Any]) -> list[str]:
