@@ -251,7 +251,15 @@ class Data:
     )
     train_epoch_samples: int | None = option(
         None,
-        "samples an epoch that --train-weights share out (default: the datasets' sizes summed)",
+        "samples an epoch: what --train-weights share out, or what --resampled draws "
+        "(default: the datasets' sizes summed)",
+        "data",
+    )
+    resampled: bool = option(
+        False,
+        "draw train samples with replacement, shards weighted by size (webdataset's "
+        "resampled mode): needs no sample counts, so remote tars without a manifest train "
+        "with --train-epoch-samples N",
         "data",
     )
     val_shards: str | None = option(
@@ -293,6 +301,7 @@ class Data:
                 raise refuse(self, name, f" must be a split name, got {getattr(self, name)!r}")
         check_choice(self, "overlap_check", OVERLAP_CHECKS)
         check_choice(self, "task", TASKS)
+        check_flag(self, "resampled")
         multi = self.task == "multi-label"
         if self.label_field is not None and LabelField.parse(self.label_field).multi != multi:
             raise UsageError(
@@ -317,8 +326,16 @@ class Data:
             )
         if weights is not None and not all(w > 0 for w in weights):
             raise UsageError(f"--train-weights must all be above 0, got {weights}")
-        if self.train_epoch_samples is not None and weights is None:
-            raise UsageError("--train-epoch-samples is shared out by --train-weights: give both")
+        if self.train_epoch_samples is not None and weights is None and not self.resampled:
+            raise UsageError(
+                "--train-epoch-samples is shared out by --train-weights or drawn by "
+                "--resampled: give one of them with it"
+            )
+        if self.resampled and weights is not None:
+            raise UsageError(
+                "--resampled draws from one dataset; a mix (--train-weights) keeps exact "
+                "quotas: give one of them"
+            )
         if self.train_epoch_samples is not None:
             check_int_at_least(self, "train_epoch_samples", 1)
 

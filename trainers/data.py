@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.checksum import open_shard
-from pipeline.config import Batching, Mixing, Source, default_source_name
+from pipeline.config import Batching, Mixing, Resampled, Source, default_source_name
 from pipeline.loader import LoaderConfig, ShardLoader, resolve_config_source
 from pipeline.mixing import ResolvedMix
 from pipeline.sources import ResolvedSource, ShardSpec, is_manifest_source
@@ -81,13 +81,21 @@ def loader_config(
         batch=Batching(
             size=config.schedule.batch_size, aug_repeats=config.recipe.aug_repeats if train else 1
         ),
-        mixing=Mixing(epoch_samples=config.data.train_epoch_samples),
+        **train_sampling(config, train),
         seed=config.run.seed,
         rank=info.rank,
         world_size=info.world_size,
         **options.options,
         **extra,
     )
+
+
+def train_sampling(config: TrainConfig, train: bool) -> dict[str, Any]:
+    """How the train split's samples are drawn: `--resampled` draws `--train-epoch-samples`
+    with replacement; otherwise each sample once an epoch, a mix sharing that many out."""
+    if train and config.data.resampled:
+        return {"sampling": Resampled(epoch_samples=config.data.train_epoch_samples)}
+    return {"mixing": Mixing(epoch_samples=config.data.train_epoch_samples)}
 
 
 def recipe_settings(config: TrainConfig) -> dict[str, Any]:

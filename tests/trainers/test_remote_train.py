@@ -30,3 +30,23 @@ def test_train_reads_a_manifest_folder_over_s3(train_shards, tmp_path, monkeypat
         s3.upload_dir(train_shards, "data", "shards")
         assert train_main("s3://data/shards", tmp_path / "run", epochs=1) == 0
     assert any("val_loss" in row or "val_top1" in row for row in metrics(tmp_path / "run"))
+
+
+def test_train_draws_remote_tars_without_a_manifest_with_resampled(train_shards, tmp_path):
+    """webdataset's everyday case (issue 31): tars on a web server, no manifest, no counts.
+    `--resampled` draws `--train-epoch-samples` an epoch; without it the one-line refusal
+    names the ways on."""
+    served = tmp_path / "served"
+    served.mkdir()
+    shards = sorted((train_shards / "tar").glob("train-*.tar"))
+    for shard in shards:
+        (served / shard.name).write_bytes(shard.read_bytes())
+    last = len(shards) - 1
+    with LocalHTTPServer(served) as base:
+        pattern = f"{base}/train-{{000000..{last:06d}}}.tar"
+        flags = {"format": "tar", "num_classes": 4, "epochs": 1, "val_shards": None}
+        run = tmp_path / "run"
+        assert train_main(pattern, run, resampled=True, train_epoch_samples=96, **flags) == 0
+        assert train_main(pattern, tmp_path / "exact", **flags) == 1
+    steps = [row for row in metrics(run) if row.get("kind") == "train"]
+    assert steps and max(row["step"] for row in steps) == 96 // 16  # 96 drawn, batches of 16
