@@ -47,7 +47,11 @@ def test_a_config_file_lists_the_datasets_and_their_weights(tmp_path):
     [
         (["--train-shards", "a::b", "--train-weights", "1"], "1 weights for 2"),
         (["--train-shards", "a::b", "--train-weights", "1,0"], "must all be above 0"),
-        (["--train-shards", "a::b", "--train-epoch-samples", "9"], "give both"),
+        (["--train-shards", "a::b", "--train-epoch-samples", "9"], "give one of them with it"),
+        (
+            ["--train-shards", "a::b", "--train-weights", "1,1", "--resampled"],
+            "--resampled draws from one dataset",
+        ),
     ],
 )
 def test_mix_flags_that_do_not_fit_are_one_usage_line(argv, message, capsys):
