@@ -61,17 +61,18 @@ PHOTOS = (
 )
 DEIT = "rand-m9-mstd0.5-inc1"
 
-# Runs inside timm's environment: nothing of ours is imported there.
+# Runs inside timm's environment: of ours only loader_baselines (numpy, Pillow, torch), so
+# both sides are timed by the same epoch timer.
 TIMM_CHILD = """
-import gc, json, resource, statistics, sys, time
+import json, sys, time
+from dataclasses import asdict
 import torch
 from timm.data import create_dataset, create_loader
+sys.path.insert(0, sys.argv[5])  # benchmarks/: loader_baselines needs only numpy, Pillow, torch
+from loader_baselines import cpu_seconds, time_epoch, with_cpu
 root, seed, erase, warmup = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-def cpu():
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 torch.manual_seed(seed)
-cpu0, started = cpu(), time.perf_counter()
+cpu_before, started = cpu_seconds(), time.perf_counter()
 dataset = create_dataset("wds/shardpipe", root=root, split="train", is_training=True,
                          batch_size=256, seed=seed)
 loader = create_loader(dataset, input_size=(3, 224, 224), batch_size=256, is_training=True,
@@ -79,28 +80,9 @@ loader = create_loader(dataset, input_size=(3, 224, 224), batch_size=256, is_tra
                        re_prob=0.25 if erase else 0.0, re_mode="pixel", num_workers=2,
                        device=torch.device("cpu"), persistent_workers=False)
 batches = loader if erase else loader.loader   # prefetcher mode: its DataLoader ships uint8
-waits, count, images, epoch_images, first, warm_at = [], 0, 0, 0, None, None
-iterator = iter(batches)
-while True:
-    before = time.perf_counter()
-    batch = next(iterator, None)
-    now = time.perf_counter()
-    if batch is None:
-        break
-    count += 1
-    epoch_images += len(batch[1])
-    first = first if first is not None else now - started
-    if count == warmup:
-        warm_at = now
-    elif count > warmup:
-        images += len(batch[1])
-        waits.append(now - before)
-end = now
-del iterator, batches, loader
-gc.collect()
-print(json.dumps({"images": images, "seconds": end - warm_at, "first_batch_s": first,
-                  "wait_ms_median": 1000 * statistics.median(waits), "batches": count,
-                  "epoch_images": epoch_images, "cpu_s": cpu() - cpu0}))
+measurement = time_epoch(batches, "timm", warmup, started)
+del batches, loader
+print(json.dumps(asdict(with_cpu(measurement, cpu_before))))
 """
 
 
@@ -181,7 +163,16 @@ def run_ours(name: str, shards: Path, seed: int, warmup: int, augment) -> Measur
 
 def run_timm(name: str, python: str, shards: Path, seed: int, warmup: int, erase: bool):
     child = subprocess.run(
-        [python, "-c", TIMM_CHILD, str(shards), str(seed), "1" if erase else "0", str(warmup)],
+        [
+            python,
+            "-c",
+            TIMM_CHILD,
+            str(shards),
+            str(seed),
+            "1" if erase else "0",
+            str(warmup),
+            str(Path(__file__).resolve().parent),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -189,7 +180,7 @@ def run_timm(name: str, python: str, shards: Path, seed: int, warmup: int, erase
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
     if child.returncode != 0 or not lines:
         raise RuntimeError(f"{name} failed:\n{child.stderr[-3000:]}")
-    return Measurement(name=name, **json.loads(lines[-1]))
+    return Measurement(**{**json.loads(lines[-1]), "name": name})
 
 
 def main(argv: list[str] | None = None) -> int:
