@@ -143,6 +143,11 @@ _POLYNOMIALS = {
 
 def _weights(fraction: np.ndarray, resample: str) -> np.ndarray:
     """Pillow's interpolation weights (len(fraction), taps) at each `fraction` in [0, 1)."""
+    if resample == "bilinear":  # [1 - d, d]: the polynomial's values, without its matmul
+        weights = np.empty((len(fraction), 2), dtype=np.float32)
+        np.subtract(1.0, fraction, out=weights[:, 0])
+        weights[:, 1] = fraction
+        return weights
     polynomial = _POLYNOMIALS[resample]
     powers = np.empty((len(fraction), len(polynomial)))
     powers[:, 0] = 1.0
@@ -264,13 +269,18 @@ def inside_spans(matrix: Sequence[float], width: int, height: int) -> tuple:
     centres = np.arange(height) + 0.5
     rows_x, rows_y = b * centres, e * centres
     # per row, where x_in meets 0 and width and y_in meets 0 and height (x + 0.5 = ...)
-    rests = np.stack([-c - rows_x, width - c - rows_x, -f - rows_y, height - f - rows_y])
+    rests = np.empty((4, height))  # numpy's Python wrappers (stack, clip) cost more here
+    np.subtract(-c, rows_x, out=rests[0])
+    np.subtract(width - c, rows_x, out=rests[1])
+    np.subtract(-f, rows_y, out=rests[2])
+    np.subtract(height - f, rows_y, out=rests[3])
     slopes = np.array([a, a, d, d])[:, None]
     flat = slopes == 0  # x_in (or y_in) the same all along the row
-    crossings = np.divide(rests, slopes, out=np.zeros_like(rests), where=~flat) - 0.5
+    crossings = np.divide(rests, slopes, out=np.zeros((4, height)), where=~flat) - 0.5
     near = (np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0)
     # first x past each crossing: inside starts at 0's crossing when rising, else limit's
-    starts = np.clip(np.where(slopes > 0, np.ceil(crossings), np.floor(crossings) + 1), 0, width)
+    starts = np.where(slopes > 0, np.ceil(crossings), np.floor(crossings) + 1)
+    starts = np.minimum(np.maximum(starts, 0), width)
     spans = []
     for slope, (zero, limit), rest_zero, rest_limit in (
         (a, starts[:2], rests[0], rests[1]),
