@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cluster.connect import ClusterError, start_ray
 from pipeline.config import Workers
 from pipeline.plan import Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
+from shards.cluster import ClusterError, start_ray
 
 log = logging.getLogger("pipeline")
 

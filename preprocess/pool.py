@@ -23,7 +23,6 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Generic, TypeVar
 
-from cluster.connect import ray_slots
 from preprocess.build import ShardJob, ShardResult
 from preprocess.plan import ShardPiece, ShardTask
 from preprocess.ray_job import (
@@ -32,6 +31,7 @@ from preprocess.ray_job import (
     build_with_options,
     iter_inline,
 )
+from shards.cluster import ray_slots
 from shards.errors import UsageError
 
 # forkserver: workers fork from a clean single-threaded server that imported the image stack

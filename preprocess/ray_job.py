@@ -2,7 +2,7 @@
 
 One task per shard, exactly one per CPU in flight (taken largest first, so no
 shard waits in Ray's queue behind others while a CPU idles at the end) and the
-driver's memory stays flat however many shards there are. `start_ray` (`cluster.connect`,
+driver's memory stays flat however many shards there are. `start_ray` (`shards.cluster`,
 shared with the loader's remote roles) runs in the
 main thread while the driver plans in another (`preprocess.pool.ShardExecutor`). Tasks are retried by Ray when a worker or
 node dies (`max_retries`); a data error never fails a task (it is a skip) and
@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
-from cluster import connect
-from cluster.connect import ray_slots
 from preprocess.build import ShardJob, ShardResult, build_shard
 from preprocess.plan import ShardPiece, ShardTask, load_task
+from shards import cluster
+from shards.cluster import ray_slots
 from shards.errors import ShardpipeError
 
 TASK_RETRIES = 3
@@ -83,9 +83,9 @@ def iter_ray(
 
 
 def start_ray(address: str | None, workers: int | None) -> None:
-    """Start a local Ray or join the cluster (`cluster.connect.start_ray`), logged as one
+    """Start a local Ray or join the cluster (`shards.cluster.start_ray`), logged as one
     step of the build."""
-    connect.start_ray(address, workers, "--ray-address", log)
+    cluster.start_ray(address, workers, "--ray-address", log)
 
 
 def build_with_options(task: ShardPiece | ShardTask, job: ShardJob) -> ShardResult:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.connect import ClusterError
 from pipeline import Workers
 from pipeline.loader import build_loader
 from pipeline.remote import WireImages, add_counts, check_capacity, from_wire, to_wire
+from shards.cluster import ClusterError
 from tests.cluster.raycluster import LocalRayCluster
 from tests.pipeline.remote_epoch import REMOTE_ROLES, batch_line, loader_config
 
