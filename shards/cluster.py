@@ -1,4 +1,10 @@
-"""Start a local Ray or join a cluster (`start_ray`), and what the cluster offers.
+"""Start a local Ray or join a cluster (`start_ray`), and what the cluster offers: the one
+start-up the offline build (`preprocess/`) and the loader's remote roles (`pipeline/`)
+share, which may not import each other.
+
+It lives in `shards/`, the floor both stand on, as the one module there that touches Ray,
+and only inside its functions: importing `shards` still loads no Ray, so Ray workers and
+quick tests stay light (tests/test_import_graph.py holds both rules).
 
 The address is the caller's (`--ray-address`, `Workers.ray_address`) or `RAY_ADDRESS`,
 as under `ray job submit`. Ray is imported inside the functions: importing it costs
