@@ -6,10 +6,19 @@ a settings group of `LoaderOptions` that checks itself where it is made. No torc
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
-from shards.flags import check_at_least, check_choice, check_flag, check_int_at_least, option
+from shards.errors import UsageError
+from shards.flags import (
+    check_at_least,
+    check_choice,
+    check_flag,
+    check_int_at_least,
+    option,
+    refuse,
+)
 
 PLACEMENTS = ("local", "ray")  # where worker roles run (`Workers.placement`)
 
@@ -17,6 +26,20 @@ PLACEMENTS = ("local", "ray")  # where worker roles run (`Workers.placement`)
 def default_workers() -> int:
     """DataLoader workers by default: one per CPU, up to 8."""
     return min(8, os.cpu_count() or 1)
+
+
+def parse_resources(text: str) -> dict:
+    """`'{"cpu_node": 1}'` -> `{"cpu_node": 1}`: the JSON object of `--ray-resources`
+    (what its names and amounts may be is `check_resources`'s)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(
+            f"{text!r} is not JSON ({error}); write e.g. '{{\"cpu_node\": 1}}'"
+        ) from error
+    if not isinstance(value, dict):
+        raise UsageError(f"{text!r} is not a JSON object; write e.g. '{{\"cpu_node\": 1}}'")
+    return value
 
 
 @dataclass(frozen=True)
@@ -60,11 +83,38 @@ class Workers:
     reuse_buffers: bool = option(
         True, "workers build batches in reused shared-memory slots", "workers"
     )
-    placement: str = option("local", "where worker roles run", "workers", PLACEMENTS, cli=False)
-    ray_address: str | None = option(None, "the Ray cluster", "workers", cli=False)
-    remote: int = option(2, "worker roles on the Ray cluster", "workers", cli=False)
-    ray_cpus: float = option(1.0, "CPUs of each remote role", "workers", cli=False)
-    ray_resources: dict | None = option(None, "resources of each remote role", "workers", cli=False)
+    placement: str = option(
+        "local",
+        "where the worker roles run: local (worker processes here) or ray (--remote-workers "
+        "roles as Ray actors on the cluster, beside --workers local ones)",
+        "workers",
+        PLACEMENTS,
+        flag="worker_placement",
+    )
+    ray_address: str | None = option(
+        None,
+        "with --worker-placement ray: the Ray cluster, ray://host:10001, host:6379 or auto; "
+        "default: RAY_ADDRESS, else a Ray started on this machine",
+        "workers",
+    )
+    remote: int = option(
+        2,
+        "with --worker-placement ray: worker roles on the Ray cluster",
+        "workers",
+        flag="remote_workers",
+    )
+    ray_cpus: float = option(
+        1.0, "with --worker-placement ray: CPUs each remote role asks of the cluster", "workers"
+    )
+    ray_resources: dict | None = option(
+        None,
+        "with --worker-placement ray: custom resources each remote role asks for, as JSON, "
+        "e.g. '{\"cpu_node\": 1}' to keep the roles on nodes started with that resource; "
+        "default: none",
+        "workers",
+        parse=parse_resources,
+        metavar="JSON",
+    )
 
     def __post_init__(self) -> None:
         check_int_at_least(self, "count", 0)
@@ -75,3 +125,24 @@ class Workers:
         check_choice(self, "placement", PLACEMENTS)
         check_int_at_least(self, "remote", 1)
         check_at_least(self, "ray_cpus", 0)
+        check_resources(self, "ray_resources")
+
+
+def check_resources(group: object, name: str) -> None:
+    """None, or Ray custom resources: names other than CPU and GPU, positive amounts."""
+    value = getattr(group, name)
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise refuse(group, name, f" must be a mapping of resource name to amount, got {value!r}")
+    for key, amount in value.items():
+        if not isinstance(key, str) or not key or key in ("CPU", "GPU"):
+            raise refuse(
+                group,
+                name,
+                f" names custom resources, not CPU or GPU (the CPUs of a role are ray_cpus, "
+                f"--ray-cpus), got {key!r}",
+            )
+        number = isinstance(amount, (int, float)) and not isinstance(amount, bool)
+        if not number or amount <= 0:
+            raise refuse(group, name, f" amounts must be positive numbers, got {key!r}: {amount!r}")

@@ -42,6 +42,7 @@ from shards.flags import (
 )
 from shards.sample import LabelField
 from shards.units import ByteSize, ByteSizeError
+from trainers.placement import check_placement_settings
 
 COMMANDS = ("train", "find-batch-size", "scan-throughput")
 
@@ -604,6 +605,7 @@ class TrainConfig:
                 f"--mixup-mode {recipe.mixup_mode} mixes pairs of images: --batch-size "
                 f"must be even, got {batch}"
             )
+        check_placement_settings(self.loader.workers)
         if recipe.aug_repeats > 1 and self.data.is_mix:
             raise UsageError(
                 "--aug-repeats repeats the samples of one --train-shards dataset; a mix "

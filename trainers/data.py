@@ -67,6 +67,11 @@ def loader_config(
         # Page-locked batches only where they go to a GPU, whatever the machine has.
         workers = replace(options.workers, pin_memory=info.device.type == "cuda")
         options = replace(options, workers=workers)
+    if not train and options.workers.placement == "ray":
+        # Evaluation reads with the --workers local workers: a second set of actors
+        # would hold as many of the cluster's CPUs again for the whole run, idle
+        # between evaluations, for a split read once per epoch.
+        options = replace(options, workers=replace(options.workers, placement="local"))
     if train:
         extra = {**recipe_settings(config), **extra}
         options = replace(

@@ -171,13 +171,16 @@ def rate_window(current: Window, previous: Window | None, min_steps: int) -> Win
     return merged
 
 
-def bottleneck_verdict(wait_frac: float, threshold: float, device: str, workers: int) -> str:
-    """One line saying whether the input pipeline or the model limits the run."""
+def bottleneck_verdict(
+    wait_frac: float, threshold: float, device: str, workers: int, flag: str = "--workers"
+) -> str:
+    """One line saying whether the input pipeline or the model limits the run; `flag` is
+    what adds worker roles (`--remote-workers` under Ray placement), `workers` its value."""
     who = "GPU" if device == "cuda" else "CPU"
     if wait_frac >= threshold:
         return (
             f"input-bound: the {who} waited {wait_frac:.0%} of the time for data; raise "
-            f"--workers (now {workers}) or shrink --image-size"
+            f"{flag} (now {workers}) or shrink --image-size"
         )
     return f"compute-bound: data wait is {wait_frac:.0%} of step time; the input pipeline keeps up"
 

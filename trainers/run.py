@@ -109,10 +109,13 @@ class VerdictRule:
 
     threshold: float  # --input-bound-threshold
     device: str  # the device type
-    workers: int  # loader workers per rank, named in the advice
+    flag: str  # the flag that adds worker roles (`trainers.placement.scaling_flag`)
+    workers: int  # its value, named in the advice
 
     def of(self, window: Window) -> str:
-        return bottleneck_verdict(window.wait_frac, self.threshold, self.device, self.workers)
+        return bottleneck_verdict(
+            window.wait_frac, self.threshold, self.device, self.workers, self.flag
+        )
 
 
 @dataclass

@@ -49,6 +49,7 @@ from trainers.metrics import (
 )
 from trainers.models import ModelError, build_model, resolve_model_name
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
+from trainers.placement import scaling_flag, worker_cluster, workers_text
 from trainers.recipe import build_criterion, build_mix, recipe_line
 from trainers.run import (
     Feed,
@@ -143,10 +144,11 @@ def train(config: TrainConfig) -> int:
     info = init_distributed(config.run.device, config.run.dist_timeout_s)
     setup_logging(info)
     try:
-        run = setup_run(config, info, started)
-        end = fit(run)
-        finish(run.logs.metrics, info, config.run, end, run.plan.steps_per_epoch)
-        finish_together(info)
+        with worker_cluster(config.loader.workers, info.world_size):
+            run = setup_run(config, info, started)
+            end = fit(run)
+            finish(run.logs.metrics, info, config.run, end, run.plan.steps_per_epoch)
+            finish_together(info)
     finally:
         shutdown_distributed()
     return 0
@@ -227,7 +229,7 @@ def build_logs(config: TrainConfig, info: DistInfo, started: float | None) -> Lo
         trace=Trace(settings.run_dir, info.rank, settings.debug_trace),
         timer=StepTimer(),
         verdict=VerdictRule(
-            settings.input_bound_threshold, info.device.type, config.loader.workers.count
+            settings.input_bound_threshold, info.device.type, *scaling_flag(config.loader.workers)
         ),
     )
 
@@ -391,7 +393,7 @@ def log_startup(run: Run) -> None:
         f"optimizer: {config.optimizer.optimizer} momentum {config.optimizer.momentum} weight decay "
         f"{config.optimizer.weight_decay} (not on norms/biases), clip {config.optimizer.clip_grad or 'off'}",
         recipe_line(config),
-        f"loader: {config.loader.workers.count} workers per rank, image "
+        f"loader: {workers_text(config.loader.workers)}, image "
         f"{config.loader.crop.image_size} px, shuffle buffer {config.loader.shuffle.buffer}, "
         f"channels_last {config.model.channels_last}",
         f"device: {info.device}, amp {config.run.amp}, world size {info.world_size}, seed "
