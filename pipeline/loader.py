@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from pipeline.dataset import MAX_SEGMENTS, ShardStream, SharedState
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
 from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
 from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
-from pipeline.remote import RemoteRoles
+from pipeline.remote import RemoteRoles, start_remote_roles
 from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stages import MixedShards, StreamSettings
 from pipeline.stats import LoaderStats
@@ -207,11 +207,14 @@ class ShardLoader:
         """The workers' batches of this epoch from where it stands: the DataLoader's, or
         the remote roles' (`Workers.placement`), in the same order."""
         c = self.config.workers
+        if c.placement == "ray" and self._remote is None:
+            pin = torch.cuda.is_available() if c.pin_memory is None else c.pin_memory
+            self._remote = start_remote_roles(self.dataset.source, c, pin)
+            if self._remote is None:  # no room on the cluster: its roles run here, for good
+                self.config = replace(self.config, workers=c.as_local())
+                c = self.config.workers
         if c.placement == "local":
             return iter(self.dataloader())
-        if self._remote is None:
-            pin = torch.cuda.is_available() if c.pin_memory is None else c.pin_memory
-            self._remote = RemoteRoles(self.dataset.source, c, pin)
         plan = self.epoch_plan()
         batches = [plan.worker(role).batches for role in range(self.num_worker_slots)]
         local = iter(self.dataloader()) if c.count else None

@@ -35,6 +35,7 @@ from pipeline.config import Workers
 from pipeline.plan import Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
 from shards.cluster import ClusterError, start_ray
+from shards.redact import redact_url
 
 log = logging.getLogger("pipeline")
 
@@ -92,19 +93,47 @@ def from_wire(value: object, pin: bool) -> object:
     return tensor.permute(0, 3, 1, 2) if images else tensor
 
 
-class RemoteRoles:
-    """The loader's worker roles as Ray actors, made once and kept across epochs.
+def start_remote_roles(source: StreamSource, workers: Workers, pin: bool) -> RemoteRoles | None:
+    """The loader's remote roles on the cluster (Ray started or joined first); or, when
+    the cluster has no room for them and `workers.fallback == "local"`, None after one
+    warning line naming the cluster and what it lacks: the caller then runs the same
+    roles as local DataLoader workers (`Workers.as_local`).
 
     Raises:
-        ClusterError: no cluster answers, or it cannot hold `remote` actors of
-            `ray_cpus` CPUs and `ray_resources` (one line saying what is missing).
+        ClusterError: no cluster answers; or it cannot hold `remote` actors of `ray_cpus`
+            CPUs and `ray_resources` and `fallback="error"` (one line saying what is
+            missing).
     """
+    import ray
+
+    ours = not ray.is_initialized()
+    start_ray(workers.ray_address, None, "Workers.ray_address", log)
+    if workers.fallback == "error":
+        check_capacity(workers, ray.cluster_resources())
+    else:
+        short = capacity_shortfall(workers, ray.cluster_resources())
+        if short is not None:
+            cluster = redact_url(ray.get_runtime_context().gcs_address)
+            log.warning(
+                "the Ray cluster at %s has %s: the %d remote roles run as local DataLoader "
+                "workers instead (Workers.fallback='local'), the same epoch",
+                cluster,
+                short,
+                workers.remote,
+            )
+            if ours:
+                ray.shutdown()  # a Ray of our own that would run nothing
+            return None
+    return RemoteRoles(source, workers, pin)
+
+
+class RemoteRoles:
+    """The loader's worker roles as Ray actors, made once and kept across epochs, on a
+    cluster that has room for them (`start_remote_roles` checks)."""
 
     def __init__(self, source: StreamSource, workers: Workers, pin: bool) -> None:
         import ray
 
-        start_ray(workers.ray_address, None, "Workers.ray_address", log)
-        check_capacity(workers, ray.cluster_resources())
         self.source_ref = ray.put(source)
         self.workers, self.pin = workers, pin
         self.actors = [self.spawn() for _ in range(workers.remote)]
@@ -160,21 +189,36 @@ class RemoteRoles:
         self.actors = []
 
 
-def check_capacity(workers: Workers, resources: dict, context: str = "") -> None:
+def check_capacity(
+    workers: Workers,
+    resources: dict,
+    context: str = "",
+    advice: str = "ask for fewer remote roles or Workers(fallback='local')",
+) -> None:
     """One clear line when the cluster cannot hold the roles at all (`context`: what
-    happened first, said before it)."""
+    happened first, said before it; `advice`: what to do besides adding nodes)."""
+    short = capacity_shortfall(workers, resources)
+    if short:
+        raise ClusterError(
+            f"{context}the Ray cluster has {short}: add nodes with them, or {advice}"
+        )
+
+
+def capacity_shortfall(workers: Workers, resources: dict) -> str | None:
+    """What the cluster's `resources` (in all) lack for `workers.remote` roles, said as
+    `has CPU 3 but Workers(...) needs CPU 8`, or None when they fit."""
     needs = {"CPU": workers.remote * workers.ray_cpus}
     for name, amount in (workers.ray_resources or {}).items():
         needs[name] = workers.remote * amount
     short = {name: amount for name, amount in needs.items() if resources.get(name, 0) < amount}
-    if short:
-        has = ", ".join(f"{name} {resources.get(name, 0):g}" for name in short)
-        wants = ", ".join(f"{name} {amount:g}" for name, amount in short.items())
-        raise ClusterError(
-            f"{context}the Ray cluster has {has} but Workers(remote={workers.remote}, "
-            f"ray_cpus={workers.ray_cpus:g}, ray_resources={workers.ray_resources}) needs "
-            f"{wants}: add nodes with them, or ask for fewer remote roles"
-        )
+    if not short:
+        return None
+    has = ", ".join(f"{name} {resources.get(name, 0):g}" for name in short)
+    wants = ", ".join(f"{name} {amount:g}" for name, amount in short.items())
+    return (
+        f"{has} but Workers(remote={workers.remote}, ray_cpus={workers.ray_cpus:g}, "
+        f"ray_resources={workers.ray_resources}) needs {wants}"
+    )
 
 
 class RoleStream:
@@ -248,8 +292,14 @@ class RoleStream:
         self.roles.actors[self.index] = self.roles.spawn()
         started = self.begin()
         context = f"worker role {self.task.role} was lost with its node, and "
+        # Mid-epoch there is no local worker to hand the role to (a DataLoader's workers
+        # are fixed while it iterates): the saved state resumes exactly, locally if need be.
+        advice = (
+            "resume from the last state_dict() (Workers(fallback='local'): on local workers "
+            "if the cluster stays short)"
+        )
         while not ray.wait([started], timeout=RESTART_POLL_S)[0]:
-            check_capacity(self.roles.workers, ray.cluster_resources(), context)
+            check_capacity(self.roles.workers, ray.cluster_resources(), context, advice)
 
 
 def add_counts(before: dict, latest: dict) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shards.errors import UsageError
 from shards.flags import (
@@ -21,6 +21,7 @@ from shards.flags import (
 )
 
 PLACEMENTS = ("local", "ray")  # where worker roles run (`Workers.placement`)
+FALLBACKS = ("error", "local")  # a cluster without room for the remote roles (`Workers.fallback`)
 
 
 def default_workers() -> int:
@@ -65,6 +66,12 @@ class Workers:
         ray_cpus: CPUs each role's actor asks of the cluster.
         ray_resources: custom resources each actor asks for, e.g. `{"cpu_node": 1}` to keep
             the roles on nodes started with `--resources='{"cpu_node": 8}'`.
+        fallback: when the cluster cannot hold the `remote` roles at start (its CPUs or
+            `ray_resources` in all fall short): `error`, one `ClusterError` line, or `local`:
+            one warning line naming the cluster and what it lacks, then the same roles run
+            as local DataLoader workers (`count + remote` of them, `as_local()`), so the
+            epoch, its order and `state_dict()` are those of Ray placement. A node lost
+            mid-epoch with no room left is a `ClusterError` either way (LOADER.md says why).
     """
 
     count: int = option(
@@ -115,6 +122,9 @@ class Workers:
         parse=parse_resources,
         metavar="JSON",
     )
+    fallback: str = option(
+        "error", "a cluster without room for the remote roles", "workers", FALLBACKS, cli=False
+    )
 
     def __post_init__(self) -> None:
         check_int_at_least(self, "count", 0)
@@ -126,6 +136,12 @@ class Workers:
         check_int_at_least(self, "remote", 1)
         check_at_least(self, "ray_cpus", 0)
         check_resources(self, "ray_resources")
+        check_choice(self, "fallback", FALLBACKS)
+
+    def as_local(self) -> Workers:
+        """The same roles, all as local DataLoader workers: `placement="ray"` falling back
+        (`fallback="local"`). The plan has `count + remote` roles either way."""
+        return replace(self, placement="local", count=self.count + self.remote)
 
 
 def check_resources(group: object, name: str) -> None:

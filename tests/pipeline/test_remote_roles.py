@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,10 @@ from pipeline import Workers
 from pipeline.loader import build_loader
 from pipeline.remote import WireImages, add_counts, check_capacity, from_wire, to_wire
 from shards.cluster import ClusterError
+from shards.errors import UsageError
 from tests.cluster.raycluster import LocalRayCluster
 from tests.pipeline.remote_epoch import REMOTE_ROLES, batch_line, loader_config
+from tests.pipeline.test_loader import split_keys
 
 REPO = Path(__file__).resolve().parents[2]
 # A lost node is declared dead after ~3 missed 1 s health checks (Ray's default ~15 s).
@@ -50,6 +53,16 @@ def test_a_cluster_without_room_for_the_roles_is_one_line():
     with pytest.raises(ClusterError, match=r"has CPU 2, cpu_node 0 but .* needs CPU 4, cpu_node 4"):
         check_capacity(workers, {"CPU": 2.0})
     check_capacity(workers, {"CPU": 4.0, "cpu_node": 8.0})
+    with pytest.raises(ClusterError, match=r"or ask for fewer remote roles or Workers\(fallback="):
+        check_capacity(workers, {"CPU": 4.0})
+
+
+def test_falling_back_runs_the_same_roles_as_local_workers():
+    workers = Workers(placement="ray", count=1, remote=2, fallback="local", prefetch_factor=3)
+    local = workers.as_local()
+    assert (local.placement, local.count, local.prefetch_factor) == ("local", 3, 3)
+    with pytest.raises(UsageError, match="fallback"):
+        Workers(placement="ray", fallback="retry")
 
 
 def test_a_restarted_roles_counters_add_up_over_its_actors():
@@ -122,92 +135,162 @@ def role_nodes(cluster: LocalRayCluster) -> list:
     return found
 
 
+def run_driver(shard_dir, cluster: LocalRayCluster, *extra: str) -> tuple[int, list[str], str]:
+    """One driver run to its end: its exit status, stdout lines and stderr."""
+    run = driver(shard_dir, cluster, *extra)
+    out, err = run.communicate(timeout=300)
+    return run.returncode, out.splitlines(), err
+
+
+# The real-cluster tests share one cluster (a head with no CPU plus three 1-CPU nodes) and
+# run in this file's order: the lost-node test, which kills two of its nodes, comes last.
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote-roles") / "ray"
+    with LocalRayCluster(root, workers=3, head_cpus=0, env=FAST_NODE_DEATH) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def expected(shard_dir) -> list:
+    return local_epoch(shard_dir)
+
+
 @pytest.mark.ray
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_remote_roles_deliver_the_local_epoch_resume_both_ways_and_survive_a_lost_node(
-    shard_dir, tmp_path
+def test_remote_roles_deliver_the_local_epoch_and_resume_both_ways(
+    shard_dir, cluster, expected, tmp_path
 ):
-    expected = local_epoch(shard_dir)
-    with LocalRayCluster(tmp_path / "ray", workers=3, head_cpus=0, env=FAST_NODE_DEATH) as cluster:
-        # The whole epoch, on the worker nodes (the head has no CPU): keys and pixels.
-        run = driver(shard_dir, cluster)
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        batches, samples = epoch_of(out.splitlines())
-        assert batches == expected and samples == sum(len(keys) for keys, _ in expected)
+    # The whole epoch, on the worker nodes (the head has no CPU): keys and pixels.
+    code, out, err = run_driver(shard_dir, cluster)
+    assert code == 0, err[-3000:]
+    batches, samples = epoch_of(out)
+    assert batches == expected and samples == sum(len(keys) for keys, _ in expected)
+    assert final(out)["placement"] == "ray"
 
-        # One local role (a DataLoader worker) and one remote role: the same epoch.
-        run = driver(shard_dir, cluster, "--count", "1", "--remote", "1")
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        assert epoch_of(out.splitlines())[0] == expected
+    # One local role (a DataLoader worker) and one remote role: the same epoch.
+    code, out, err = run_driver(shard_dir, cluster, "--count", "1", "--remote", "1")
+    assert code == 0, err[-3000:]
+    assert epoch_of(out)[0] == expected
 
-        # Mid-epoch resume: stopped under Ray placement, continued by local workers...
-        state = tmp_path / "state.json"
-        run = driver(shard_dir, cluster, "--stop-after", "5", "--state-out", str(state))
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
-        local.load_state_dict(json.loads(state.read_text()))
-        rest = [batch_line(*batch) for batch in local]
-        assert epoch_of(out.splitlines() + ['{"samples": 0}'])[0] + rest == expected
-        # ... and stopped by local workers, continued under Ray placement.
-        local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
-        first = [batch_line(*batch) for _, batch in zip(range(9), local, strict=False)]
-        state.write_text(json.dumps(local.state_dict()))
-        run = driver(shard_dir, cluster, "--state-in", str(state))
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        assert first + epoch_of(out.splitlines())[0] == expected
-        # ... also into one local and one remote role.
-        run = driver(shard_dir, cluster, "--state-in", str(state), "--count", "1", "--remote", "1")
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        assert first + epoch_of(out.splitlines())[0] == expected
+    # Mid-epoch resume: stopped under Ray placement, continued by local workers...
+    state = tmp_path / "state.json"
+    code, out, err = run_driver(shard_dir, cluster, "--stop-after", "5", "--state-out", str(state))
+    assert code == 0, err[-3000:]
+    local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
+    local.load_state_dict(json.loads(state.read_text()))
+    rest = [batch_line(*batch) for batch in local]
+    assert epoch_of(out)[0] + rest == expected
+    # ... and stopped by local workers, continued under Ray placement.
+    local = build_loader(loader_config(str(shard_dir), Workers(count=REMOTE_ROLES)))
+    first = [batch_line(*batch) for _, batch in zip(range(9), local, strict=False)]
+    state.write_text(json.dumps(local.state_dict()))
+    code, out, err = run_driver(shard_dir, cluster, "--state-in", str(state))
+    assert code == 0, err[-3000:]
+    assert first + epoch_of(out)[0] == expected
+    # ... also into one local and one remote role.
+    extra = ("--state-in", str(state), "--count", "1", "--remote", "1")
+    code, out, err = run_driver(shard_dir, cluster, *extra)
+    assert code == 0, err[-3000:]
+    assert first + epoch_of(out)[0] == expected
 
-        # More roles than the cluster has CPUs for: one line, before any actor waits.
-        run = driver(shard_dir, cluster, "--remote", "8")
-        out, err = run.communicate(timeout=300)
-        assert run.returncode != 0
-        assert "ClusterError: the Ray cluster has CPU 3 but Workers(remote=8" in err, err[-3000:]
 
-        # Again, with a node that runs a role SIGKILLed after 5 batches: the role starts
-        # on the spare node from its next batch; nothing lost, nothing twice.
-        go = tmp_path / "go"
-        run = driver(shard_dir, cluster, "--pause-after", "5", "--go", str(go))
-        lines = []
-        for line in run.stdout:
-            lines.append(line.strip())
-            if line.startswith("paused"):
-                break
-        nodes = role_nodes(cluster)
-        assert len(nodes) == REMOTE_ROLES, "each role on a worker node of its own"
-        cluster.kill_node(nodes[0])
-        started = time.monotonic()
-        go.touch()
-        out, err = run.communicate(timeout=300)
-        assert run.returncode == 0, err[-3000:]
-        batches, samples = epoch_of(lines + out.splitlines())
-        assert batches == expected, "the epoch after a lost node differs"
-        # The lost role's counters are kept: its actors' samples add up to what arrived.
-        assert final(out.splitlines())["role_samples"] == samples
-        assert "was lost" in err and "delivers again after a stall of" in err
-        assert time.monotonic() - started < 120
+@pytest.mark.ray
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_cluster_without_room_is_one_line_or_falls_back_to_local_workers(
+    shard_dir, cluster, expected
+):
+    # More roles than the cluster has CPUs for: one line, before any actor waits.
+    code, _, err = run_driver(shard_dir, cluster, "--remote", "8")
+    assert code != 0
+    assert "ClusterError: the Ray cluster has CPU 3 but Workers(remote=8" in err, err[-3000:]
+    # Roles asking for a resource no node has: the same line, naming it...
+    spot = ("--resources", json.dumps({"cpu_node": 1}))
+    code, _, err = run_driver(shard_dir, cluster, *spot)
+    assert code != 0
+    assert "ClusterError: the Ray cluster has cpu_node 0 but Workers(remote=2" in err, err[-3000:]
+    assert "Workers(fallback='local')" in err
+    # ... or, asked to fall back, one warning and the same epoch from local workers.
+    code, out, err = run_driver(shard_dir, cluster, *spot, "--fallback", "local")
+    assert code == 0, err[-3000:]
+    assert epoch_of(out)[0] == expected and final(out)["placement"] == "local"
+    warned = [line for line in err.splitlines() if "run as local DataLoader workers" in line]
+    assert len(warned) == 1, err[-3000:]
+    assert f"the Ray cluster at {cluster.address} has cpu_node 0 but" in warned[0]
 
-        # Once more, and a second role node lost: the one node left has no room for two
-        # roles, which is one line at once, not a wait for capacity that never comes.
-        go_again = tmp_path / "go-again"
-        run = driver(shard_dir, cluster, "--pause-after", "3", "--go", str(go_again))
-        for line in run.stdout:
-            if line.startswith("paused"):
-                break
-        cluster.kill_node(role_nodes(cluster)[0])
-        go_again.touch()
-        out, err = run.communicate(timeout=300)
-        assert run.returncode != 0
-        assert re.search(
-            r"ClusterError: worker role \d was lost with its node, and the Ray cluster has "
-            r"CPU 1 but Workers\(remote=2",
-            err,
-        ), err[-3000:]
+
+@pytest.mark.ray
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_resume_under_ray_placement_on_another_world_size_loses_and_doubles_nothing(
+    shard_dir, cluster, tmp_path
+):
+    # Two ranks, each with two roles on the cluster, stop after 3 batches; one rank
+    # resumes (also on the cluster): every sample exactly once, as with local workers
+    # (tests/pipeline/test_loader.py's world-size resume).
+    consumed, states = Counter(), []
+    for rank in range(2):
+        state = tmp_path / f"rank{rank}.json"
+        extra = ("--rank", str(rank), "--world-size", "2", "--uneven", "--stop-after", "3")
+        code, out, err = run_driver(shard_dir, cluster, *extra, "--state-out", str(state))
+        assert code == 0, err[-3000:]
+        batches = epoch_of(out)[0]
+        assert len(batches) == 3
+        consumed.update(key for keys, _ in batches for key in keys)
+        states.append(json.loads(state.read_text()))
+    assert states[0]["segments"] == states[1]["segments"]
+    resume = ("--uneven", "--state-in", str(tmp_path / "rank0.json"))
+    code, out, err = run_driver(shard_dir, cluster, *resume)
+    assert code == 0, err[-3000:]
+    rest = Counter(key for keys, _ in epoch_of(out)[0] for key in keys)
+    assert consumed + rest == Counter(split_keys(shard_dir, "train"))
+    assert max((consumed + rest).values()) == 1
+
+
+@pytest.mark.ray
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_remote_roles_survive_a_lost_node_and_a_cluster_left_too_small_is_one_line(
+    shard_dir, cluster, expected, tmp_path
+):
+    # A node that runs a role SIGKILLed after 5 batches: the role starts on the spare
+    # node from its next batch; nothing lost, nothing twice.
+    go = tmp_path / "go"
+    run = driver(shard_dir, cluster, "--pause-after", "5", "--go", str(go))
+    lines = []
+    for line in run.stdout:
+        lines.append(line.strip())
+        if line.startswith("paused"):
+            break
+    nodes = role_nodes(cluster)
+    assert len(nodes) == REMOTE_ROLES, "each role on a worker node of its own"
+    cluster.kill_node(nodes[0])
+    started = time.monotonic()
+    go.touch()
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    batches, samples = epoch_of(lines + out.splitlines())
+    assert batches == expected, "the epoch after a lost node differs"
+    # The lost role's counters are kept: its actors' samples add up to what arrived.
+    assert final(out.splitlines())["role_samples"] == samples
+    assert "was lost" in err and "delivers again after a stall of" in err
+    assert time.monotonic() - started < 120
+
+    # Once more, and a second role node lost: the one node left has no room for two
+    # roles, which is one line at once, not a wait for capacity that never comes.
+    go_again = tmp_path / "go-again"
+    run = driver(shard_dir, cluster, "--pause-after", "3", "--go", str(go_again))
+    for line in run.stdout:
+        if line.startswith("paused"):
+            break
+    cluster.kill_node(role_nodes(cluster)[0])
+    go_again.touch()
+    out, err = run.communicate(timeout=300)
+    assert run.returncode != 0
+    assert re.search(
+        r"ClusterError: worker role \d was lost with its node, and the Ray cluster has "
+        r"CPU 1 but Workers\(remote=2.*resume from the last state_dict\(\)",
+        err,
+    ), err[-3000:]
