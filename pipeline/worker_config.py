@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+from shards.cluster import ray_address_option
 from shards.errors import UsageError
 from shards.flags import (
     check_at_least,
@@ -98,11 +99,8 @@ class Workers:
         PLACEMENTS,
         flag="worker_placement",
     )
-    ray_address: str | None = option(
-        None,
-        "with --worker-placement ray: the Ray cluster, ray://host:10001, host:6379 or auto; "
-        "default: RAY_ADDRESS, else a Ray started on this machine",
-        "workers",
+    ray_address: str | None = ray_address_option(
+        "the --worker-placement ray roles run on", "a Ray started on this machine", "workers"
     )
     remote: int = option(
         2,
@@ -123,7 +121,12 @@ class Workers:
         metavar="JSON",
     )
     fallback: str = option(
-        "error", "a cluster without room for the remote roles", "workers", FALLBACKS, cli=False
+        "error",
+        "with --worker-placement ray: a cluster without room for the remote roles at start is "
+        "one error line (error), or a warning and the same roles as local workers (local)",
+        "workers",
+        FALLBACKS,
+        flag="ray_fallback",
     )
 
     def __post_init__(self) -> None:

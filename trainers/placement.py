@@ -22,7 +22,7 @@ from shards.redact import redact_url
 log = logging.getLogger("trainers")
 
 # The `Workers` fields that mean something only under Ray placement.
-RAY_SETTINGS = ("ray_address", "remote", "ray_cpus", "ray_resources")
+RAY_SETTINGS = ("ray_address", "remote", "ray_cpus", "ray_resources", "fallback")
 
 
 def check_placement_settings(workers: Workers) -> None:
@@ -66,7 +66,8 @@ def worker_cluster(workers: Workers, world_size: int) -> Iterator[None]:
             of its own on its machine).
         ClusterError: no cluster answers at the address, or it cannot hold the roles of
             every rank at once (`remote` actors of `ray_cpus` CPUs and `ray_resources`
-            each), one line.
+            each; with one rank and `--ray-fallback local`, its loader runs them here
+            instead), one line.
     """
     if workers.placement != "ray":
         yield
@@ -82,22 +83,31 @@ def worker_cluster(workers: Workers, world_size: int) -> Iterator[None]:
     joined = not ray.is_initialized()
     start_ray(workers.ray_address, None, "--ray-address", log)
     try:
-        if world_size > 1:
-            check_room_for_ranks(workers, world_size, ray.cluster_resources())
+        if world_size > 1 or workers.fallback == "error":
+            check_room(workers, world_size, ray.cluster_resources())
         yield
     finally:
         if joined:
             ray.shutdown()
 
 
-def check_room_for_ranks(workers: Workers, world_size: int, resources: dict) -> None:
-    """Each rank's loader checks the cluster for its own roles only; all ranks' roles at
-    once must fit too, or the last ranks' actors would wait for room that never comes."""
+def check_room(workers: Workers, world_size: int, resources: dict) -> None:
+    """The cluster holds every rank's roles at once, said in flags when it does not.
+
+    Each rank's loader checks the cluster for its own roles only (and with
+    `--ray-fallback local` runs them here when they do not fit): with several ranks, all
+    their roles must fit, or the last ranks' actors would wait for room that never comes.
+    """
     from pipeline.remote import check_capacity
 
+    if world_size == 1:
+        advice = "ask for fewer --remote-workers, or pass --ray-fallback local"
+        check_capacity(workers, resources, advice=advice)
+        return
     every_rank = dataclasses.replace(workers, remote=workers.remote * world_size)
     context = f"{world_size} ranks each run --remote-workers {workers.remote} roles, and "
-    check_capacity(every_rank, resources, context)
+    advice = "ask for fewer --remote-workers (every rank's roles run at once)"
+    check_capacity(every_rank, resources, context, advice)
 
 
 def workers_text(workers: Workers) -> str:

@@ -17,7 +17,7 @@ from trainers.config import parse_command_line
 from trainers.data import loader_config
 from trainers.distributed import DistInfo
 from trainers.metrics import bottleneck_verdict
-from trainers.placement import check_room_for_ranks, worker_cluster, workers_text
+from trainers.placement import check_room, worker_cluster, workers_text
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 RAY_FLAGS = [
@@ -26,6 +26,7 @@ RAY_FLAGS = [
     "--remote-workers", "3",
     "--ray-cpus", "0.5",
     "--ray-resources", '{"cpu_node": 1}',
+    "--ray-fallback", "local",
     "--workers", "1",
 ]  # fmt: skip
 EXPECTED = Workers(
@@ -35,6 +36,7 @@ EXPECTED = Workers(
     remote=3,
     ray_cpus=0.5,
     ray_resources={"cpu_node": 1},
+    fallback="local",
 )
 TOML = """
 worker-placement = "ray"
@@ -42,6 +44,7 @@ ray-address = "ray://head:10001"
 remote-workers = 3
 ray-cpus = 0.5
 ray-resources = { cpu_node = 1 }
+ray-fallback = "local"
 workers = 1
 """
 YAML = """
@@ -50,6 +53,7 @@ ray_address: ray://head:10001
 remote_workers: 3
 ray_cpus: 0.5
 ray_resources: {cpu_node: 1}
+ray_fallback: local
 workers: 1
 """
 
@@ -136,6 +140,7 @@ def test_the_start_up_line_and_the_verdict_name_the_placement():
         ),
         (["--ray-address", "ray://u:pw@head:1"], "--ray-address ray://***@head:1 is for"),
         (["--ray-cpus", "2"], "--ray-cpus 2.0 is for --worker-placement ray"),
+        (["--ray-fallback", "local"], "--ray-fallback local is for --worker-placement ray"),
     ],
 )
 def test_a_bad_placement_setting_is_one_line_naming_its_flag(capsys, argv, line):
@@ -178,15 +183,21 @@ def test_several_ranks_under_ray_placement_need_one_cluster_they_share(monkeypat
     assert not ray.is_initialized()  # refused before any Ray was started
 
 
-def test_every_ranks_roles_must_fit_the_cluster_at_once():
+def test_every_ranks_roles_must_fit_the_cluster_at_once_said_in_flags():
     workers = Workers(placement="ray", remote=2, ray_resources={"cpu_node": 1})
     with pytest.raises(
         ClusterError,
         match=r"^2 ranks each run --remote-workers 2 roles, and the Ray cluster has CPU 3 but .* "
-        r"needs CPU 4",
+        r"needs CPU 4: add nodes with them, or ask for fewer --remote-workers \(every rank",
     ):
-        check_room_for_ranks(workers, 2, {"CPU": 3.0, "cpu_node": 4.0})
-    check_room_for_ranks(workers, 2, {"CPU": 4.0, "cpu_node": 4.0})
+        check_room(workers, 2, {"CPU": 3.0, "cpu_node": 4.0})
+    check_room(workers, 2, {"CPU": 4.0, "cpu_node": 4.0})
+    with pytest.raises(
+        ClusterError,
+        match=r"^the Ray cluster has cpu_node 0 but .* needs cpu_node 2: add nodes with them, "
+        r"or ask for fewer --remote-workers, or pass --ray-fallback local$",
+    ):
+        check_room(workers, 1, {"CPU": 4.0})
 
 
 def test_local_placement_joins_no_cluster():
