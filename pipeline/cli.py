@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pipeline.config import Batching, Shuffle, Workers
 from shards.flags import (
@@ -91,17 +91,11 @@ def run_inspect_shuffle(options: InspectShuffleOptions, args: argparse.Namespace
     from pipeline.shuffle_quality import format_report, inspect_shuffle
 
     # Our own errors (a source it cannot serve as asked) are printed by `run_command`.
-    loader = LoaderConfig(
-        source=options.source,
-        split=options.split,
-        format=options.format,
-        batch=options.batch,
-        shuffle=options.shuffle,
-        workers=options.workers,
-        world_size=options.world_size,
-        rank=0,
-        seed=options.seed,
-    )
+    # The options named as the loader's settings are them (source, split, format, batch,
+    # shuffle, workers, world size, seed): one added to the options reaches the loader.
+    own = {f.name for f in fields(LoaderConfig)}
+    settings = {f.name: getattr(options, f.name) for f in fields(options) if f.name in own}
+    loader = LoaderConfig(**settings, rank=0)
     report = inspect_shuffle(
         loader,
         epochs=options.epochs,

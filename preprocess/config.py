@@ -20,6 +20,7 @@ from preprocess.images import (
     RESTART_LAYOUTS,
     ImageConfig,
 )
+from shards.cluster import ray_address_option
 from shards.flags import (
     about,
     check_bytes,
@@ -100,8 +101,8 @@ class BuildConfig:
         row_group_size: Parquet rows per row group, the loader's streaming unit.
         max_skip_fraction: fail the job when more inputs than this are skipped.
         ray_address: `auto` or `ray://host:port`: the Ray cluster the tasks run on. None
-            (default): no cluster; `executor` `ray` (or `auto` for a large build) then
-            starts a Ray of its own on this machine.
+            (default): `RAY_ADDRESS` when set, else no cluster; `executor` `ray` (or `auto`
+            for a large build) then starts a Ray of its own on this machine.
         executor: `auto` (default: Ray when a cluster is named by `ray_address` or
             `RAY_ADDRESS`, or when the build is large enough that Ray's start-up is a
             few percent of it, `preprocess.pool.RAY_MIN_INPUTS_PER_CPU`; else `local`),
@@ -205,10 +206,9 @@ class BuildConfig:
     max_skip_fraction: float = option(
         0.01, "fail the build when more than this share of the inputs is skipped", "run"
     )
-    ray_address: str | None = option(
-        None,
-        "`auto` or ray://host:port: the Ray cluster the shard tasks run on (default: no "
-        "cluster; --executor ray, or auto for a large build, starts a Ray on this machine)",
+    ray_address: str | None = ray_address_option(
+        "the shard tasks run on",
+        "no cluster: --executor ray, or auto for a large build, starts a Ray on this machine",
         "run",
     )
     executor: str = option(

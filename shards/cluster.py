@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from shards.errors import ShardpipeError
+from shards.flags import option
 from shards.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,22 @@ class ClusterError(ShardpipeError, RuntimeError):
 def ray_address(address: str | None) -> str | None:
     """`address`, else `RAY_ADDRESS` (set under `ray job submit`), else None (a local Ray)."""
     return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def ray_address_option(runs: str, otherwise: str, group: str) -> Any:
+    """The `--ray-address` setting of a command whose `runs` may run on Ray (the build's
+    shard tasks, the loader's worker roles): one spelling of the address and of its
+    default, which `ray_address` reads, for both.
+
+    Args:
+        otherwise: what happens with neither the flag nor `RAY_ADDRESS`.
+    """
+    return option(
+        None,
+        f"the Ray cluster {runs}: ray://host:10001, host:6379 or auto; default: RAY_ADDRESS, "
+        f"else {otherwise}",
+        group,
+    )
 
 
 def start_ray(
