@@ -113,6 +113,20 @@ def train_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "trainers.train", *args]
 
 
+def torchrun_command(args: list[str], processes: int = 2) -> list[str]:
+    """`train` under torchrun, `processes` ranks on this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        "trainers.train",
+        *args,
+    ]
+
+
 def run_subprocess(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
         train_command(args),

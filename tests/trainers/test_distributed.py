@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +15,7 @@ from tests.trainers.conftest import (
     read_trace,
     split_samples,
     subprocess_env,
+    torchrun_command,
 )
 from trainers.data import iter_shard_keys
 from trainers.schedule import lr_at
@@ -25,18 +25,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
 def torchrun(args: list[str], processes: int = 2) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={processes}",
-        "-m",
-        "trainers.train",
-        *args,
-    ]
     return subprocess.run(
-        command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=240
+        torchrun_command(args, processes),
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 
