@@ -5,6 +5,7 @@ one line naming its flag, and several ranks share one cluster or are refused."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from pipeline.config import Workers
 from shards.cluster import ClusterError
 from shards.errors import UsageError
 from shards.flags import SettingError
-from trainers.config import parse_command_line
+from trainers.config import TrainConfig, parse_command_line
 from trainers.data import loader_config
 from trainers.distributed import DistInfo
 from trainers.metrics import bottleneck_verdict
@@ -67,6 +68,14 @@ def test_the_placement_flags_reach_the_train_loader_and_the_val_loader_reads_loc
     val = loader_config(config, CPU, "val", False).workers
     assert val == dataclasses.replace(expected, placement="local")
     assert val.count == 1  # --workers: the val loader's local workers
+
+
+def test_a_stored_config_with_ray_placement_reads_back_the_same():
+    """What RUN_DIR/config.json and every checkpoint hold (JSON), read again on resume."""
+    _, config = parse_command_line(["--train-shards", "d", *RAY_FLAGS])
+    stored = json.loads(json.dumps(config.to_dict()))
+    assert stored["loader"]["workers"]["ray_resources"] == {"cpu_node": 1}
+    assert TrainConfig.from_dict(stored) == config
 
 
 @pytest.mark.parametrize("suffix, text", [(".toml", TOML), (".yaml", YAML)])
