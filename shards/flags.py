@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -496,6 +497,8 @@ def flag_text(dest: str, value: Any, width: int = 80) -> str:
         text = "none"
     elif isinstance(value, tuple):
         text = ",".join(str(item) for item in value)
+    elif isinstance(value, dict):  # as a JSON flag takes it (`--ray-resources`)
+        text = json.dumps(value)
     else:
         text = redact_url(value) if isinstance(value, str) else str(value)
     if len(text) > width:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pipeline.config import Workers
 from shards.cluster import ray_address, start_ray
 from shards.errors import UsageError
-from shards.flags import flag_name, flag_specs
+from shards.flags import flag_name, flag_specs, flag_text
 from shards.redact import redact_url
 
 log = logging.getLogger("trainers")
@@ -38,19 +38,12 @@ def check_placement_settings(workers: Workers) -> None:
     for field in dataclasses.fields(Workers):
         value = getattr(workers, field.name)
         if field.name in RAY_SETTINGS and value != field.default:
-            flag = f"--{flag_name(flags[field.name])}"
+            dest = flags[field.name]
             raise UsageError(
-                f"{flag} {setting_text(value)} is for --worker-placement ray (worker roles on a "
+                f"{flag_text(dest, value)} is for --worker-placement ray (worker roles on a "
                 f"Ray cluster), but the placement is local: add --worker-placement ray, or "
-                f"leave {flag} out"
+                f"leave --{flag_name(dest)} out"
             )
-
-
-def setting_text(value: object) -> str:
-    """A setting as it is typed: JSON for a mapping, the URL redacted."""
-    if isinstance(value, dict):
-        return json.dumps(value)
-    return redact_url(value) if isinstance(value, str) else str(value)
 
 
 @contextlib.contextmanager
@@ -119,7 +112,7 @@ def workers_text(workers: Workers) -> str:
     where = redact_url(address) if address else "a Ray started on this machine"
     asks = f"{workers.ray_cpus:g} CPU each"
     if workers.ray_resources:
-        asks += f", resources {setting_text(workers.ray_resources)}"
+        asks += f", resources {json.dumps(workers.ray_resources)}"
     return (
         f"{workers.remote} remote roles per rank on {where} ({asks}), {workers.count} local workers"
     )

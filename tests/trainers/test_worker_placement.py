@@ -13,7 +13,7 @@ import torch
 from pipeline.config import Workers
 from shards.cluster import ClusterError
 from shards.errors import UsageError
-from shards.flags import SettingError
+from shards.flags import SettingError, changed_flags
 from trainers.config import TrainConfig, parse_command_line
 from trainers.data import loader_config
 from trainers.distributed import DistInfo
@@ -109,6 +109,16 @@ def test_the_default_is_local_placement_and_ray_address_comes_from_ray_address(m
 
 
 def test_the_start_up_line_and_the_verdict_name_the_placement():
+    _, config = parse_command_line(["--train-shards", "d", *RAY_FLAGS])
+    assert changed_flags(TrainConfig, config)["workers"] == [
+        "--workers 1",
+        "--worker-placement ray",
+        "--ray-address ray://head:10001",
+        "--remote-workers 3",
+        "--ray-cpus 0.5",
+        '--ray-resources {"cpu_node": 1}',  # as it is typed, not a dict's repr
+        "--ray-fallback local",
+    ]
     assert workers_text(EXPECTED) == (
         '3 remote roles per rank on ray://head:10001 (0.5 CPU each, resources {"cpu_node": 1}), '
         "1 local workers"
