@@ -137,9 +137,13 @@ class ShardLoader:
         consumer's hands (a custom transform's other sizes allocate). Sized for the largest
         side a progressive schedule reaches; smaller epochs use each slot's first bytes."""
         c = self.config
+        return BatchRing(self.num_worker_slots, c.workers.prefetch_factor + 2, self.slot_bytes())
+
+    def slot_bytes(self) -> int:
+        """The largest image batch: a progressive schedule's largest side in train."""
+        c = self.config
         side = c.crop.largest_train_size if c.is_train else c.crop.image_size
-        slot_bytes = c.batch.size * side * side * 3
-        return BatchRing(self.num_worker_slots, c.workers.prefetch_factor + 2, slot_bytes)
+        return c.batch.size * side * side * 3
 
     @property
     def image_size(self) -> int:
@@ -209,7 +213,7 @@ class ShardLoader:
         c = self.config.workers
         if c.placement == "ray" and self._remote is None:
             pin = torch.cuda.is_available() if c.pin_memory is None else c.pin_memory
-            self._remote = start_remote_roles(self.dataset.source, c, pin)
+            self._remote = start_remote_roles(self.dataset.source, c, pin, self.slot_bytes())
             if self._remote is None:  # no room on the cluster: its roles run here, for good
                 self.config = replace(self.config, workers=c.as_local())
                 c = self.config.workers

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.batchring import BatchRing
 from pipeline.config import Workers
 from pipeline.plan import Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
@@ -78,13 +79,26 @@ def to_wire(value: object) -> object:
     return np.ascontiguousarray(value.numpy())
 
 
-def from_wire(value: object, pin: bool) -> object:
-    """A batch entry as the loader yields it: a tensor in pinned memory (`pin`) or in the
-    trainer's own; the one copy out of the read-only object store."""
+def from_wire(value: object, pin: bool, ring: BatchRing | None = None) -> object:
+    """A batch entry as the loader yields it: a tensor in pinned memory (`pin`), in a free
+    slot of `ring`, or in the trainer's own memory; the one copy out of the read-only
+    object store.
+
+    Why the ring: a fresh 38 MB batch (256 x 224 x 224 x 3) is past glibc's largest mmap
+    threshold, so every copy into new memory faults in ~9,400 pages (~20 ms a batch on a
+    2-core VM, ~80 us an image); a slot is reused once no tensor over it is left
+    (`pipeline.batchring`), and a batch finding none free is copied into new memory.
+    """
     images = isinstance(value, WireImages)
     array = value.nhwc if images else value
     if not isinstance(array, np.ndarray):
         return value
+    if images and not pin and ring is not None:
+        slot = ring.acquire(0, array.shape)
+        if slot is not None:
+            np.copyto(slot.writable(), array)
+            slot.channels_last = True  # the slot holds NHWC: the tensor is its NCHW view
+            return slot.tensor()
     with warnings.catch_warnings():
         # The tensor over the read-only buffer lives only until the copy below.
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
@@ -93,11 +107,14 @@ def from_wire(value: object, pin: bool) -> object:
     return tensor.permute(0, 3, 1, 2) if images else tensor
 
 
-def start_remote_roles(source: StreamSource, workers: Workers, pin: bool) -> RemoteRoles | None:
+def start_remote_roles(
+    source: StreamSource, workers: Workers, pin: bool, slot_bytes: int
+) -> RemoteRoles | None:
     """The loader's remote roles on the cluster (Ray started or joined first); or, when
     the cluster has no room for them and `workers.fallback == "local"`, None after one
     warning line naming the cluster and what it lacks: the caller then runs the same
-    roles as local DataLoader workers (`Workers.as_local`).
+    roles as local DataLoader workers (`Workers.as_local`). `slot_bytes`: the largest
+    image batch, for the slots unpinned batches are received into.
 
     Raises:
         ClusterError: no cluster answers; or it cannot hold `remote` actors of `ray_cpus`
@@ -124,18 +141,21 @@ def start_remote_roles(source: StreamSource, workers: Workers, pin: bool) -> Rem
             if ours:
                 ray.shutdown()  # a Ray of our own that would run nothing
             return None
-    return RemoteRoles(source, workers, pin)
+    return RemoteRoles(source, workers, pin, slot_bytes)
 
 
 class RemoteRoles:
     """The loader's worker roles as Ray actors, made once and kept across epochs, on a
     cluster that has room for them (`start_remote_roles` checks)."""
 
-    def __init__(self, source: StreamSource, workers: Workers, pin: bool) -> None:
+    def __init__(self, source: StreamSource, workers: Workers, pin: bool, slot_bytes: int) -> None:
         import ray
 
         self.source_ref = ray.put(source)
         self.workers, self.pin = workers, pin
+        # Unpinned batches are copied into reused slots: the batch the consumer holds, the
+        # one it takes next and spares for a prefetcher (pinned ones go to torch's cache).
+        self.ring = None if pin else BatchRing(1, workers.prefetch_factor + 2, slot_bytes)
         self.actors = [self.spawn() for _ in range(workers.remote)]
 
     def spawn(self):
@@ -179,7 +199,7 @@ class RemoteRoles:
             left[role] -= 1
             if size and left[role] > 0:  # no size: an exactly-once role that ended short
                 live.append(role)
-            yield tuple(from_wire(v, self.pin) for v in values), size, keys, stats
+            yield tuple(from_wire(v, self.pin, self.ring) for v in values), size, keys, stats
 
     def close(self) -> None:
         import ray

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pipeline import Workers
+from pipeline.batchring import BatchRing
 from pipeline.loader import build_loader
 from pipeline.remote import WireImages, add_counts, check_capacity, from_wire, to_wire
 from shards.cluster import ClusterError
@@ -46,6 +47,24 @@ def test_a_batch_crosses_the_wire_as_numpy_and_comes_back_equal():
     assert torch.equal(back[0], images) and back[0].is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(back[1], labels) and back[2] == ["a", "b"]
     back[0][0, 0, 0, 0] = 7  # the trainer's own memory, writable
+
+
+def test_unpinned_batches_are_received_into_reused_slots_once_freed():
+    nhwc = torch.randint(0, 256, (4, 5, 6, 3), dtype=torch.uint8)
+    wire = to_wire(nhwc.permute(0, 3, 1, 2))
+    wire.nhwc.flags.writeable = False
+    ring = BatchRing(1, 2, nhwc.numel())
+    first = from_wire(wire, pin=False, ring=ring)
+    assert ring.holds(first) and torch.equal(first, nhwc.permute(0, 3, 1, 2))
+    assert first.is_contiguous(memory_format=torch.channels_last)
+    address = first.data_ptr()
+    second = from_wire(wire, pin=False, ring=ring)
+    third = from_wire(wire, pin=False, ring=ring)  # both slots held: new memory instead
+    assert ring.holds(second) and not ring.holds(third) and torch.equal(third, second)
+    third[0, 0, 0, 0] = 7  # the consumer's batches are writable either way
+    del first, second
+    again = from_wire(wire, pin=False, ring=ring)  # a freed slot is written again
+    assert again.data_ptr() == address and torch.equal(again, nhwc.permute(0, 3, 1, 2))
 
 
 def test_a_cluster_without_room_for_the_roles_is_one_line():
