@@ -32,6 +32,7 @@ Ratios are paired per round; the table gives the median ratio and the per-round 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import random
 import statistics
@@ -157,8 +158,23 @@ def run_ours(name: str, shards: Path, seed: int, warmup: int, augment) -> Measur
     )
     loader = build_loader(config)
     measurement = time_epoch(loader, name, warmup, started)
+    WORKER_US[name].append(worker_us_per_image(loader.stats.workers.values()))
     del loader
     return with_cpu(measurement, cpu_before)
+
+
+# per contender, per round: the workers' (decode, augment) wall us per image
+WORKER_US: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+
+
+def worker_us_per_image(workers) -> tuple[float, float]:
+    """The workers' own clocks (`WorkerStats`): decode + augment, and augment alone, in us
+    an image: what the recipe costs where it runs, beside the same worker's decodes."""
+    workers = list(workers)
+    samples = max(1, sum(w["samples"] for w in workers))
+    decode = sum(w["decode_s"] for w in workers)
+    augment = sum(w["augment_s"] for w in workers)
+    return 1e6 * decode / samples, 1e6 * augment / samples
 
 
 def run_timm(name: str, python: str, shards: Path, seed: int, warmup: int, erase: bool):
@@ -255,7 +271,14 @@ def time_contenders(args: argparse.Namespace) -> int:
         )
     for name in names:
         speeds = [r[name].images_per_s for r in runs]
-        print(f"{name}: median {statistics.median(speeds):,.0f} img/s")
+        line = f"{name}: median {statistics.median(speeds):,.0f} img/s"
+        if WORKER_US[name]:
+            decode = statistics.median(d for d, _ in WORKER_US[name])
+            augment = statistics.median(a for _, a in WORKER_US[name])
+            line += (
+                f"; in its workers, decode {decode:.0f} us an image, of it augment {augment:.0f}"
+            )
+        print(line)
     return 0
 
 
