@@ -13,35 +13,39 @@ against the number of CPU nodes.
 
 Starts a real multi-node Ray cluster on this machine (tests/cluster/raycluster.py: a head
 with 0 CPUs and 2 worker nodes of 1 CPU each, as the remote-roles tests do) and keeps it
-for every round. Each round runs both contenders, in an order that rotates each round, for
+for every round. Each round runs the contenders, in an order that rotates each round, for
 one epoch each (train split, random-resized-crop 224 and flips into uint8 batches of
 `--batch-size`, prefetch 2, pinned when CUDA is present), each in a fresh process that
 plays the trainer:
 
 - `local 2`: `build_loader` with `Workers(count=2)`: CPU seconds of the trainer's whole
   process tree (main process + its 2 DataLoader workers, from /proc) per image, and img/s;
-- `ray 2`: `Workers(placement="ray", count=0, remote=2)` on the cluster: the trainer's own
+- `ray 2`: `Workers(placement="ray", count=0, remote=2)` on the cluster, the pixels over
+  the roles' channels (the default `ray_wire`): the trainer's own
   CPU seconds (getrusage RUSAGE_SELF: every thread of it, Ray's own included) per image;
   beside it, from /proc, the role actors' CPU and that of the rest of the cluster's
   processes per image: the head node's (the trainer's node: its raylet pulls the batches
   in, its GCS) and the worker nodes' (their raylets send them); and img/s. On a real
-  cluster the head's share lands on the GPU node, the workers' on the CPU nodes.
+  cluster the head's share lands on the GPU node, the workers' on the CPU nodes;
+- `ray 2 store`: the same through Ray's object store (`ray_wire="object_store"`).
 
 Times and CPU count from the moment the `max(--warmup, roles + 1)`-th batch arrives to the
 end of the epoch (start-up, actor placement and the shuffle buffers' first fill are not
 steady state). Ratios are taken within each round; the tables give their median and the
-min-max over rounds: trainer CPU per image ray 2 / local 2 total (target <= 0.10) and
-img/s ray 2 / local 2 on the same cores (target >= 0.9).
+min-max over rounds, for each remote contender: trainer CPU per image against local 2's
+total (target <= 0.10), the same with the head node's Ray processes, and img/s against
+local 2 on the same cores (target >= 0.9).
 
-Then, each round, a probe in a fresh trainer process: one role's actor makes
+Then, each round, a probe in a fresh trainer process, through the object store (where a
+batch made is ready in its node's store, so making and pulling time apart): one role's actor makes
 `--probe-batches` batches after its first; measured are the role's rate (images/s of one
 actor on its 1-CPU node, from the calls to the last batch being ready in that node's
 object store), the bytes per image on the wire (the batch's arrays' nbytes / batch size)
 and the trainer's receive cost per batch, from the object reference of a batch that is
 ready on the other node to the batch as a tensor here (`ray.get`, which pulls it over, then
 `pipeline.remote.from_wire`'s one copy): wall and CPU milliseconds. The paper model: N CPU
-nodes of one role each feed one trainer min(N x role rate, 1 / receive seconds per image)
-images/s, printed for N = 0..10 beside Ray Data's published 753 / 1,233 / 1,711 / 1,764
+nodes of one role each feed one trainer min(N x role rate, what one core of the trainer
+receives over the channel: 1 / `ray 2`'s trainer CPU seconds an image) images/s, printed for N = 0..10 beside Ray Data's published 753 / 1,233 / 1,711 / 1,764
 images/s with 0 / 1 / 5 / 10 extra CPU nodes (ray issue #42318; its 0 is the GPU node's
 own CPUs, which with us would run `Workers.count` local roles besides).
 
@@ -78,7 +82,8 @@ from pipeline import Batching, Crop, LoaderConfig, Workers, build_loader  # noqa
 
 CROP_SIZE = 224
 ROLES = 2
-LOCAL, RAY = "local 2", "ray 2"
+LOCAL, RAY, STORE = "local 2", "ray 2", "ray 2 store"
+CONTENDERS = (LOCAL, RAY, STORE)
 CHILD_TIMEOUT_S = 1800
 ACTOR_TITLE = b"ray::RoleActor"  # what a role actor's process calls itself (`ps`)
 # Ray Data's image benchmark feeding one GPU trainer, by extra CPU nodes (ray #42318).
@@ -101,7 +106,8 @@ def loader_config(shards: str, workers: Workers, batch_size: int, seed: int) -> 
 def contender_workers(name: str, address: str) -> Workers:
     if name == LOCAL:
         return Workers(count=ROLES)
-    return Workers(placement="ray", ray_address=address, count=0, remote=ROLES)
+    wire = "object_store" if name == STORE else "channel"
+    return Workers(placement="ray", ray_address=address, count=0, remote=ROLES, ray_wire=wire)
 
 
 # --- the trainer processes -----------------------------------------------------------------
@@ -193,7 +199,11 @@ def probe_wire(args: dict, seed: int, results) -> None:
         raise RuntimeError(f"role 0 has {slot_batches} batches: too few for a probe")
     start_ray(args["address"], None, "--address")
     pin = torch.cuda.is_available()
-    remote = Workers(placement="ray", ray_address=args["address"], count=0, remote=1)
+    # The object store's wire: a batch made is ready in its node's store, so the role's rate
+    # and the pull are timed apart (over the channel a frame waits for its reader).
+    remote = Workers(
+        placement="ray", ray_address=args["address"], count=0, remote=1, ray_wire="object_store"
+    )
     roles = RemoteRoles(loader.dataset.source, remote, pin, loader.slot_bytes())
     actor = roles.actors[0]
     ray.get(actor.start.remote(RoleTask(role=0, num_workers=ROLES, epoch=0)))
@@ -268,7 +278,8 @@ def run_rounds(args: dict, rounds: int) -> list[dict]:
     """Each round: both contenders, in an order that rotates each round, then the probe."""
     done = []
     for index in range(rounds):
-        order = [LOCAL, RAY][index % 2 :] + [LOCAL, RAY][: index % 2]
+        shift = index % len(CONTENDERS)
+        order = list(CONTENDERS[shift:] + CONTENDERS[:shift])
         record = {"round": index + 1, "order": order}
         for name in order:
             record[name] = in_child(name, run_epoch, name, args, index)
@@ -298,36 +309,36 @@ def spread_text(values: list[float], pattern: str) -> str:
 def summarize(rounds: list[dict]) -> dict:
     """Medians over rounds of each figure, and the paired ratios with their range."""
     figures = {}
-    for name in (LOCAL, RAY, "probe"):
+    for name in (*CONTENDERS, "probe"):
         runs = [r[name] for r in rounds if r.get(name)]
         keys = [k for k, v in (runs[0].items() if runs else ()) if isinstance(v, float)]
         figures[name] = {k: median([run[k] for run in runs]) for k in keys}
-    cpu = ratios(rounds, "trainer_cpu_ms_per_image", RAY, LOCAL)
-    rate = ratios(rounds, "images_per_s", RAY, LOCAL)
-    node = [
-        (r[RAY]["trainer_cpu_ms_per_image"] + r[RAY]["head_rest_cpu_ms_per_image"])
-        / r[LOCAL]["trainer_cpu_ms_per_image"]
-        for r in rounds
-        if r.get(RAY) and r.get(LOCAL)
-    ]
-    figures["ratios"] = {
-        "trainer_cpu_ray_over_local": cpu,
-        "trainer_node_cpu_ray_over_local": node,
-        "images_per_s_ray_over_local": rate,
-    }
+    figures["ratios"] = {}
+    for name in (RAY, STORE):
+        node = [
+            (r[name]["trainer_cpu_ms_per_image"] + r[name]["head_rest_cpu_ms_per_image"])
+            / r[LOCAL]["trainer_cpu_ms_per_image"]
+            for r in rounds
+            if r.get(name) and r.get(LOCAL)
+        ]
+        figures["ratios"][name] = {
+            "trainer_cpu_over_local": ratios(rounds, "trainer_cpu_ms_per_image", name, LOCAL),
+            "trainer_node_cpu_over_local": node,
+            "images_per_s_over_local": ratios(rounds, "images_per_s", name, LOCAL),
+        }
     return figures
 
 
-def paper_model(probe: dict) -> list[tuple[int, float]]:
-    """(N, images/s fed to one trainer by N one-role CPU nodes): min(N x role rate, the
-    trainer's receive bound)."""
-    bound = 1e6 / probe["receive_us_per_image"]
+def paper_model(probe: dict, channel: dict) -> list[tuple[int, float]]:
+    """(N, images/s fed to one trainer by N one-role CPU nodes): min(N x one role's rate,
+    what one core of the trainer receives over the channel, 1 / its CPU an image)."""
+    bound = 1e3 / channel["trainer_cpu_ms_per_image"]
     return [(n, min(n * probe["role_images_per_s"], bound)) for n in range(11)]
 
 
 def print_report(rounds: list[dict], summary: dict) -> None:
     rows = []
-    for name in (LOCAL, RAY):
+    for name in CONTENDERS:
         runs = [r[name] for r in rounds if r.get(name)]
         rates = [r["images_per_s"] for r in runs]
         row = [name, spread_text(rates, "{:,.0f}")]
@@ -337,29 +348,29 @@ def print_report(rounds: list[dict], summary: dict) -> None:
     header = ["contender", "img/s", "trainer CPU ms/img", "actors CPU ms/img"]
     header += ["head node's Ray ms/img", "worker nodes' Ray ms/img"]
     print("\n" + markdown_table(header, rows))
-    cpu = summary["ratios"]["trainer_cpu_ray_over_local"]
-    node = summary["ratios"]["trainer_node_cpu_ray_over_local"]
-    rate = summary["ratios"]["images_per_s_ray_over_local"]
-    rows = [
-        ["trainer CPU per image, ray 2 / local 2 total", spread_text(cpu, "{:.3f}"),
-         f"<= {TARGET_CPU}", met(cpu, lambda v: v <= TARGET_CPU)],
-        ["trainer + its node's Ray processes, ray 2 / local 2 total",
-         spread_text(node, "{:.3f}"), "", ""],
-        ["img/s, ray 2 / local 2", spread_text(rate, "{:.2f}x"),
-         f">= {TARGET_RATE}x", met(rate, lambda v: v >= TARGET_RATE)],
-    ]  # fmt: skip
+    rows = []
+    for name in (RAY, STORE):
+        cpu, node, rate = summary["ratios"][name].values()
+        rows += [
+            [f"trainer CPU per image, {name} / local 2 total", spread_text(cpu, "{:.3f}"),
+             f"<= {TARGET_CPU}", met(cpu, lambda v: v <= TARGET_CPU)],
+            [f"trainer + its node's Ray processes, {name} / local 2 total",
+             spread_text(node, "{:.3f}"), "", ""],
+            [f"img/s, {name} / local 2", spread_text(rate, "{:.2f}x"),
+             f">= {TARGET_RATE}x", met(rate, lambda v: v >= TARGET_RATE)],
+        ]  # fmt: skip
     print(
         "\n"
         + markdown_table(["ratio (median of rounds, min-max)", "value", "target", "met?"], rows)
     )
-    print_wire(rounds, summary["probe"])
+    print_wire(rounds, summary["probe"], summary[RAY])
 
 
 def met(values: list[float], test) -> str:
     return "" if not values else ("yes" if test(median(values)) else "no")
 
 
-def print_wire(rounds: list[dict], probe: dict) -> None:
+def print_wire(rounds: list[dict], probe: dict, channel: dict) -> None:
     """The probe's figures and the paper model from their medians."""
     if not probe:
         print("\nthe wire probe failed in every round")
@@ -375,9 +386,9 @@ def print_wire(rounds: list[dict], probe: dict) -> None:
     )
     rows = [[label, spread_text([p[key] for p in probes], f)] for label, key, f in keys]
     pinned = "copied into pinned memory" if probes[0]["pinned"] else "copied, no CUDA to pin"
-    print(f"\n{markdown_table([f'wire probe, {pinned}', 'median (min-max)'], rows)}")
+    print(f"\n{markdown_table([f'object-store probe, {pinned}', 'median (min-max)'], rows)}")
     rows = [[n, f"{rate:,.0f}", f"{RAY_DATA[n]:,}" if n in RAY_DATA else ""] for n, rate in
-            paper_model(probe)]  # fmt: skip
+            paper_model(probe, channel)]  # fmt: skip
     header = ["CPU nodes N", "ours, paper model img/s", "Ray Data, published img/s"]
     print(f"\n{markdown_table(header, rows)}")
 
@@ -419,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         report = {"machine": describe_machine(("torch", "ray")), "settings": args}
         report.update(rounds=rounds, summary=summary)
         if summary["probe"]:
-            report["paper_model"] = [[n, rate] for n, rate in paper_model(summary["probe"])]
+            report["paper_model"] = [
+                [n, rate] for n, rate in paper_model(summary["probe"], summary[RAY])
+            ]
         options.output.write_text(json.dumps(report, indent=2))
         print(f"\nwrote {options.output}")
     return 0

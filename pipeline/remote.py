@@ -32,6 +32,13 @@ import numpy as np
 import torch
 
 from pipeline.batchring import BatchRing
+from pipeline.channel import (
+    ChannelError,
+    ChannelImages,
+    ChannelReceiver,
+    ChannelSender,
+    new_token,
+)
 from pipeline.config import Workers
 from pipeline.plan import Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
@@ -51,15 +58,31 @@ class WireImages:
 
 
 class RoleActor:
-    """One role's stage chain in a Ray actor process (`ray.remote` makes it an actor)."""
+    """One role's stage chain in a Ray actor process (`ray.remote` makes it an actor).
 
-    def __init__(self, source: StreamSource) -> None:
+    With a `channel_token` its image batches go over `pipeline.channel` (the trainer
+    connects to `channel_address()`), and the batch Ray returns carries their shape.
+    """
+
+    def __init__(self, source: StreamSource, channel_token: bytes | None, depth: int) -> None:
         self.source = source
         self.reader = source.build_reader()  # this process's fetcher, kept across epochs
         self.batches: Iterator[tuple] = iter(())
+        self.token, self.depth = channel_token, depth
+        self.sender: ChannelSender | None = None
+
+    def channel_address(self) -> tuple[str, int] | None:
+        """Where this start's channel listens (asked after `start`: calls run in order)."""
+        return None if self.sender is None else self.sender.address
 
     def start(self, task: RoleTask) -> None:
         self.batches = iter_role_batches(self.source, task, self.reader)
+        if self.token is not None:  # a channel of its own for each start: no stale frames
+            import ray
+
+            if self.sender is not None:
+                self.sender.close()
+            self.sender = ChannelSender(self.token, ray.util.get_node_ip_address(), self.depth)
 
     def next_batch(self) -> tuple | None:
         """The role's next batch as numpy buffers, or None once the role is done."""
@@ -67,7 +90,13 @@ class RoleActor:
         if batch is None:
             return None
         values, size, keys, stats = batch
-        return tuple(to_wire(value) for value in values), size, keys, stats
+        return tuple(self.wire(value) for value in values), size, keys, stats
+
+    def wire(self, value: object) -> object:
+        value = to_wire(value)
+        if self.sender is not None and isinstance(value, WireImages):
+            return self.sender.send(value.nhwc)  # the pixels go over the channel
+        return value
 
 
 def to_wire(value: object) -> object:
@@ -79,32 +108,56 @@ def to_wire(value: object) -> object:
     return np.ascontiguousarray(value.numpy())
 
 
-def from_wire(value: object, pin: bool, ring: BatchRing | None = None) -> object:
+def from_wire(
+    value: object,
+    pin: bool,
+    ring: BatchRing | None = None,
+    channel: ChannelReceiver | None = None,
+) -> object:
     """A batch entry as the loader yields it: a tensor in pinned memory (`pin`), in a free
     slot of `ring`, or in the trainer's own memory; the one copy out of the read-only
-    object store.
+    object store, or the one read from the role's `channel`.
 
     Why the ring: a fresh 38 MB batch (256 x 224 x 224 x 3) is past glibc's largest mmap
     threshold, so every copy into new memory faults in ~9,400 pages (~20 ms a batch on a
     2-core VM, ~80 us an image); a slot is reused once no tensor over it is left
     (`pipeline.batchring`), and a batch finding none free is copied into new memory.
+
+    Raises:
+        ChannelError: the channel broke or carried another frame than announced.
     """
+    if isinstance(value, ChannelImages):
+        if channel is None:
+            raise ChannelError("a batch came by channel to a trainer without one")
+        array, finish = image_buffer(value.shape, pin, ring)
+        channel.receive_into(value, array)
+        return finish()
     images = isinstance(value, WireImages)
     array = value.nhwc if images else value
     if not isinstance(array, np.ndarray):
         return value
-    if images and not pin and ring is not None:
-        slot = ring.acquire(0, array.shape)
-        if slot is not None:
-            np.copyto(slot.writable(), array)
-            slot.channels_last = True  # the slot holds NHWC: the tensor is its NCHW view
-            return slot.tensor()
+    if images:
+        out, finish = image_buffer(array.shape, pin, ring)
+        np.copyto(out, array)
+        return finish()
     with warnings.catch_warnings():
         # The tensor over the read-only buffer lives only until the copy below.
         warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         tensor = torch.from_numpy(array)
-    tensor = tensor.pin_memory() if pin else tensor.clone()
-    return tensor.permute(0, 3, 1, 2) if images else tensor
+    return tensor.pin_memory() if pin else tensor.clone()
+
+
+def image_buffer(shape: tuple[int, ...], pin: bool, ring: BatchRing | None) -> tuple:
+    """Where an NHWC uint8 batch of `shape` is received: (a writable array over it, a
+    function giving the NCHW-shaped tensor once it is filled). Pinned memory, else a free
+    ring slot, else new memory; a slot left unfinished (a failed read) is freed."""
+    if not pin and ring is not None:
+        slot = ring.acquire(0, shape)
+        if slot is not None:
+            slot.channels_last = True  # the slot holds NHWC: the tensor is its NCHW view
+            return slot.writable(), slot.tensor
+    tensor = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+    return tensor.numpy(), lambda: tensor.permute(0, 3, 1, 2)
 
 
 def start_remote_roles(
@@ -156,6 +209,7 @@ class RemoteRoles:
         # Unpinned batches are copied into reused slots: the batch the consumer holds, the
         # one it takes next and spares for a prefetcher (pinned ones go to torch's cache).
         self.ring = None if pin else BatchRing(1, workers.prefetch_factor + 2, slot_bytes)
+        self.token = new_token() if workers.ray_wire == "channel" else None
         self.actors = [self.spawn() for _ in range(workers.remote)]
 
     def spawn(self):
@@ -164,7 +218,8 @@ class RemoteRoles:
         options = dict(num_cpus=self.workers.ray_cpus, max_restarts=0)
         if self.workers.ray_resources:
             options["resources"] = dict(self.workers.ray_resources)
-        return ray.remote(RoleActor).options(**options).remote(self.source_ref)
+        depth = self.workers.prefetch_factor
+        return ray.remote(RoleActor).options(**options).remote(self.source_ref, self.token, depth)
 
     def iter_epoch(
         self,
@@ -199,7 +254,7 @@ class RemoteRoles:
             left[role] -= 1
             if size and left[role] > 0:  # no size: an exactly-once role that ended short
                 live.append(role)
-            yield tuple(from_wire(v, self.pin, self.ring) for v in values), size, keys, stats
+            yield values, size, keys, stats
 
     def close(self) -> None:
         import ray
@@ -252,6 +307,8 @@ class RoleStream:
         self.before: dict = {}  # the counters of the role's lost actors, summed
         self.latest: dict = {}  # the current actor's latest counters
         self.pending: deque = deque()
+        self.channel: ChannelReceiver | None = None  # connected on the actor's first batch
+        self.channel_address = None  # the reference to the actor's channel address
         self.begin()
 
     @property
@@ -263,6 +320,11 @@ class RoleStream:
         batches asked for; returns the start call's reference."""
         delivered = self.task.delivered + self.received
         started = self.actor.start.remote(dataclasses.replace(self.task, delivered=delivered))
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = None
+        if self.roles.token is not None:
+            self.channel_address = self.actor.channel_address.remote()
         ahead = self.roles.workers.prefetch_factor
         self.pending = deque(self.actor.next_batch.remote() for _ in range(ahead))
         return started
@@ -278,12 +340,19 @@ class RoleStream:
         while True:
             try:
                 batch = ray.get(self.pending.popleft())
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+                if batch is not None:
+                    values = tuple(self.receive(value) for value in batch[0])
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ObjectLostError,
+                ChannelError,
+            ) as error:
                 log.warning(
-                    "worker role %d was lost (%s); starting it again on the cluster from its "
-                    "batch %d",
+                    "worker role %d was lost (%s: %s); starting it again on the cluster from "
+                    "its batch %d",
                     self.task.role,
                     type(error).__name__,
+                    str(error).splitlines()[0][:200] if str(error) else "",
                     self.task.delivered + self.received,
                 )
                 self.restart()
@@ -298,8 +367,18 @@ class RoleStream:
                 return None
             self.received += 1
             self.pending.append(self.actor.next_batch.remote())
-            values, size, keys, self.latest = batch
+            _, size, keys, self.latest = batch
             return values, size, keys, add_counts(self.before, self.latest)
+
+    def receive(self, value: object) -> object:
+        """One entry of a batch as the loader yields it (`from_wire`), its pixels read
+        from the role's channel when they came that way (connected on first use)."""
+        if isinstance(value, ChannelImages) and self.channel is None:
+            import ray
+
+            address = ray.get(self.channel_address)
+            self.channel = ChannelReceiver(tuple(address), self.roles.token)
+        return from_wire(value, self.roles.pin, self.roles.ring, self.channel)
 
     def restart(self) -> None:
         """A new actor for the role, started from what was received. It waits for room

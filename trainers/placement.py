@@ -22,7 +22,7 @@ from shards.redact import redact_url
 log = logging.getLogger("trainers")
 
 # The `Workers` fields that mean something only under Ray placement.
-RAY_SETTINGS = ("ray_address", "remote", "ray_cpus", "ray_resources", "fallback")
+RAY_SETTINGS = ("ray_address", "remote", "ray_cpus", "ray_resources", "fallback", "ray_wire")
 
 
 def check_placement_settings(workers: Workers) -> None:
@@ -113,6 +113,8 @@ def workers_text(workers: Workers) -> str:
     asks = f"{workers.ray_cpus:g} CPU each"
     if workers.ray_resources:
         asks += f", resources {json.dumps(workers.ray_resources)}"
+    if workers.ray_wire == "object_store":
+        asks += ", batches through the object store"
     return (
         f"{workers.remote} remote roles per rank on {where} ({asks}), {workers.count} local workers"
     )

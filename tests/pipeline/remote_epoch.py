@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=0, help="local roles beside the remote")
     parser.add_argument("--resources", type=json.loads, help="each role's custom resources")
     parser.add_argument("--fallback", default="error")
+    parser.add_argument("--wire", default="channel", help="Workers.ray_wire")
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--uneven", action="store_true")
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_memory=False,
         ray_resources=args.resources,
         fallback=args.fallback,
+        ray_wire=args.wire,
     )
     config = loader_config(args.source, workers, args.rank, args.world_size, args.uneven)
     loader = build_loader(config)

@@ -28,6 +28,7 @@ RAY_FLAGS = [
     "--ray-cpus", "0.5",
     "--ray-resources", '{"cpu_node": 1}',
     "--ray-fallback", "local",
+    "--ray-wire", "object_store",
     "--workers", "1",
 ]  # fmt: skip
 EXPECTED = Workers(
@@ -38,6 +39,7 @@ EXPECTED = Workers(
     ray_cpus=0.5,
     ray_resources={"cpu_node": 1},
     fallback="local",
+    ray_wire="object_store",
 )
 TOML = """
 worker-placement = "ray"
@@ -46,6 +48,7 @@ remote-workers = 3
 ray-cpus = 0.5
 ray-resources = { cpu_node = 1 }
 ray-fallback = "local"
+ray-wire = "object_store"
 workers = 1
 """
 YAML = """
@@ -55,6 +58,7 @@ remote_workers: 3
 ray_cpus: 0.5
 ray_resources: {cpu_node: 1}
 ray_fallback: local
+ray_wire: object_store
 workers: 1
 """
 
@@ -118,10 +122,11 @@ def test_the_start_up_line_and_the_verdict_name_the_placement():
         "--ray-cpus 0.5",
         '--ray-resources {"cpu_node": 1}',  # as it is typed, not a dict's repr
         "--ray-fallback local",
+        "--ray-wire object_store",
     ]
     assert workers_text(EXPECTED) == (
-        '3 remote roles per rank on ray://head:10001 (0.5 CPU each, resources {"cpu_node": 1}), '
-        "1 local workers"
+        '3 remote roles per rank on ray://head:10001 (0.5 CPU each, resources {"cpu_node": 1}, '
+        "batches through the object store), 1 local workers"
     )
     assert bottleneck_verdict(0.4, 0.1, "cuda", 3, "--remote-workers") == (
         "input-bound: the GPU waited 40% of the time for data; raise --remote-workers (now 3) "
@@ -160,6 +165,8 @@ def test_the_start_up_line_and_the_verdict_name_the_placement():
         (["--ray-address", "ray://u:pw@head:1"], "--ray-address ray://***@head:1 is for"),
         (["--ray-cpus", "2"], "--ray-cpus 2.0 is for --worker-placement ray"),
         (["--ray-fallback", "local"], "--ray-fallback local is for --worker-placement ray"),
+        (["--ray-wire", "object_store"], "--ray-wire object_store is for --worker-placement ray"),
+        (["--ray-wire", "tcp"], "argument --ray-wire: invalid choice: 'tcp'"),
     ],
 )
 def test_a_bad_placement_setting_is_one_line_naming_its_flag(capsys, argv, line):
