@@ -48,6 +48,7 @@ from shards.redact import redact_url
 log = logging.getLogger("pipeline")
 
 RESTART_POLL_S = 1.0  # a lost role's new actor: how often room for it is checked while it waits
+CHANNEL_TRIES = 3  # a role's channel failing this often in a row, its actor new each time: an error
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ class RoleStream:
         node failure detection, is logged."""
         import ray
 
-        began, lost = time.perf_counter(), False
+        began, lost, broken = time.perf_counter(), False, 0
         while True:
             try:
                 batch = ray.get(self.pending.popleft())
@@ -347,6 +348,14 @@ class RoleStream:
                 ray.exceptions.ObjectLostError,
                 ChannelError,
             ) as error:
+                broken = broken + 1 if isinstance(error, ChannelError) else 0
+                if broken >= CHANNEL_TRIES:  # not a lost node: the channel cannot work here
+                    raise ChannelError(
+                        f"worker role {self.task.role}: its batch channel failed "
+                        f"{broken} times in a row ({str(error).splitlines()[0][:200]}); if the "
+                        "cluster's nodes cannot connect to each other on free ports, use "
+                        "Workers(ray_wire='object_store') (train --ray-wire object_store)"
+                    ) from error
                 log.warning(
                     "worker role %d was lost (%s: %s); starting it again on the cluster from "
                     "its batch %d",

@@ -64,10 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resources", type=json.loads, help="each role's custom resources")
     parser.add_argument("--fallback", default="error")
     parser.add_argument("--wire", default="channel", help="Workers.ray_wire")
+    parser.add_argument(
+        "--refuse-channel", action="store_true", help="every channel connection fails here"
+    )
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--uneven", action="store_true")
     args = parser.parse_args(argv)
+    if args.refuse_channel:  # as a firewall between the nodes would
+        import pipeline.remote
+
+        def refused(address, token):
+            raise pipeline.remote.ChannelError(f"cannot reach {address}: Connection refused")
+
+        pipeline.remote.ChannelReceiver = refused
     workers = Workers(
         placement="ray",
         ray_address=args.address,

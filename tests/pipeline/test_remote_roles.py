@@ -240,6 +240,13 @@ def test_a_cluster_without_room_is_one_line_or_falls_back_to_local_workers(
     warned = [line for line in err.splitlines() if "run as local DataLoader workers" in line]
     assert len(warned) == 1, err[-3000:]
     assert f"the Ray cluster at {cluster.address} has cpu_node 0 but" in warned[0]
+    # A channel that cannot connect (nodes firewalled from each other): its role is
+    # started again a few times, then one line pointing to the object store.
+    code, _, err = run_driver(shard_dir, cluster, "--refuse-channel", "--remote", "1")
+    assert code != 0
+    last = err.strip().splitlines()[-1]
+    assert "its batch channel failed 3 times in a row (cannot reach" in last, err[-3000:]
+    assert last.endswith("(train --ray-wire object_store)")
 
 
 @pytest.mark.ray
