@@ -68,7 +68,8 @@ class ChannelSender:
 
     def __init__(self, token: bytes, host: str, depth: int) -> None:
         self.token = token
-        self.listener = socket.create_server((host, 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # a node's IPv6 address
+        self.listener = socket.create_server((host, 0), family=family)
         self.address = (host, self.listener.getsockname()[1])
         self.frames: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self.connection: socket.socket | None = None

@@ -29,9 +29,20 @@ def batches(count: int, shape=(4, 6, 5, 3)) -> list[np.ndarray]:
     return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(count)]
 
 
-def test_frames_arrive_in_order_into_the_buffers_given():
+def ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", [HOST, "::1"], ids=["ipv4", "ipv6"])
+def test_frames_arrive_in_order_into_the_buffers_given(host):
+    if host == "::1" and not ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
     token = new_token()
-    sender = ChannelSender(token, HOST, depth=2)
+    sender = ChannelSender(token, host, depth=2)
     receiver = ChannelReceiver(sender.address, token)
     sent = batches(5)
     got = []
