@@ -11,6 +11,7 @@ estimate. scan-throughput times training steps across batch sizes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from trainers.distributed import DeviceError, DistInfo, init_distributed, setup_
 from trainers.metrics import StepTimer, iter_timed, load_pyplot
 from trainers.models import build_model
 from trainers.numerics import build_optimizer, configure_determinism, resolve_amp
+from trainers.placement import worker_cluster
 from trainers.recipe import build_criterion, build_mix
 from trainers.run import seed_generators
 
@@ -367,18 +369,21 @@ def scan_throughput(config: TrainConfig) -> list[ScanPoint]:
     if config.probe.scan_source == "loader" and not config.data.train_shards:
         raise UsageError("--scan-source loader needs --train-shards")
     probe = build_probe(config)
-    timer = time_loader if config.probe.scan_source == "loader" else time_synthetic
+    loader = config.probe.scan_source == "loader"
+    timer = time_loader if loader else time_synthetic
     points: list[ScanPoint] = []
-    for batch in config.probe.scan_batch_sizes:
-        try:
-            points.append(timer(probe, batch))
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            points.append(ScanPoint(batch, 0.0, 0.0, None, None, oom=True))
-            probe.optimizer.zero_grad(set_to_none=True)
-            break
-        log.info("batch %d: %.1f images/s", batch, points[-1].images_per_s)
+    # --worker-placement ray: the cluster joined once, its errors in flags, as `train`'s
+    with worker_cluster(config.loader.workers, 1) if loader else contextlib.nullcontext():
+        for batch in config.probe.scan_batch_sizes:
+            try:
+                points.append(timer(probe, batch))
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                points.append(ScanPoint(batch, 0.0, 0.0, None, None, oom=True))
+                probe.optimizer.zero_grad(set_to_none=True)
+                break
+            log.info("batch %d: %.1f images/s", batch, points[-1].images_per_s)
     report_scan(config, points)
     return points
 

@@ -95,3 +95,19 @@ def test_scan_throughput_synthetic_and_loader(train_shards, tmp_path, capsys):
     points = json.loads((loader / "scan-throughput.json").read_text())["points"]
     assert all(0.0 <= p["data_wait_frac"] <= 1.0 for p in points)
     assert "| batch | images/s |" in capsys.readouterr().out
+
+
+def test_scanning_the_loader_under_ray_placement_joins_the_cluster_as_train_does(
+    train_shards, monkeypatch, capsys
+):
+    """`--scan-source loader --worker-placement ray` goes through `train`'s cluster join,
+    so a cluster that cannot hold the roles is one line in flags, before any model runs."""
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 1.0}, raising=False)
+    monkeypatch.setattr("trainers.placement.start_ray", lambda *args: None)
+    args = ["scan-throughput", "--scan-source", "loader", "--train-shards", str(train_shards)]
+    args += ["--model", "cnn", "--image-size", "24", "--device", "cpu", "--workers", "0"]
+    args += ["--worker-placement", "ray", "--remote-workers", "4"]
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train: error: the Ray cluster has CPU 1 but "), err[-3:]
+    assert err[-1].endswith("ask for fewer --remote-workers, or pass --ray-fallback local")
