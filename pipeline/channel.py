@@ -35,6 +35,7 @@ from shards.errors import DataError
 HANDSHAKE_S = 30.0  # how long an accepted connection has to present the token
 RECEIVE_S = 60.0  # the longest a receive waits for the next bytes of a frame
 TOKEN_BYTES = 32
+MAX_HANDSHAKES = 16  # connections presenting their token at once; more wait in the backlog
 _HEADER = struct.Struct("!8sQQ")  # magic, sequence number, byte count
 _MAGIC = b"SPBATCH1"
 
@@ -118,20 +119,41 @@ class ChannelSender:
                 self.connection.close()
 
     def _accept(self) -> socket.socket:
-        """The first connection that presents the token; others are closed."""
+        """The first connection that presents the token. Each one gets `HANDSHAKE_S` to
+        present it, in a thread of its own, `MAX_HANDSHAKES` at once (more wait in the
+        backlog), so a silent stranger delays nobody; the others are closed."""
+        chosen: queue.Queue = queue.Queue(maxsize=1)
+        pending = threading.BoundedSemaphore(MAX_HANDSHAKES)
         while True:
-            connection, _ = self.listener.accept()
-            connection.settimeout(HANDSHAKE_S)
-            try:
-                offered = _read_exactly(connection, TOKEN_BYTES)
-            except (OSError, ChannelError):
+            pending.acquire()
+            if not chosen.empty():
+                break
+            connection, _ = self.listener.accept()  # a chosen one wakes it by a connect
+            if not chosen.empty():
                 connection.close()
-                continue
+                break
+            threading.Thread(
+                target=self._handshake, args=(connection, chosen, pending), daemon=True
+            ).start()
+        return chosen.get()
+
+    def _handshake(self, connection: socket.socket, chosen: queue.Queue, pending) -> None:
+        try:
+            connection.settimeout(HANDSHAKE_S)
+            offered = _read_exactly(connection, TOKEN_BYTES)
             if hmac.compare_digest(offered, self.token):
                 connection.settimeout(None)
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return connection
-            connection.close()
+                chosen.put_nowait(connection)
+                # wake the accept loop, which then sees a connection chosen
+                with contextlib.suppress(OSError):
+                    socket.create_connection(self.address, timeout=1).close()
+                return
+        except (OSError, ChannelError, queue.Full):
+            pass
+        finally:
+            pending.release()
+        connection.close()
 
 
 class ChannelReceiver:
