@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shards.errors import DataError
+from shards.errors import ShardpipeError
 
 HANDSHAKE_S = 30.0  # how long an accepted connection has to present the token
 RECEIVE_S = 60.0  # the longest a receive waits for the next bytes of a frame
@@ -40,7 +40,7 @@ _HEADER = struct.Struct("!8sQQ")  # magic, sequence number, byte count
 _MAGIC = b"SPBATCH1"
 
 
-class ChannelError(DataError, ConnectionError):
+class ChannelError(ShardpipeError, ConnectionError):
     """The channel of a remote role broke or carried something other than the batch
     announced; the role is started again from the batches received."""
 

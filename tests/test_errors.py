@@ -62,6 +62,7 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "DeviceError": (UsageError, RuntimeError),
     "BuildError": (ShardpipeError, RuntimeError),
     "ClusterError": (ShardpipeError, RuntimeError),  # no Ray cluster, or no room on it
+    "ChannelError": (ShardpipeError, ConnectionError),  # a remote role's batch channel broke
     "CacheBypass": (DataError, None),  # the shard cache's files cannot be used as found
     "_Unfit": (DataError, None),  # a name in the cache is not what it made; stays inside
     "ByteSizeError": (UsageError, ValueError),  # a text that is not a byte size
