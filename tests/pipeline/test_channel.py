@@ -29,6 +29,17 @@ def batches(count: int, shape=(4, 6, 5, 3)) -> list[np.ndarray]:
     return [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(count)]
 
 
+def one_batch_through(sender: ChannelSender, token: bytes) -> None:
+    """The trainer connects with `token` and receives one batch whole."""
+    receiver = ChannelReceiver(sender.address, token)
+    pixels = batches(1)[0]
+    announced = sender.send(pixels)
+    out = np.empty_like(pixels)
+    receiver.receive_into(announced, out)
+    assert np.array_equal(out, pixels)
+    receiver.close()
+
+
 def ipv6_loopback() -> bool:
     try:
         socket.create_server(("::1", 0), family=socket.AF_INET6).close()
@@ -72,12 +83,7 @@ def test_a_connection_without_the_token_is_closed_and_the_trainer_still_gets_in(
     stranger.sendall(b"x" * channel.TOKEN_BYTES)  # the wrong token
     stranger.settimeout(5)
     assert stranger.recv(1) == b""  # closed on it, nothing sent
-    receiver = ChannelReceiver(sender.address, token)
-    pixels = batches(1)[0]
-    announced = sender.send(pixels)
-    out = np.empty_like(pixels)
-    receiver.receive_into(announced, out)
-    assert np.array_equal(out, pixels)
+    one_batch_through(sender, token)
     sender.close()
 
 
@@ -88,12 +94,7 @@ def test_silent_strangers_do_not_hold_the_trainer_up():
     sender = ChannelSender(token, HOST, depth=1)
     silent = [socket.create_connection(sender.address) for _ in range(5)]
     started = time.monotonic()
-    receiver = ChannelReceiver(sender.address, token)
-    pixels = batches(1)[0]
-    announced = sender.send(pixels)
-    out = np.empty_like(pixels)
-    receiver.receive_into(announced, out)
-    assert np.array_equal(out, pixels)
+    one_batch_through(sender, token)
     assert time.monotonic() - started < channel.HANDSHAKE_S / 3
     for stranger in silent:
         stranger.close()
