@@ -45,9 +45,10 @@ and the trainer's receive cost per batch, from the object reference of a batch t
 ready on the other node to the batch as a tensor here (`ray.get`, which pulls it over, then
 `pipeline.remote.from_wire`'s one copy): wall and CPU milliseconds. The paper model: N CPU
 nodes of one role each feed one trainer min(N x role rate, what one core of the trainer
-receives over the channel: 1 / `ray 2`'s trainer CPU seconds an image) images/s, printed for N = 0..10 beside Ray Data's published 753 / 1,233 / 1,711 / 1,764
-images/s with 0 / 1 / 5 / 10 extra CPU nodes (ray issue #42318; its 0 is the GPU node's
-own CPUs, which with us would run `Workers.count` local roles besides).
+receives over the channel: 1 / `ray 2`'s trainer CPU seconds an image) images/s, printed
+for N = 0..10 beside Ray Data's published 753 / 1,233 / 1,711 / 1,764 images/s with 0 / 1 /
+5 / 10 extra CPU nodes (ray issue #42318; its 0 is the GPU node's own CPUs, which with us
+would run `Workers.count` local roles besides).
 
 Prints markdown tables; `--output` writes every round's raw figures and the summary as JSON.
 """

@@ -3,7 +3,7 @@ pixels over one TCP connection, straight into the buffer the trainer hands out.
 
 Why: through Ray's object store a batch is copied into the sending node's store, pulled
 over gRPC by the trainer node's raylet into its own store, then copied out (measured on
-one host: 0.23 ms of raylets' CPU an image, 0.13 of it on the trainer's node, beside the
+one host: 0.25 ms of raylets' CPU an image, 0.15 of it on the trainer's node, beside the
 trainer's own 0.05). Over a socket it is one kernel copy on each side. Ray still carries
 everything else (which batch, its keys and counts, the actor's life and its failure).
 

@@ -5,13 +5,13 @@ uint8 batches to the training process, which only receives, pins and prefetches 
 Back-pressure: the trainer keeps at most `Workers.prefetch_factor` `next_batch` calls
 outstanding per role; a synchronous actor runs one caller's calls in order, one batch each.
 
-The wire is Ray's object store, no channel of our own: a batch's arrays are numpy
-buffers, the image batch its contiguous NHWC uint8 buffer (H * W * 3 bytes an image, and
-8 for its int64 label; keys and counters pickled beside). Ray maps numpy arrays out of
-the object store without a copy on the node that holds them, and its object manager
-moves the bytes once between nodes. The one copy here is into page-locked memory (the
-DataLoader path makes the same one out of shared memory), or, without pinning, into the
-trainer's own memory (object-store arrays are read-only).
+The wire: a batch's pixels (its contiguous NHWC uint8 buffer, H * W * 3 bytes an image)
+go over the role's TCP channel (`pipeline.channel`, `Workers.ray_wire="channel"`) straight
+into a reused ring slot or pinned memory here; Ray carries the rest (keys, counters, the
+pixels' shape) and the actor's life. With `ray_wire="object_store"` the pixels go through
+Ray's object store as numpy too (its raylets copy every byte on both nodes), and the one
+copy here is out of it. Either way it is the one copy the DataLoader path makes out of
+shared memory.
 
 Exactly once: the trainer counts the batches it received from each role; an actor lost
 with its node is started again on another node and resumes its role from that count

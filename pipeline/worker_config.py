@@ -77,7 +77,7 @@ class Workers:
         ray_wire: how a remote role's image batches reach the training process: `channel`,
             one TCP connection from the role's actor, token-checked, straight into the
             batch's buffer (`pipeline.channel`), or `object_store`, Ray's (its raylets
-            copy every byte on both nodes: ~0.23 ms of CPU an image at 224 px, against the
+            copy every byte on both nodes: ~0.25 ms of CPU an image at 224 px, against the
             channel's one kernel copy a side). Either way Ray carries the rest of the
             batch and the actor's life; `object_store` where the cluster's nodes cannot
             open connections to each other on free ports.
