@@ -25,7 +25,8 @@ from pathlib import Path
 from loader_throughput import machine_info, prepare_data
 
 from pipeline import Batching, LoaderConfig, Workers, build_loader
-from pipeline.plan import Partition, plan_epoch
+from pipeline.epoch import plan_epoch
+from pipeline.plan import Partition
 from shards.manifest import (
     FileInfo,
     Manifest,
@@ -159,7 +160,7 @@ def measure(shards: str, workers: int, fmt: str, max_batches: int | None) -> dic
 def plan_peak_bytes(total: int, num_workers: int, shard_size: int = 1000) -> tuple[int, int]:
     """Peak bytes allocated while worker 0 plans an epoch of `total` samples, and pieces kept.
 
-    Runs exactly what `ShardStream.plan_slot` runs, on integers only.
+    Runs exactly what a worker role plans (`plan_epoch(...).worker`), on integers only.
     """
     counts = [shard_size] * (total // shard_size) + (
         [total % shard_size] if total % shard_size else []
@@ -169,7 +170,7 @@ def plan_peak_bytes(total: int, num_workers: int, shard_size: int = 1000) -> tup
     plan = plan_epoch(counts, part, rank=0, seed=0, epoch=0).worker(0)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return peak, len(plan.pieces)
+    return peak, len(plan.parts[0].pieces)
 
 
 # --- driver --------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ sys.path.insert(0, {root!r})
 import torch  # noqa: F401  (imports are not the manifest's cost)
 from pipeline.config import Batching, Crop, Shuffle, Workers
 from pipeline.loader import LoaderConfig, build_loader
-from pipeline.plan import plan_epoch
+from pipeline.epoch import plan_epoch
 from pipeline.sources import resolve_source
 after_imports = peak_bytes()
 started = time.perf_counter()
@@ -134,7 +134,7 @@ loader.batches_remaining()
 remaining_s = time.perf_counter() - started
 print(json.dumps(dict(samples=int(source.total_samples), shards=len(source.shards),
     manifest_s=manifest_s, manifest_rss=manifest_rss, plan_s=plan_s,
-    plan_pieces=len(plan.pieces), batches_remaining_s=remaining_s)))
+    plan_pieces=len(plan.parts[0].pieces), batches_remaining_s=remaining_s)))
 os._exit(0)
 """
 )

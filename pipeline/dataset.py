@@ -15,15 +15,13 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 
-import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.assemble import BatchMemory
 from pipeline.batchring import BatchRing
 from pipeline.plan import SEGMENT_INTS, Partition, Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
-from pipeline.sources import ShardSpec
-from pipeline.stages import MixedShards, StreamSettings
+from pipeline.stages import SourceShards, StreamSettings
 
 MAX_SEGMENTS = 8
 
@@ -61,24 +59,22 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
-        shards: Sequence[ShardSpec],
+        sources: SourceShards,
         settings: StreamSettings,
         transform: Callable,
         shared: SharedState,
         ring: BatchRing | None = None,
-        counts: np.ndarray | None = None,
-        mix: MixedShards | None = None,
         num_roles: int | None = None,
     ) -> None:
         """`num_roles`: the roles of the epoch plan when more than this DataLoader's
         workers (remote roles play the rest, `pipeline.remote`); default: its workers."""
         super().__init__()
         self.num_roles = num_roles
-        # Samples per shard (the source's column when given), read once: planning an
-        # epoch needs only these, O(shards), never O(samples).
-        self.source = StreamSource(settings, transform, shards, counts, mix)
-        self.shards, self.mix, self.transform = shards, mix, transform
-        self.counts, self.total = self.source.counts, self.source.total
+        # Samples per shard of each source, read once: planning an epoch needs only
+        # these, O(shards), never O(samples).
+        self.source = StreamSource(settings, transform, sources)
+        self.sources, self.transform = sources, transform
+        self.total = self.source.total
         self.shared = shared
         self.ring = ring
         self.reader = self.source.build_reader()  # per process: threads start on first use

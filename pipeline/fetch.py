@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from pipeline.checksum import check_digest, hash_stream, open_shard
@@ -49,20 +49,20 @@ log = logging.getLogger("pipeline")
 FETCH_THREADS = 4
 
 
-def plan_shards(slot: Any, shards: Sequence[ShardSpec], mix: Any = None) -> list[ShardSpec]:
-    """The shards a worker's slot reads, in about the order it reads them.
+def plan_shards(slot: Any, sources: Any) -> list[ShardSpec]:
+    """The shards a worker's slot (`pipeline.epoch.WorkerPlan`) reads, in about the order
+    it reads them: each source's pieces merged by how far into its share of the slot
+    they start, which is how the interleave consumes them (one source: in read order).
+    Resampled draws (no pieces) are planned as they are drawn (`ShardFetcher.plan_ahead`).
 
-    One source: its pieces in order. A mix (`parts`): each source's pieces merged by
-    how far into its share of the epoch they start, which is how the interleave
-    consumes them. Resampled mode (no pieces) draws its shards as it goes and hands
-    the fetcher its next draws itself (`ShardFetcher.plan_ahead`).
+    Args:
+        sources: the `pipeline.stages.SourceShards` the slot's pieces index into.
     """
-    parts = getattr(slot, "parts", None)
-    if parts is None:
-        return [shards[piece.shard] for piece in slot.pieces or ()]
     timed = []
-    for part in parts:
-        source_shards = mix.shards[part.source]
+    for part in slot.parts:
+        if part.pieces is None:
+            continue
+        source_shards = sources.shards[part.source]
         total = max(1, part.samples)
         done = 0
         for order, piece in enumerate(part.pieces.ahead()):  # whole passes: the first

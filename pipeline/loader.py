@@ -23,12 +23,13 @@ from pipeline.batchring import BatchRing, InlineTensor, materialize
 from pipeline.checksum import open_shard
 from pipeline.config import EPOCH_RULES, Batching, LoaderConfig, Resampled, Shuffle
 from pipeline.dataset import MAX_SEGMENTS, ShardStream, SharedState
+from pipeline.epoch import EpochPlan
 from pipeline.fast_transforms import FastCenterCrop, FastRandomResizedCrop
-from pipeline.mixing import MixedEpochPlan, ResolvedMix, resolve_mix
-from pipeline.plan import EpochPlan, LoaderStateError, Partition, Segment, check_segment
+from pipeline.mixing import ResolvedMix, resolve_mix
+from pipeline.plan import LoaderStateError, Partition, Segment, check_segment
 from pipeline.remote import RemoteRoles, start_remote_roles
 from pipeline.sources import ResolvedSource, resolve_source
-from pipeline.stages import MixedShards, StreamSettings
+from pipeline.stages import SourceShards, StreamSettings
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
 from shards.errors import ShardError, UsageError
@@ -105,17 +106,20 @@ class ShardLoader:
         log_epoch_plan(self)
 
     def make_stream(self, settings: StreamSettings) -> ShardStream:
-        """The workers' dataset: of one source, or of the mix (its plan and shards)."""
-        source, transform = self.source, self.make_transform()
-        roles = dict(ring=self.ring, num_roles=self.num_worker_slots)
-        if not isinstance(source, ResolvedMix):
-            return ShardStream(
-                source.shards, settings, transform, self.shared, counts=source.counts, **roles
-            )
+        """The workers' dataset: the sources' plan (one plain source is a mix of one)
+        and their shards."""
+        source = self.source
         unit = self.config.batch.size if self.config.mixing.batches == "single" else 1
         shards = tuple(part.shards for part in source.parts)
-        mix = MixedShards(source.mix(unit), shards, source.remaps)
-        return ShardStream((), settings, transform, self.shared, mix=mix, **roles)
+        sources = SourceShards(source.mix(unit), shards, source.remaps)
+        return ShardStream(
+            sources,
+            settings,
+            self.make_transform(),
+            self.shared,
+            ring=self.ring,
+            num_roles=self.num_worker_slots,
+        )
 
     def make_transform(self) -> Callable:
         c = self.config.crop
@@ -161,7 +165,7 @@ class ShardLoader:
     def partition(self) -> Partition:
         return self.dataset.partition(self.num_worker_slots)
 
-    def epoch_plan(self, segments: Sequence[Segment] | None = None) -> EpochPlan | MixedEpochPlan:
+    def epoch_plan(self, segments: Sequence[Segment] | None = None) -> EpochPlan:
         """This rank's plan of the current epoch after `segments` (default: the loader's
         own, so the epoch as resumed; `()`: the whole epoch), what the workers read by.
 
@@ -297,8 +301,9 @@ class ShardLoader:
             "total_samples": self.dataset.total,
             "segments": [s.to_dict() for s in segments],
         }
-        if self.dataset.mix is not None:
-            state["sources"] = mix_identity(self.dataset.mix)
+        sources = mix_identity(self.dataset.sources)
+        if sources is not None:
+            state["sources"] = sources
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -309,7 +314,7 @@ class ShardLoader:
                 (`check_state`, then each segment against the plan: `check_segment`);
                 the loader is left as it was.
         """
-        mine = mix_identity(self.dataset.mix) if self.dataset.mix is not None else None
+        mine = mix_identity(self.dataset.sources)
         segments = check_state(state, self.config.seed, self.dataset.total, mine)
         before = self.epoch, self.segments, self.consumed
         self.epoch = state["epoch"]
@@ -440,9 +445,12 @@ def inline_small_tensors(batch: tuple) -> tuple:
     return tuple(InlineTensor.wrap(value) for value in values), size, keys, worker_stats
 
 
-def mix_identity(mix: MixedShards) -> list[list]:
-    """`[name, size, quota, unit]` per source: what a mix's saved position depends on."""
-    plan = mix.plan
+def mix_identity(sources: SourceShards) -> list[list] | None:
+    """`[name, size, quota, unit]` per source: what a mix's saved position depends on.
+    None for one unnamed source, whose state the seed and sample count tie to its data."""
+    plan = sources.plan
+    if not any(plan.names):
+        return None
     return [
         [name, size, quota, plan.unit]
         for name, size, quota in zip(plan.names, plan.sizes, plan.quotas, strict=True)
@@ -573,16 +581,15 @@ def class_weights(source: ResolvedSource, fields: Sequence[Field] = ()) -> tuple
 def check_source_fields(
     fields: Sequence[Field], source: ResolvedSource | ResolvedMix, io: Any = None
 ) -> None:
-    """`check_fields_fit` for one source, or for each source of a mix, named; with `io`
+    """`check_fields_fit` for each source (a mix's named in the error); with `io`
     (`LoaderConfig.io`), what a source's manifest does not say is read off its first
     shard (`known_members`)."""
-    if not isinstance(source, ResolvedMix):
-        check_fields_fit(fields, source, known_members(source, io))
-        return
     for name, part in zip(source.names, source.parts, strict=True):
         try:
             check_fields_fit(fields, part, known_members(part, io))
         except UsageError as error:
+            if not name:
+                raise
             raise UsageError(
                 f"source {name!r}: {error}; label-free sources mix with labelled ones only "
                 "when 'label' is not among the fields"
@@ -678,7 +685,7 @@ def log_epoch_plan(loader: ShardLoader) -> None:
             len(source.unreadable),
             *source.unreadable[0],
         )
-    parts = source.parts if isinstance(source, ResolvedMix) else (source,)
+    parts = source.parts
     # Only looked at when asked: it visits every shard.
     if loader.config.io.checksums:
         unchecked = sum(s.sha256 is None for part in parts for s in part.shards)
@@ -689,7 +696,7 @@ def log_epoch_plan(loader: ShardLoader) -> None:
                 unchecked,
                 sum(len(part.shards) for part in parts),
             )
-    if isinstance(source, ResolvedMix):
+    if any(source.names):
         log.info(
             "mixing %d sources, %d samples an epoch: %s",
             len(parts),
@@ -701,14 +708,14 @@ def log_epoch_plan(loader: ShardLoader) -> None:
         )
     plan = loader.epoch_plan(())
     part = plan.partition
-    repeats = getattr(plan, "repeats", None)  # a mix's plan has none
+    repeats = plan.repeats
     if repeats is not None:
         log.info(
             "aug_repeats %d: each epoch reads %d of the %d samples, %d times each (%d "
             "copies over %d ranks, the epoch's plain length)",
             repeats.copies,
             repeats.selected,
-            int(plan.counts.sum()),
+            plan.mix.total,
             repeats.copies,
             repeats.total,
             part.world_size,

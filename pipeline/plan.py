@@ -1,34 +1,27 @@
-"""Which samples each rank and worker reads in an epoch, and in what order (`plan_epoch`).
+"""How an epoch is cut: ranks, worker slots, resumed segments, repeats, shuffle buffers.
 
 Everything here works on integer positions, never on data, so it is cheap,
 exactly reproducible, and can be replayed to find what an interrupted run had
-already consumed. An epoch's global stream is the concatenation of all shards
-in a `seed + epoch` permutation (the same on every rank); ranks take equal
-contiguous slices of it, workers take contiguous runs of whole batches of their
-rank's slice, and a seeded shuffle buffer mixes each worker's run.
+already consumed. An epoch's sequence (`pipeline.epoch`, whatever its sources) is cut
+the same way: ranks take equal contiguous slices of it (`rank_slice`), worker slots
+take contiguous runs of whole batches of their rank's slice (`worker_slice`), and a
+seeded shuffle buffer mixes each slot's run (`shuffle_buffer`).
 
 A resumed epoch is described by its segments: each is a partition (world size,
 workers, batch, rules) and the batches every rank consumed under it. With the same
 partition a resumed run skips exactly the consumed batches; with another one (say 2
 ranks -> 1) the consumed samples are found by replaying the positions through the
-same seeded shuffle, and the rest of the epoch is split afresh: no sample lost or
-doubled within the epoch. The replay is the plan itself run on what was read, which
-is why resuming lives here too.
-
-Positions are held as `Runs` (intervals), never one by one: a plan costs time and
-memory in the number of shards a worker touches (and the samples a replay covers),
-not in the number of samples.
+same seeded shuffles (`pipeline.epoch.EpochPlan.consumed`), and the rest of the epoch
+is split afresh: no sample lost or doubled within the epoch.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, astuple, dataclass, fields
-from functools import cached_property
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 import numpy as np
 
@@ -158,22 +151,6 @@ def worker_slice(rank_samples: int, part: Partition, worker: int) -> tuple[int, 
     return start, start + owned * part.batch_size, owned
 
 
-def worker_runs(remaining: Runs, part: Partition, rank: int, role: int) -> tuple[Runs, int]:
-    """Stream positions read by worker slot `role` of `rank`, in read order, and its batches.
-
-    Args:
-        remaining: the epoch's positions not yet delivered, sorted.
-    """
-    index, _ = rank_slice(len(remaining), part, rank)
-    return slot_runs(remaining, index, part, role)
-
-
-def slot_runs(remaining: Runs, index: Runs, part: Partition, role: int) -> tuple[Runs, int]:
-    """`worker_runs` given the rank's share `index` (indices into `remaining`)."""
-    start, stop, batches = worker_slice(len(index), part, role)
-    return remaining.at(index.select(start, stop)), batches
-
-
 @dataclass(frozen=True)
 class Segment:
     """Part of an epoch read under one partition; `consumed` batches per rank."""
@@ -258,61 +235,6 @@ def check_segment(
 def roles_consumed(consumed: int, num_workers: int) -> list[int]:
     """Batches each worker slot had delivered after `consumed` batches of a rank."""
     return [len(range(w, consumed, num_workers)) for w in range(num_workers)]
-
-
-def consumed_positions(
-    remaining: Runs | np.ndarray,
-    segment: Segment,
-    seed: int,
-    epoch: int,
-    repeats: Repeats | None = None,
-) -> np.ndarray:
-    """Positions delivered during `segment`, found by replaying every rank's shuffle.
-
-    Costs O(consumed samples): each worker's shuffle is replayed only as far as it read.
-
-    Args:
-        remaining: the positions the segment was read from (sorted), as runs or an array.
-        repeats: the epoch's repeated augmentation, whose lanes share shuffles.
-    """
-    if isinstance(remaining, np.ndarray):
-        remaining = Runs.from_positions(remaining)
-    part = segment.partition
-    taken = []
-    for rank in range(part.world_size if segment.consumed else 0):
-        for role in range(min(part.num_workers, segment.consumed)):  # the slots that read
-            done = len(range(role, segment.consumed, part.num_workers))
-            positions, _ = worker_runs(remaining, part, rank, role)
-            count = min(done * part.batch_size, len(positions))
-            if count == 0:
-                continue
-            rng = worker_rng(seed, epoch, shuffle_rank(repeats, part, rank), role)
-            order = shuffle_buffer(
-                range(len(positions)), part.shuffle_buffer, part.shuffle_initial, rng
-            )
-            picked = np.fromiter(itertools.islice(order, count), dtype=np.int64, count=count)
-            taken.append(positions.take(picked))
-    return np.concatenate(taken) if taken else np.empty(0, dtype=np.int64)
-
-
-def remaining_runs(
-    total: int,
-    segments: Sequence[Segment],
-    seed: int,
-    epoch: int,
-    repeats: Repeats | None = None,
-) -> Runs:
-    """Global positions of the epoch not yet delivered after `segments`, sorted.
-
-    One run `[0, total)` without segments (with `repeats`, its copy positions); each
-    segment removes what it consumed.
-    """
-    remaining = Runs.span(0, total) if repeats is None else repeats.start()
-    for number, segment in enumerate(segments):
-        check_segment(segment, number, len(remaining), total)
-        used = np.unique(consumed_positions(remaining, segment, seed, epoch, repeats))
-        remaining = remaining.without(used)
-    return remaining
 
 
 @dataclass(frozen=True)
@@ -462,11 +384,6 @@ def lane_spans(start: int, stop: int, per: int, base: int) -> list[tuple[int, in
     return spans
 
 
-def shuffle_rank(repeats: Repeats | None, part: Partition, rank: int) -> int:
-    """The rank a worker's shuffle buffer is seeded by (`worker_rng`)."""
-    return rank if repeats is None else repeats.shuffle_rank(part, rank)
-
-
 def epoch_repeats(
     samples: int, part: Partition, segments: Sequence[Segment], resampled: bool
 ) -> Repeats | None:
@@ -491,167 +408,6 @@ def epoch_repeats(
             "are with replacement; use Exact() or aug_repeats=1"
         )
     return Repeats.of(samples, first)
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """What one worker slot reads in an epoch, before its shuffle buffer.
-
-    Attributes:
-        pieces: runs of consecutive samples of shards, in read order; None in resampled
-            mode, whose samples are drawn as the worker goes.
-        samples: how many samples the worker reads (or draws); with repeats, copies.
-        batches: how many batches the worker yields (its last may be partial).
-        repeats, copies: with repeated augmentation, per piece: the first repeat number
-            and how many copies of each of its samples the worker emits (`Repeats`).
-        shuffle_rank: the rank its shuffle buffer is seeded by (None: its own).
-    """
-
-    pieces: Pieces | None
-    samples: int
-    batches: int
-    repeats: np.ndarray | None = None
-    copies: np.ndarray | None = None
-    shuffle_rank: int | None = None
-
-
-@dataclass(frozen=True, eq=False)  # eq=False: `counts` is an array
-class EpochPlan:
-    """One rank's share of what is left of an epoch: its batches, and each slot's pieces.
-
-    The main process reads the batch count and the pad (`len(loader)`, the log line, what
-    a resumed epoch has left); each worker asks for its own slot (`worker`), which is
-    where the shards are placed: O(shards), in the worker, once an epoch.
-
-    Attributes:
-        partition: how the epoch is split.
-        rank: whose share this is.
-        remaining: the epoch's stream positions not yet delivered, over all ranks (in
-            resampled mode, the draws left to make).
-        index: the rank's share, as indices into `remaining`, in read order.
-        padded: positions repeated over all ranks so each gets as many (`pad` rule).
-        batches: batches the rank yields from its share.
-        counts, seed, epoch: what places stream positions in shards (`EpochLayout`).
-        resampled: the positions are draws with replacement, not stream positions.
-        repeats: repeated augmentation: `remaining` holds copy positions (`Repeats`).
-    """
-
-    partition: Partition
-    rank: int
-    remaining: Runs
-    index: Runs
-    padded: int
-    batches: int
-    counts: np.ndarray
-    seed: int
-    epoch: int
-    resampled: bool
-    repeats: Repeats | None = None
-
-    @property
-    def total(self) -> int:
-        """Samples (or draws) left in the epoch over all ranks."""
-        return len(self.remaining)
-
-    @property
-    def samples(self) -> int:
-        """Samples in the rank's share, padding included."""
-        return len(self.index)
-
-    @property
-    def used(self) -> int:
-        """Samples of the share the rank's batches hold (drop_last leaves the rest)."""
-        return min(self.samples, self.batches * self.partition.batch_size)
-
-    @cached_property
-    def layout(self) -> EpochLayout:
-        """The epoch's shard order and stream positions, built on first use (workers)."""
-        return EpochLayout.build(self.counts, self.seed, self.epoch)
-
-    def worker_positions(self, role: int) -> tuple[Runs, int]:
-        """Positions slot `role` reads, in read order, and its batches."""
-        return slot_runs(self.remaining, self.index, self.partition, role)
-
-    def worker(self, role: int) -> WorkerPlan:
-        """What slot `role` of the rank reads: O(shards it touches) beyond the layout."""
-        positions, batches = self.worker_positions(role)
-        if self.repeats is not None:
-            pieces, repeats, copies = self.repeats.pieces(self.layout, positions)
-            rank = self.repeats.shuffle_rank(self.partition, self.rank)
-            return WorkerPlan(pieces, len(positions), batches, repeats, copies, rank)
-        pieces = None if self.resampled else self.layout.pieces(positions)
-        return WorkerPlan(pieces, len(positions), batches)
-
-
-@runtime_checkable
-class PlansItsEpochs(Protocol):
-    """A mix of sources (`pipeline.mixing.Mix`, which imports this module): it plans its
-    own epochs, with the same partition and segments, and `plan_epoch` hands it over."""
-
-    def plan_epoch(
-        self, part: Partition, rank: int, seed: int, epoch: int, segments: Sequence[Segment]
-    ) -> Any: ...
-
-
-def plan_epoch(
-    counts: Sequence[int] | np.ndarray | PlansItsEpochs,
-    part: Partition,
-    rank: int,
-    seed: int,
-    epoch: int,
-    segments: Sequence[Segment] = (),
-    draws: int | None = None,
-) -> EpochPlan | Any:
-    """The one plan of an epoch for `rank`, after the `segments` already read of it.
-
-    The main process and every worker call it with the same inputs, so they agree on the
-    batches by construction; workers are separate processes and each plans itself.
-
-    Exact (`draws` None): the shards' samples in the `seed + epoch` order, less what the
-    segments delivered, found by replay: O(1) without segments, O(consumed samples) with.
-    Resampled (`draws` samples an epoch over all ranks): draws are with replacement, so
-    the segments only shorten the epoch by the samples they consumed.
-
-    A mix of sources (`counts` a `pipeline.mixing.Mix`) is planned by `Mix.plan_epoch`:
-    the same partition and segments, each source's quota interleaved into one sequence.
-
-    Repeated augmentation (`part.aug_repeats` > 1) plans copy positions instead of the
-    stream's (`Repeats`), by the same slicing, replay and resume.
-
-    Args:
-        counts: samples per shard, by shard index; or a `Mix` of sources.
-        segments: earlier partitions of this epoch whose deliveries are excluded.
-    """
-    if isinstance(counts, PlansItsEpochs):
-        if draws is not None:
-            raise ValueError("a mix of sources is read exactly: draws must be None")
-        return counts.plan_epoch(part, rank, seed, epoch, segments)
-    counts = np.asarray(counts, dtype=np.int64)
-    repeats = epoch_repeats(int(counts.sum()), part, segments, draws is not None)
-    if draws is None:
-        remaining = remaining_runs(int(counts.sum()), segments, seed, epoch, repeats)
-    else:
-        left = draws
-        for number, segment in enumerate(segments):
-            check_segment(segment, number, left, draws)
-            read = segment.partition  # draws are with replacement: only their count
-            left -= min(left, segment.consumed * read.batch_size * read.world_size)
-        remaining = Runs.span(0, left)
-    index, padded = rank_slice(len(remaining), part, rank)
-    batches = batches_for(len(index), part)
-    return EpochPlan(
-        part,
-        rank,
-        remaining,
-        index,
-        padded,
-        batches,
-        counts,
-        seed,
-        epoch,
-        draws is not None,
-        repeats,
-    )
 
 
 def shuffle_buffer(items: Iterable[T], size: int, initial: int, rng: random.Random) -> Iterator[T]:
@@ -687,7 +443,3 @@ def _pick(buffer: list, rng: random.Random):
     index = rng.randrange(len(buffer))
     buffer[index], buffer[-1] = buffer[-1], buffer[index]
     return buffer.pop()
-
-
-def worker_rng(seed: int, epoch: int, rank: int, worker: int) -> random.Random:
-    return random.Random(f"buffer:{seed}:{epoch}:{rank}:{worker}")

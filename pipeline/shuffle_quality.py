@@ -9,7 +9,7 @@ them by). `pipeline inspect-shuffle` prints the result; `inspect_shuffle()` retu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -19,9 +19,10 @@ import numpy as np
 
 from pipeline.assemble import batch_sizes
 from pipeline.checksum import open_shard
+from pipeline.epoch import plan_epoch, source_rng
 from pipeline.loader import LoaderConfig, ShardLoader
-from pipeline.plan import Partition, plan_epoch, shuffle_buffer, worker_rng
-from pipeline.positions import Pieces, Runs
+from pipeline.plan import Partition, shuffle_buffer
+from pipeline.positions import Piece, Runs
 from pipeline.sources import ResolvedSource, ShardSpec, resolve_source
 from shards.errors import DataError, ShardError, UsageError
 from shards.formats import FORMATS
@@ -204,7 +205,7 @@ def inspect_shuffle(
     # own label field is not asked of the shards (label-free or multi-label ones lack it).
     ranks = config.world_size or 1
     probe = ShardLoader(replace(config, rank=0, world_size=ranks, fields=("image",)), source)
-    part, counts = probe.partition(), probe.dataset.counts
+    part, counts = probe.partition(), probe.dataset.sources.plan.counts[0]
     labels, orders = [], []
     for epoch in range(epochs):
         orders.append(epoch_delivery(part, counts, config.seed, epoch))
@@ -288,7 +289,11 @@ def delivery_order(loader: ShardLoader, epoch: int) -> DeliveryOrder:
     if loader.settings.epoch_samples is not None:
         raise UsageError("a resampled loader has no fixed delivery order")
     return plan_delivery(
-        loader.partition(), loader.rank, loader.dataset.counts, loader.config.seed, epoch
+        loader.partition(),
+        loader.rank,
+        loader.dataset.sources.plan.counts[0],
+        loader.config.seed,
+        epoch,
     )
 
 
@@ -305,9 +310,11 @@ def plan_delivery(
     per_worker: list[list[np.ndarray]] = []
     for role in range(part.num_workers):
         plan = epoch_plan.worker(role)
-        rng = worker_rng(seed, epoch, rank, role)
+        rng = source_rng(seed, epoch, rank, role, "")
         picks = shuffle_buffer(range(plan.samples), part.shuffle_buffer, part.shuffle_initial, rng)
-        shuffled = piece_samples(plan.pieces)[np.fromiter(picks, np.int64, count=plan.samples)]
+        shuffled = piece_samples(plan.parts[0].pieces)[
+            np.fromiter(picks, np.int64, count=plan.samples)
+        ]
         bounds = np.cumsum([0, *batch_sizes(plan.samples, plan.batches, part.batch_size)])
         per_worker.append([shuffled[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
     delivered = []
@@ -321,10 +328,11 @@ def plan_delivery(
     )
 
 
-def piece_samples(pieces: Pieces) -> np.ndarray:
+def piece_samples(pieces: Iterable[Piece]) -> np.ndarray:
     """`[shard index, offset within the shard]` of every sample of `pieces`, in order."""
-    shards = np.repeat(pieces.shards, pieces.stops - pieces.starts)
-    offsets = Runs(pieces.starts, pieces.stops).to_array()
+    rows = np.asarray([(p.shard, p.start, p.stop) for p in pieces], np.int64).reshape(-1, 3)
+    shards = np.repeat(rows[:, 0], rows[:, 2] - rows[:, 1])
+    offsets = Runs(rows[:, 1], rows[:, 2]).to_array()
     return np.stack([shards, offsets], axis=1)
 
 
@@ -562,9 +570,7 @@ def suggest_buffer(
     of it, and anything larger changes nothing.
     """
     plans = [plan_epoch(counts, part, rank, seed, 0) for rank in range(part.world_size)]
-    longest = max(
-        len(plan.worker_positions(role)[0]) for plan in plans for role in range(part.num_workers)
-    )
+    longest = max(plan.worker(role).samples for plan in plans for role in range(part.num_workers))
     ideal = ideal_runs.mean(axis=0)
     ideal_std = ideal_runs.std(axis=0, ddof=1)
     size = max(2 * part.shuffle_buffer, part.batch_size)  # less than a batch mixes no batch

@@ -19,12 +19,13 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.epoch import Mix
 from pipeline.positions import compact_dtype
 from shards.errors import DataError, ShardError, UsageError
 from shards.formats import DEFAULT_FORMAT, ShardFormat, format_of_url, get_format, is_format
@@ -297,6 +298,23 @@ class ResolvedSource:
     @property
     def total_samples(self) -> int:
         return int(self.counts.sum())
+
+    # One source is read as a mix of one, unnamed (`pipeline.epoch.Mix`), with what a
+    # `pipeline.mixing.ResolvedMix` gives the loader: it plans, reads and checks every
+    # source alike.
+    names: ClassVar[tuple[str, ...]] = ("",)
+    remaps: ClassVar[tuple[None, ...]] = (None,)
+
+    @property
+    def parts(self) -> tuple[ResolvedSource, ...]:
+        return (self,)
+
+    @property
+    def quotas(self) -> tuple[int, ...]:
+        return (self.total_samples,)
+
+    def mix(self, unit: int = 1) -> Mix:
+        return Mix(self.names, (self.counts,), self.quotas, unit)
 
 
 def manifest_path(url: str) -> str:

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 from pipeline.augment import Augment
 from pipeline.config import Batching, ProgressiveResize, ReadOptions, Shuffle
+from pipeline.epoch import Mix, SourceSlot
 from pipeline.fetch import ShardFetcher
-from pipeline.mixing import Mix, MixedWorkerPlan, SourceSlot, source_rng
-from pipeline.plan import WorkerPlan, shuffle_buffer
 from pipeline.positions import Piece
 from pipeline.sources import ShardSpec
 from pipeline.stats import LoaderDataError, WorkerStats, count_skips
@@ -83,8 +82,9 @@ class StreamSettings:
 
 
 @dataclass(frozen=True, eq=False)
-class MixedShards:
-    """What a worker reads a mix by: the plan's `Mix`, each source's shards and class map."""
+class SourceShards:
+    """What a worker reads its sources by: the plan's `Mix` (one plain source is a mix of
+    one), each source's shards and its class ids in the mix's (None: the same)."""
 
     plan: Mix
     shards: tuple[Sequence[ShardSpec], ...]
@@ -172,64 +172,41 @@ class ShardReader:
             return None
 
 
-def iter_copies(
-    reader: ShardReader, slot: WorkerPlan, shards: Sequence[ShardSpec], stats: WorkerStats
+def iter_source(
+    reader: ShardReader, sources: SourceShards, part: SourceSlot, stats: WorkerStats
 ) -> Iterator[Sample]:
-    """Repeated augmentation: each sample read once and emitted as the plan's copies,
-    each with its repeat number (a different augmentation); the bytes are shared."""
-    for piece, first, copies in zip(
-        slot.pieces, slot.repeats.tolist(), slot.copies.tolist(), strict=True
-    ):
-        for sample in reader.iter_pieces((piece,), shards, stats):
+    """One source's samples of a slot: each read once and emitted as the plan's copies
+    (a pass's number, or repeated augmentation's copies, each a different augmentation;
+    the bytes are shared), named for the mix (`name_sample`)."""
+    shards, remap = sources.shards[part.source], sources.remaps[part.source]
+    for piece, first, copies in part.pieces.iter_copies():
+        for sample in reader.iter_pieces((piece,), shards, stats, part.name or None):
+            name_sample(sample, part.name, remap)
+            if copies == 1:
+                sample["__repeat__"] = first
+                yield sample
+                continue
             for repeat in range(first, first + copies):
                 yield {**sample, "__repeat__": repeat}
 
 
-def iter_mixed(
-    reader: ShardReader,
-    mix: MixedShards,
-    slot: MixedWorkerPlan,
-    rng_of: Mapping[str, random.Random],
-    stats: WorkerStats,
-) -> Iterator[Sample]:
-    """A mix's samples in the plan's merged order, each source through its own buffer.
-
-    One buffer per source, sized by its share, keeps each batch's make-up the
-    interleave's: a shared buffer would mix sources by chance. `rng_of`: each source's
-    shuffle (`mix_rngs`).
-    """
-    streams = []
-    for part in slot.parts:
-        samples = iter_source(reader, mix, part, stats)
-        streams.append(shuffle_buffer(samples, part.buffer, part.initial, rng_of[part.name]))
-    return merge_sources(slot.iter_sources(), streams)
-
-
-def mix_rngs(
-    slot: MixedWorkerPlan, seed: int, epoch: int, rank: int, role: int
-) -> dict[str, random.Random]:
-    """Each source's shuffle-buffer randomness for one role (`pipeline.mixing.source_rng`)."""
-    return {part.name: source_rng(seed, epoch, rank, role, part.name) for part in slot.parts}
-
-
-def iter_source(
-    reader: ShardReader, mix: MixedShards, part: SourceSlot, stats: WorkerStats
-) -> Iterator[Sample]:
-    """One source's samples of a slot, named for the mix: keys `"{name}/{key}"`, the
-    repeat number of their pass, class ids in the mix's classes."""
-    shards, remap = mix.shards[part.source], mix.remaps[part.source]
-    for piece, repeat in part.pieces.iter_with_repeats():
-        for sample in reader.iter_pieces((piece,), shards, stats, part.name):
-            sample["__key__"] = f"{part.name}/{sample['__key__']}"
-            sample["__source__"], sample["__repeat__"] = part.name, repeat
-            if remap is not None:
-                remap_label(sample, remap)
-            yield sample
+def name_sample(sample: Sample, name: str, remap: tuple[int, ...] | None) -> None:
+    """A named source's sample as the mix knows it: key `"{name}/{key}"`, its source
+    counted by name, class ids in the mix's classes. An unnamed source's is left as read."""
+    if name:
+        sample["__key__"] = f"{name}/{sample['__key__']}"
+        sample["__source__"] = name
+    if remap is not None:
+        remap_label(sample, remap)
 
 
 def merge_sources(order: Iterator[int], streams: list[Iterator[Sample]]) -> Iterator[Sample]:
     """The next sample of source `s` for each `s` of `order`; a source that ran short
-    (its bad shards' samples were lost, counted) leaves its places to the others."""
+    (its bad shards' samples were lost, counted) leaves its places to the others. One
+    source is its own order: its stream as it is."""
+    if len(streams) == 1:
+        yield from streams[0]
+        return
     for source in order:
         sample = next(streams[source], None)
         if sample is not None:
@@ -259,6 +236,8 @@ class Draws:
     counts: Sequence[int]
     weights: tuple[float, ...] | None
     fields: tuple[Field, ...]
+    name: str = ""  # the source's name in a mix (`name_sample`)
+    remap: tuple[int, ...] | None = None
 
 
 def iter_draws(
@@ -290,7 +269,9 @@ def iter_draws(
             ahead += counts[drawn[-1]]
         shard = drawn.popleft()
         reader.fetcher.plan_ahead([draws.shards[i] for i in (shard, *drawn)])
-        for sample in reader.iter_pieces([Piece(shard, 0, counts[shard])], draws.shards, stats):
+        pieces = [Piece(shard, 0, counts[shard])]
+        for sample in reader.iter_pieces(pieces, draws.shards, stats, draws.name or None):
+            name_sample(sample, draws.name, draws.remap)
             fruitless += 1
             if weights and rng.random() * top > balance.weight(sample, top):
                 continue

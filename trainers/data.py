@@ -392,13 +392,11 @@ def overlap_error(train: list[ShardSpec], val: list[ShardSpec], mode: str) -> st
 def locate_source_keys(
     source: ResolvedSource | ResolvedMix, keys: Iterable[str]
 ) -> dict[str, list[str]]:
-    """`locate_keys` over a source; in a mix a key is `"{name}/{key}"` of its source."""
-    if not isinstance(source, ResolvedMix):
-        return locate_keys(source.shards, keys)
+    """`locate_keys` over each source; a named source's keys are `"{name}/{key}"`."""
     keys = list(keys)
     found: dict[str, list[str]] = {}
     for name, part in zip(source.names, source.parts, strict=True):
-        prefix = f"{name}/"
+        prefix = f"{name}/" if name else ""
         own = [key[len(prefix) :] for key in keys if key.startswith(prefix)]
         for url, hits in locate_keys(part.shards, own).items():
             found[url] = [prefix + key for key in hits]

@@ -471,7 +471,7 @@ def draw_plot(metrics: Path, run_dir: str, threshold: float) -> None:
 
 def source_line(source: ResolvedSource | ResolvedMix) -> str:
     """What the train loader reads, for the start-up log: its manifest, or a mix's sources."""
-    if isinstance(source, ResolvedMix):
+    if any(source.names):
         shares = ", ".join(f"{n} {q}" for n, q in zip(source.names, source.quotas, strict=True))
         return f"a mix of {len(source.names)} sources (samples an epoch: {shares})"
     return redact_url(source.manifest_url or "shard URLs")

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from pipeline import Batching, Crop, LoaderConfig, Resampled, Source, Workers
-from pipeline.mixing import Mix
-from pipeline.plan import Partition, Segment, plan_epoch, shuffle_buffer, worker_rng
+from pipeline.epoch import Mix, plan_epoch
+from pipeline.plan import Partition, Segment, shuffle_buffer
 from pipeline.transforms import SampleRandom
 from shards.errors import UsageError
 from tests.pipeline.conftest import epoch_keys, loader_for
+from tests.pipeline.plan_helpers import worker_rng
 
 COUNTS = [32, 32, 17, 32, 5, 29, 32, 11]  # 190 samples, uneven shards
 SEED, EPOCH = 11, 3
@@ -30,10 +31,7 @@ def part_of(world, workers, k, rule="pad", drop_last=True):
 
 def iter_copies(worker_plan):
     """A worker's copies in read order: `(shard, sample, repeat)`."""
-    rows = zip(
-        worker_plan.pieces, worker_plan.repeats.tolist(), worker_plan.copies.tolist(), strict=True
-    )
-    for piece, first, copies in rows:
+    for piece, first, copies in worker_plan.parts[0].pieces.iter_copies():
         for sample in range(piece.start, piece.stop):
             for repeat in range(first, first + copies):
                 yield piece.shard, sample, repeat
@@ -91,7 +89,7 @@ def selected_stream(k, epoch, world=1):
 
 
 def test_the_selection_is_the_epochs_stream_head_and_changes_each_epoch():
-    plain = plan_epoch(COUNTS, part_of(1, 1, 1), 0, SEED, EPOCH).worker(0).pieces
+    plain = plan_epoch(COUNTS, part_of(1, 1, 1), 0, SEED, EPOCH).worker(0).parts[0].pieces
     head = [(p.shard, s) for p in plain for s in range(p.start, p.stop)][:62]
     assert selected_stream(3, EPOCH) == set(head)  # 184 copies (23 batches) of the first 62
     seen = [selected_stream(3, epoch) for epoch in range(12)]
@@ -150,7 +148,9 @@ def test_a_mix_and_resampled_mode_refuse_aug_repeats(shard_dir):
             source=[Source(str(shard_dir), repeat=1)], batch=Batching(size=8, aug_repeats=3)
         )
     mix = Mix(("a", "b"), (np.array([8, 8]), np.array([4])), (16, 4))
-    with pytest.raises(UsageError, match="aug_repeats=3 is refused for a mix"):
+    with pytest.raises(
+        UsageError, match="aug_repeats=3 re-read one source, and this epoch mixes a, b"
+    ):
         plan_epoch(mix, part_of(1, 1, 3), 0, SEED, EPOCH)
     with pytest.raises(UsageError, match="aug_repeats=3 needs the exact epoch"):
         plan_epoch(COUNTS, part_of(1, 1, 3), 0, SEED, EPOCH, draws=100)
@@ -177,10 +177,10 @@ def test_aug_repeats_1_leaves_the_plan_and_its_state_as_they_were():
         for rank in range(world):
             for segments in [(), (Segment(Partition(2, 2, 8, True, "pad", 16, 4), 3),)]:
                 plan = plan_epoch(COUNTS, part, rank, SEED, 1, segments)
-                out.append([plan.batches, plan.padded, len(plan.remaining)])
+                out.append([plan.batches, plan.padded, plan.total])
                 for role in range(workers):
                     worker = plan.worker(role)
-                    pieces = [(p.shard, p.start, p.stop) for p in worker.pieces]
+                    pieces = [(p.shard, p.start, p.stop) for p in worker.parts[0].pieces]
                     out.append([worker.samples, worker.batches, pieces])
         out.append(Segment(part, 2).to_dict())
     assert hashlib.sha256(json.dumps(out).encode()).hexdigest() == PLAIN_PLAN_SHA256

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from pipeline import Batching, Mixing, Source, Workers
-from pipeline.mixing import Mix, SourceEpoch, interleave_counts, source_quotas
+from pipeline.epoch import Mix, SourceEpoch, interleave_counts, plan_epoch
+from pipeline.mixing import source_quotas
 from pipeline.plan import Partition
 from pipeline.positions import EpochLayout, Runs
 from preprocess.job import run_build
@@ -99,7 +100,7 @@ def test_the_mixed_plan_shares_out_every_quota_over_ranks_and_workers():
         part = Partition(world, workers, 4, False, "uneven")
         per_source = Counter()
         for rank in range(world):
-            plan = mix.plan_epoch(part, rank, 1, 2, ())
+            plan = plan_epoch(mix, part, rank, 1, 2, ())
             for role in range(workers):
                 for slot in plan.worker(role).parts:
                     per_source[slot.name] += sum(p.stop - p.start for p in slot.pieces)
@@ -308,7 +309,7 @@ def planning_calls(monkeypatch, quota):
 
     monkeypatch.setattr(EpochLayout, "build", staticmethod(counted))
     mix = Mix(("a", "b"), (np.array([8, 0, 8, 8]), np.array([5, 5])), (quota, 10))
-    slot = mix.plan_epoch(Partition(1, 2, 8, False, "uneven", 64, 16), 0, 3, 1, ()).worker(0)
+    slot = plan_epoch(mix, Partition(1, 2, 8, False, "uneven", 64, 16), 0, 3, 1, ()).worker(0)
     part = slot.parts[0]
     built["ahead"] = len(list(part.pieces.ahead()))
     planned = built["layouts"]
@@ -350,7 +351,7 @@ def test_lazy_passes_place_every_quota_position_as_the_layouts_do(quota):
     runs = Runs(cuts[:-1:2], cuts[1::2])  # every other stretch, across pass boundaries
     got = [
         (p.shard, offset, repeat)
-        for p, repeat in epoch.pieces(runs).iter_with_repeats()
+        for p, repeat, _ in epoch.pieces(runs).iter_copies()
         for offset in range(p.start, p.stop)
     ]
     assert got == reference_places(epoch, runs.to_array().tolist())

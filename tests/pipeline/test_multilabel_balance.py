@@ -56,14 +56,7 @@ def drawn_label_sets(source: str, weights: tuple[float, ...] | None) -> list[tup
     # The loader takes class counts from a manifest (single-label counts for now); the
     # stream's rule is what this test is about, so the weights are given to it directly.
     settings = dataclasses.replace(loader.settings, class_weights=weights)
-    stream = ShardStream(
-        loader.source.shards,
-        settings,
-        loader.make_transform(),
-        loader.shared,
-        None,
-        loader.source.counts,
-    )
+    stream = ShardStream(loader.dataset.sources, settings, loader.make_transform(), loader.shared)
     sets = []
     for values, *_ in stream:
         for row in values[1]:

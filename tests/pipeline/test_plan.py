@@ -8,21 +8,19 @@ import pytest
 
 from pipeline import roles as roles_module
 from pipeline.config import Batching, Shuffle, Workers
+from pipeline.epoch import Mix, plan_epoch
 from pipeline.plan import (
     SEGMENT_INTS,
     Partition,
     Segment,
     batches_for,
-    consumed_positions,
-    plan_epoch,
     rank_slice,
-    remaining_runs,
     shuffle_buffer,
-    worker_runs,
     worker_slice,
 )
 from pipeline.positions import Runs, positions_to_pieces, shard_order
 from tests.pipeline.conftest import epoch_keys, loader_for
+from tests.pipeline.plan_helpers import consumed_positions, remaining_runs, worker_runs
 
 
 def remaining_after(total, segments, seed, epoch):
@@ -150,8 +148,29 @@ def test_one_plan_gives_the_rank_its_batches_and_each_worker_its_pieces():
         assert plan.batches == sum(slot.batches for slot in slots) == batches_for(27, part)
         assert plan.samples == sum(slot.samples for slot in slots) == 27
         assert plan.padded == 27 * 3 - sum(counts)
-        read = sum(p.stop - p.start for slot in slots for p in slot.pieces)
+        read = sum(p.stop - p.start for slot in slots for p in slot.parts[0].pieces)
         assert read == plan.samples  # the pieces hold exactly the rank's share
+
+
+def test_one_plain_source_is_planned_as_an_unnamed_mix_of_one():
+    counts = np.array([5, 0, 40, 13, 22])
+    part = Partition(2, 2, 8, drop_last=False, rule="pad", shuffle_buffer=4, shuffle_initial=2)
+    earlier = Segment(Partition(3, 1, 4, False, "uneven", 8, 2), consumed=2)
+
+    def read(sources):
+        plan = plan_epoch(sources, part, 1, seed=5, epoch=2, segments=[earlier])
+        slots = [plan.worker(role) for role in range(2)]
+        return [[(p.shard, p.start, p.stop) for p in s.parts[0].pieces] for s in slots]
+
+    plain = read(counts)
+    assert plain == read(Mix(("",), (counts,), (int(counts.sum()),)))
+    # A named source is drawn from its name too (`source_seed`): another order, the same
+    # samples left after the segment's replay.
+    named = read(Mix(("a",), (counts,), (int(counts.sum()),)))
+    assert named != plain
+    assert sum(b - a for slot in named for _, a, b in slot) == sum(
+        b - a for slot in plain for _, a, b in slot
+    )
 
 
 def test_resampled_mode_is_a_branch_of_the_same_plan():
@@ -160,7 +179,7 @@ def test_resampled_mode_is_a_branch_of_the_same_plan():
     assert {plan.batches for plan in plans} == {batches_for(34, part)}  # ceil(100 / 3)
     for plan in plans:
         slots = [plan.worker(role) for role in range(2)]
-        assert all(slot.pieces is None for slot in slots)  # drawn as the worker goes
+        assert all(slot.parts[0].pieces is None for slot in slots)  # drawn as the worker goes
         assert sum(slot.batches for slot in slots) == plan.batches
     # A segment read under another partition consumed 3 batches of 4 on each of 2 ranks.
     earlier = Segment(Partition(2, 1, 4, drop_last=False, rule="pad"), consumed=3)

@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 from pipeline import positions as positions_module
-from pipeline.plan import Partition, Segment, plan_epoch, remaining_runs, worker_runs
+from pipeline.epoch import plan_epoch
+from pipeline.plan import Partition, Segment
 from pipeline.positions import EpochLayout, Runs, compact_dtype, shard_order, shard_permutation
 from pipeline.sources import ShardSpecs, resolve_source
 from tests.conftest import shard_path
+from tests.pipeline.plan_helpers import remaining_runs, slot_chunk, worker_runs
 
 
 def int64_pieces(order, counts, positions: Runs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,13 +95,14 @@ def test_a_normal_manifest_plans_int32_arrays_with_the_int64_values():
             epoch_plan = plan_epoch(counts, part, rank, seed, epoch, segments)
             for role in range(part.num_workers):
                 plan = epoch_plan.worker(role)
+                pieces = slot_chunk(plan)
                 positions, _ = worker_runs(remaining, part, rank, role)
                 wraps = wraps or bool(len(positions.starts) and positions.starts[-1] == 0)
-                assert (plan.pieces.shards.dtype, plan.pieces.starts.dtype) == (np.int32,) * 2
+                assert (pieces.shards.dtype, pieces.starts.dtype) == (np.int32,) * 2
                 where = f"rank {rank} role {role} segments {len(segments)}"
                 expected = int64_pieces(layout.order, counts, positions)
-                assert_same_pieces(plan.pieces, expected, where)
-                assert sum(p.stop - p.start for p in plan.pieces) == plan.samples == len(positions)
+                assert_same_pieces(pieces, expected, where)
+                assert sum(p.stop - p.start for p in pieces) == plan.samples == len(positions)
     assert wraps
 
 

@@ -25,18 +25,11 @@ import numpy as np
 import pytest
 
 from pipeline.assemble import batch_sizes
-from pipeline.plan import (
-    Partition,
-    Segment,
-    batches_for,
-    plan_epoch,
-    rank_slice,
-    remaining_runs,
-    shuffle_buffer,
-    worker_rng,
-)
+from pipeline.epoch import plan_epoch
+from pipeline.plan import Partition, Segment, batches_for, rank_slice, shuffle_buffer
 from pipeline.positions import Runs, shard_order
 from pipeline.shuffle_quality import plan_delivery
+from tests.pipeline.plan_helpers import remaining_runs, slot_pieces, worker_rng
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,7 +205,7 @@ def test_interval_plan_matches_the_per_sample_plan(chunk):
                 pieces, samples, batches = old_plan_exact(
                     counts, seed, epoch, segments, part, rank, role
                 )
-                got = [(p.shard, p.start, p.stop) for p in plan.pieces]
+                got = [(p.shard, p.start, p.stop) for p in plan.parts[0].pieces]
                 assert (got, plan.samples, plan.batches) == (pieces, samples, batches), (
                     f"case {case} rank {rank} role {role}"
                 )
@@ -275,11 +268,11 @@ def plan_at_scale(rank: int = 3, worker: int = 5) -> dict:
     earlier = Segment(Partition(16, 8, 256, True, "pad", 2000, 500), consumed=5)
     moved = plan_epoch(counts, part, rank, 7, 2, [earlier]).worker(worker)
     return {
-        "fresh": (fresh.samples, fresh.batches, len(fresh.pieces)),
-        "same": (same.samples, same.batches, len(same.pieces)),
+        "fresh": (fresh.samples, fresh.batches, len(slot_pieces(fresh))),
+        "same": (same.samples, same.batches, len(slot_pieces(same))),
         "left_batches": plan.batches - consumed,
-        "moved": (moved.samples, moved.batches, len(moved.pieces)),
-        "moved_pieces": sum(p.stop - p.start for p in moved.pieces),
+        "moved": (moved.samples, moved.batches, len(slot_pieces(moved))),
+        "moved_pieces": sum(p.stop - p.start for p in moved.parts[0].pieces),
     }
 
 

@@ -305,7 +305,7 @@ def test_a_holder_killed_mid_download_neither_hangs_others_nor_leaves_partials(
     cache_dir = tmp_path / "cache"
     with LocalHTTPServer(shard_dir) as base:
         loader = remote_loader(base, cache_dir)
-        spec = loader.dataset.shards[0]
+        spec = loader.dataset.sources.shards[0][0]
         key = cache_key(spec.url, spec.sha256, spec.bytes)
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLD_CLAIM, str(cache_dir), key],
@@ -401,7 +401,7 @@ def test_an_epoch_over_a_planted_cache_is_exact_and_never_hangs(shard_dir, tmp_p
         )
         fifo, garbage, link, held = (
             cache_dir / (cache_key(s.url, s.sha256, s.bytes) + SHARD_SUFFIX)
-            for s in list(loader.dataset.shards)[:4]
+            for s in list(loader.dataset.sources.shards[0])[:4]
         )
         fifo.unlink()
         os.mkfifo(fifo)

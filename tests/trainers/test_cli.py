@@ -339,7 +339,7 @@ def test_every_startup_line_is_short_for_a_run_of_many_options(trainer_log):
     plan = BatchPlan(96, 3, 64, 12_345, 90)
     schedule = build_schedule(plan, 0.8, 256, "linear", 0.0, 0.05, 1234)
     source_info = SimpleNamespace(
-        total_samples=1_281_167, shards=[None] * 1024, manifest_url=source
+        total_samples=1_281_167, shards=[None] * 1024, manifest_url=source, names=("",)
     )
     run = SimpleNamespace(
         config=config,
