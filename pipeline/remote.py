@@ -192,8 +192,11 @@ def start_remote_roles(
                 short,
                 workers.remote,
             )
-            if ours:
-                ray.shutdown()  # a Ray of our own that would run nothing
+            if ours:  # joined (or started) for these roles only: nothing runs there now
+                ray.shutdown()
+                log.info(
+                    "left the Ray cluster at %s: none of this loader's roles run there", cluster
+                )
             return None
     return RemoteRoles(source, workers, pin, slot_bytes)
 

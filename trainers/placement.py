@@ -50,7 +50,8 @@ def check_placement_settings(workers: Workers) -> None:
 def worker_cluster(workers: Workers, world_size: int) -> Iterator[None]:
     """For the whole run under Ray placement: join the cluster (`--ray-address`, else
     `RAY_ADDRESS`, else a Ray started on this machine) and leave it at the end, which ends
-    this process's role actors. Under local placement, nothing.
+    this process's role actors. Under local placement, nothing. One rank with
+    `--ray-fallback local` joins when its loader starts its roles instead.
 
     Every rank runs its own roles as actors of its own, on one cluster they share.
 
@@ -74,13 +75,17 @@ def worker_cluster(workers: Workers, world_size: int) -> Iterator[None]:
             "start a Ray of its own"
         )
     joined = not ray.is_initialized()
-    start_ray(workers.ray_address, None, "--ray-address", log)
+    # One rank that may fall back to local workers joins through its loader, which leaves
+    # the cluster again when it falls back (`pipeline.remote.start_remote_roles`): held
+    # here, a Ray started on this machine would idle beside the run to its end.
+    if world_size > 1 or workers.fallback == "error":
+        start_ray(workers.ray_address, None, "--ray-address", log)
     try:
         if world_size > 1 or workers.fallback == "error":
             check_room(workers, world_size, ray.cluster_resources())
         yield
     finally:
-        if joined:
+        if joined and ray.is_initialized():
             ray.shutdown()
 
 

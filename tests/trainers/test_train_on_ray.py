@@ -69,6 +69,8 @@ def test_train_on_remote_roles_trains_the_epoch_local_workers_train(
     code, err = run(train_command(argv), cluster)
     assert code == 0, err[-3000:]
     assert "the 2 remote roles run as local DataLoader workers instead" in err
+    # ... and the run leaves the cluster rather than hold it for nothing to its end.
+    assert "none of this loader's roles run there" in err.split("left the Ray cluster at ")[1]
     assert losses(remote) == pytest.approx(losses(local), rel=1e-5)
     # Without the fallback: one line, nothing trained.
     refused = tmp_path / "refused"
