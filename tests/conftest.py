@@ -42,6 +42,31 @@ def logging_as_in_a_new_process():
         logger.propagate = propagate
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests on the shared CPU Ray cluster (`cpu_ray_cluster`) run last, one after
+    another, so its nodes live only while they are used; the one that kills its nodes
+    (`kills_nodes`) runs after the rest of them."""
+
+    def place(item) -> int:
+        if "cpu_ray_cluster" not in getattr(item, "fixturenames", ()):
+            return 0
+        return 2 if item.get_closest_marker("kills_nodes") else 1
+
+    items[:] = sorted(items, key=place)  # stable: each group keeps its order
+
+
+@pytest.fixture(scope="session")
+def cpu_ray_cluster(tmp_path_factory):
+    """A Ray head with no CPU and three 1-CPU worker nodes that are declared dead ~3 s
+    after they go: the loader's remote roles and the trainer on them share it (a start
+    costs ~14 s)."""
+    from tests.cluster.raycluster import FAST_NODE_DEATH, LocalRayCluster
+
+    root = tmp_path_factory.mktemp("cpu-ray") / "ray"
+    with LocalRayCluster(root, workers=3, head_cpus=0, env=FAST_NODE_DEATH) as started:
+        yield started
+
+
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory):
     """An ImageFolder tree of real, photo-like images in several formats."""

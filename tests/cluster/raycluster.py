@@ -37,6 +37,13 @@ HEAD_IP = "127.0.0.2"
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
 OBJECT_STORE_BYTES = 100 * 2**20  # the smallest Ray allows is 75 MiB
+# A lost node is declared dead after about 3 missed 1 s health checks instead of 5
+# missed 3 s ones (Ray's default, ~15 s), so its tasks and actors move on sooner.
+FAST_NODE_DEATH = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
 RAY_BIN = Path(sys.executable).with_name("ray")
 
 

@@ -25,6 +25,7 @@ from shards.manifest import read_manifest
 from shards.storage.write import is_temp_name
 from shards.tar import iter_tar_samples
 from tests.cluster.raycluster import (
+    FAST_NODE_DEATH,
     RAY_BIN,
     LocalRayCluster,
     TaskWatch,
@@ -37,13 +38,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.distributed, pytest.mark.slow]
 TASK = "build_with_options"  # the Ray task of one shard (preprocess/ray_job.py)
 SHARD_SIZE = 16  # 16 shards from the 240 sample images: enough to spread and to interrupt
 REPO = Path(__file__).resolve().parents[2]
-# A lost node is declared dead after about 3 missed 1 s health checks instead
-# of 5 missed 3 s ones (Ray's default, ~15 s), so its tasks are retried sooner.
-FAST_NODE_DEATH = {
-    "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "2000",
-    "RAY_health_check_failure_threshold": "3",
-}
 
 
 def all_files(directory: Path) -> dict[str, bytes]:

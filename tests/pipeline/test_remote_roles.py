@@ -27,12 +27,6 @@ from tests.pipeline.remote_epoch import REMOTE_ROLES, batch_line, loader_config
 from tests.pipeline.test_loader import split_keys
 
 REPO = Path(__file__).resolve().parents[2]
-# A lost node is declared dead after ~3 missed 1 s health checks (Ray's default ~15 s).
-FAST_NODE_DEATH = {
-    "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "2000",
-    "RAY_health_check_failure_threshold": "3",
-}
 
 
 def test_a_batch_crosses_the_wire_as_numpy_and_comes_back_equal():
@@ -161,13 +155,12 @@ def run_driver(shard_dir, cluster: LocalRayCluster, *extra: str) -> tuple[int, l
     return run.returncode, out.splitlines(), err
 
 
-# The real-cluster tests share one cluster (a head with no CPU plus three 1-CPU nodes) and
-# run in this file's order: the lost-node test, which kills two of its nodes, comes last.
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("remote-roles") / "ray"
-    with LocalRayCluster(root, workers=3, head_cpus=0, env=FAST_NODE_DEATH) as started:
-        yield started
+# The real-cluster tests share the session's CPU cluster (a head with no CPU plus three
+# 1-CPU nodes, tests/conftest.py) with tests/trainers/test_train_on_ray.py; the lost-node
+# test, which kills two of its nodes, runs after all of them (`kills_nodes`).
+@pytest.fixture
+def cluster(cpu_ray_cluster):
+    return cpu_ray_cluster
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +273,7 @@ def test_resume_under_ray_placement_on_another_world_size_loses_and_doubles_noth
 @pytest.mark.ray
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.kills_nodes
 def test_remote_roles_survive_a_lost_node_and_a_cluster_left_too_small_is_one_line(
     shard_dir, cluster, expected, tmp_path
 ):

@@ -1,5 +1,5 @@
 """`train --worker-placement ray` on a real multi-node Ray cluster on this machine (a head
-with 0 CPUs plus two 1-CPU worker nodes, as tests/pipeline/test_remote_roles.py starts):
+with 0 CPUs plus three 1-CPU worker nodes, shared with tests/pipeline/test_remote_roles.py):
 one epoch trained on batches decoded by roles on the worker nodes, the same losses as
 the same two roles give as local workers (`--ray-fallback local`), and a cluster without
 the asked-for resource is one line; under torchrun each rank runs its own roles."""
@@ -26,11 +26,10 @@ from tests.trainers.conftest import (
 BATCH = 16
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A head with 0 CPUs and two 1-CPU worker nodes, for this module's tests."""
-    with LocalRayCluster(tmp_path_factory.mktemp("ray"), workers=2, head_cpus=0) as cluster:
-        yield cluster
+@pytest.fixture
+def cluster(cpu_ray_cluster):
+    """The session's head with 0 CPUs and three 1-CPU worker nodes (tests/conftest.py)."""
+    return cpu_ray_cluster
 
 
 def run(command: list[str], cluster: LocalRayCluster) -> tuple[int, str]:
@@ -105,7 +104,7 @@ def test_two_ranks_each_run_their_own_roles_on_one_cluster(train_shards, tmp_pat
     assert len(keys[0]) == len(keys[1]) == per_rank * BATCH
     assert not keys[0] & keys[1]
 
-    # Two ranks' two roles each want 4 CPUs of a cluster that has 2: each rank says so at
+    # Two ranks' two roles each want 4 CPUs of a cluster that has 3: each rank says so at
     # once, rather than the last ranks' actors waiting for room that never comes.
     argv = [*base_args(train_shards, tmp_path / "crowded", **flags), *placement]
     code, err = run(torchrun_command(argv), cluster)
@@ -113,6 +112,6 @@ def test_two_ranks_each_run_their_own_roles_on_one_cluster(train_shards, tmp_pat
     for rank in (0, 1):
         assert (
             f"train: error: [rank {rank}] 2 ranks each run --remote-workers 2 roles, and the "
-            "Ray cluster has CPU 2 but Workers(remote=4, ray_cpus=1, ray_resources=None) needs "
+            "Ray cluster has CPU 3 but Workers(remote=4, ray_cpus=1, ray_resources=None) needs "
             "CPU 4: add nodes with them, or ask for fewer --remote-workers"
         ) in err
