@@ -58,10 +58,12 @@ def plan_shards(slot: Any, sources: Any) -> list[ShardSpec]:
     Args:
         sources: the `pipeline.stages.SourceShards` the slot's pieces index into.
     """
+    parts = [part for part in slot.parts if part.pieces is not None]
+    if len(parts) == 1:  # one source is read in its pieces' order: nothing to merge
+        shards = sources.shards[parts[0].source]
+        return [shards[piece.shard] for piece in parts[0].pieces.ahead()]
     timed = []
-    for part in slot.parts:
-        if part.pieces is None:
-            continue
+    for part in parts:
         source_shards = sources.shards[part.source]
         total = max(1, part.samples)
         done = 0

@@ -1,6 +1,7 @@
-"""The loader's first stages, over encoded samples: a plan slice's pieces -> shard samples
-(`ShardReader`) -> the plan's copies, draws or a mix's merged sources -> shuffle buffer
-(`pipeline.plan.shuffle_buffer`) -> `skip_delivered`.
+"""The loader's first stages, over encoded samples: per source, a plan slice's pieces ->
+shard samples (`ShardReader`) -> the plan's copies (`iter_source`) or draws (`iter_draws`)
+-> its shuffle buffer (`pipeline.plan.shuffle_buffer`); then the sources merged
+(`merge_sources`; one source: as it is) -> `skip_delivered`.
 
 Each stage is an iterator -> iterator function over `Sample` dicts (encoded bytes, 10-50x
 smaller than pixels); none knows which process runs it. `pipeline.assemble` decodes what
