@@ -162,10 +162,10 @@ class Mix:
     unit: int = 1
 
     @classmethod
-    def one(cls, counts: Sequence[int] | np.ndarray) -> Mix:
+    def one(cls, counts: Sequence[int] | np.ndarray, unit: int = 1) -> Mix:
         """One unnamed source, read whole each epoch."""
         counts = np.asarray(counts, dtype=np.int64)
-        return cls(("",), (counts,), (int(counts.sum()),))
+        return cls(("",), (counts,), (int(counts.sum()),), unit)
 
     @property
     def total(self) -> int:

@@ -314,7 +314,7 @@ class ResolvedSource:
         return (self.total_samples,)
 
     def mix(self, unit: int = 1) -> Mix:
-        return Mix(self.names, (self.counts,), self.quotas, unit)
+        return Mix.one(self.counts, unit)
 
 
 def manifest_path(url: str) -> str:

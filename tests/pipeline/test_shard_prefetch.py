@@ -13,12 +13,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.config import Batching, LoaderConfig, ReadOptions, Resampled, Workers
-from pipeline.fetch import ShardFetcher
+from pipeline.epoch import Mix, plan_epoch
+from pipeline.fetch import ShardFetcher, plan_shards
+from pipeline.plan import Partition
 from pipeline.sources import ShardSpec
-from pipeline.stages import DRAWS_AHEAD
+from pipeline.stages import DRAWS_AHEAD, SourceShards
 from shards.errors import ShardpipeError
 from shards.flags import SettingError
 from shards.storage import RetryPolicy, ShardReadError, ranged
@@ -335,3 +338,29 @@ def test_dripping_spans_with_two_workers_end_in_a_named_error_before_the_watchdo
     # Bounded by the deadlines, with room for a loaded machine: a fetch without one ran on
     # past a watchdog period per shard.
     assert took < 2 * watchdog, f"{took:.1f} s"
+
+
+def test_the_fetch_plan_is_a_slots_read_order_and_a_mix_merged_by_progress():
+    part = Partition(1, 2, 8, False, "uneven", shuffle_buffer=4, shuffle_initial=2)
+    names = [[f"a{i}" for i in range(6)], [f"b{i}" for i in range(3)]]
+    counts = (np.array([8, 0, 8, 8, 4, 8]), np.array([6, 6, 6]))
+    # One source: its pieces' shards, in the order the slot reads them.
+    slot = plan_epoch(counts[0], part, 0, seed=3, epoch=1).worker(1)
+    one = SourceShards(Mix.one(counts[0]), (names[0],), (None,))
+    read = [names[0][piece.shard] for piece in slot.parts[0].pieces]
+    assert plan_shards(slot, one) == read
+    # Two sources: each one's shards in its order, merged by how far into its share
+    # of the slot each piece starts (how the interleave reaches them).
+    mix = Mix(("a", "b"), counts, (36, 18))
+    slot = plan_epoch(mix, part, 0, seed=3, epoch=1).worker(0)
+    merged = plan_shards(slot, SourceShards(mix, tuple(names), (None, None)))
+    for source, part_slot in enumerate(slot.parts):
+        own = [names[source][p.shard] for p in part_slot.pieces]
+        assert [s for s in merged if s[0] == "ab"[source]] == own
+    progress = []
+    for source, part_slot in enumerate(slot.parts):
+        done = 0
+        for piece in part_slot.pieces:
+            progress.append((done / part_slot.samples, source, names[source][piece.shard]))
+            done += piece.stop - piece.start
+    assert merged == [name for *_, name in sorted(progress)]
