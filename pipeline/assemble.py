@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from shards.sample import (
     collate_values,
     field_value,
 )
+
+if TYPE_CHECKING:
+    from pipeline.augment.augmenter import Augmenter
 
 log = logging.getLogger("pipeline")
 
@@ -59,8 +63,13 @@ class EpochImages:
     """How one epoch's images are made: the crop at the epoch's side, then the augmenter."""
 
     transform: Callable
-    augmenter: Callable | None
+    augmenter: Augmenter | None
     size: int
+
+    @property
+    def folds(self) -> bool:
+        """Whether the crop takes a geometric op to fold into its resize (the fast crops)."""
+        return getattr(self.transform, "folds_affine", False)
 
 
 class BatchAssembler:
@@ -209,17 +218,23 @@ class BatchAssembler:
             # not depend on which worker or rank happens to decode the sample.
             if spec.kind == "image":
                 rng = SampleRandom(f"aug:{seed}:{epoch}:{key}:{repeat}")
+                augment_rng, drawn, fold = None, None, {}
+                if images.augmenter is not None:
+                    # Its own draws: the crop's stay those of a loader without augmentation.
+                    augment_rng = SampleRandom(f"augment:{seed}:{epoch}:{key}:{repeat}")
+                    drawn = images.augmenter.draw(augment_rng)
+                    if images.folds:  # a first op that is geometric goes into the crop
+                        then, drawn = images.augmenter.first_affine(drawn)
+                        fold = {} if then is None else {"then": then}
                 if out is not None and index == self.direct:
-                    value = images.transform(value, rng, out=out)
+                    value = images.transform(value, rng, out=out, **fold)
                     if value is not out:  # a transform that could not use the slot
                         out[...] = value
                         value = out
                 else:
-                    value = images.transform(value, rng)
+                    value = images.transform(value, rng, **fold)
                 if images.augmenter is not None:
-                    # Its own draws: the crop's stay those of a loader without augmentation.
-                    rng = SampleRandom(f"augment:{seed}:{epoch}:{key}:{repeat}")
-                    value = augment_image(value, images.augmenter, rng, stats)
+                    value = augment_image(value, images.augmenter, augment_rng, stats, drawn)
             else:
                 if index in self.ranged:
                     check_class_range(spec, value, self.settings.num_classes, key)
@@ -364,9 +379,15 @@ class ImageTarget:
 
 
 def augment_image(
-    pixels: np.ndarray, augmenter: Callable, rng: random.Random, stats: WorkerStats
+    pixels: np.ndarray,
+    augmenter: Augmenter,
+    rng: random.Random,
+    stats: WorkerStats,
+    drawn: tuple | None = None,
 ) -> np.ndarray:
     """`pixels` augmented in place (a batch slot), or a writable copy of a read-only crop.
+
+    `drawn`: the policy's ops `augmenter.draw(rng)` gave, less any the crop applied.
 
     Raises:
         UsageError: a `Crop.transform` returned something other than uint8 HxWx3.
@@ -381,7 +402,7 @@ def augment_image(
         )
     if not pixels.flags.writeable:
         pixels = np.array(pixels)  # a transform's read-only output (Pillow's bytes): one copy
-    augmenter(pixels, rng)
+    augmenter(pixels, rng, drawn)
     stats.augment_s += time.perf_counter() - started
     return pixels
 

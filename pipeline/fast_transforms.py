@@ -6,6 +6,15 @@ pixel cap, strict decoding) is `shards.image.policy`'s; this module keeps the cr
 OpenCV. Whatever the fast decoder does not take (non-JPEG, CMYK/YCCK, a JPEG libjpeg-turbo
 warns about) goes to the Pillow transform with the same box, per sample, counted in
 `pillow_fallbacks()` (the loader reports it as `LoaderStats.pillow_fallbacks`).
+
+A random crop can take a geometric op to run on it (`then=`, an augmentation policy's first
+op when that is a rotate, shear or translate: `pipeline.augment.levels.AffineOp`). Where the
+crop is one bilinear resample of the decoded pixels, the op's matrix is folded into it: one
+warp from the decoded image, then the op's fill painted exactly where Pillow's op would
+fill. That saves the op's own pass over the crop (its resampling and edge handling) and
+resamples once instead of twice, so a folded op is a little sharper than the op run on
+the crop (docs/LOADER.md, "A first geometric op is folded into the crop"). Other crops (box-averaged
+shrinks, other filters, Pillow fallbacks) run the op on the crop after.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import math
 import random
 from dataclasses import dataclass, fields
 from types import ModuleType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -31,6 +40,9 @@ from shards.image.policy import (
     open_image,
     read_jpeg_header,
 )
+
+if TYPE_CHECKING:
+    from pipeline.augment.levels import AffineOp
 
 # Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
@@ -94,6 +106,8 @@ class _FastCrop:
     # The loader may pass `out=`, a (size, size, 3) slot of the batch: the crop is resized
     # straight into it (no per-sample output array, no copy into the batch).
     writes_into: ClassVar[bool] = True
+    # It takes `then=`, a geometric op to fold into the crop (the module docstring).
+    folds_affine: ClassVar[bool] = True
     # JPEGs whose MCU rows start restart intervals are decoded only over the intervals under
     # the crop (`JpegCrop.decode_band`); benchmarks turn it off to time the whole decode.
     band_decode: ClassVar[bool] = True
@@ -109,12 +123,18 @@ class _FastCrop:
         return self.pillow_class(**{name: getattr(self, name) for name in names})
 
     def __call__(
-        self, image_bytes: bytes, rng: random.Random, out: np.ndarray | None = None
+        self,
+        image_bytes: bytes,
+        rng: random.Random,
+        out: np.ndarray | None = None,
+        then: AffineOp | None = None,
     ) -> np.ndarray:
         """Decode this transform's crop of `image_bytes` at `size` x `size`, flipped if drawn.
 
         Args:
             out: a C-contiguous uint8 (size, size, 3) array to write the crop into.
+            then: a geometric op to apply to the crop, folded into its resize where the
+                crop is one bilinear resample (see the module docstring).
 
         Returns:
             `out` when given, else a new writable array.
@@ -124,12 +144,24 @@ class _FastCrop:
         """
         header = read_jpeg_header(image_bytes)
         if header is None:
-            return _counted(self.pillow(image_bytes, rng, out), out)
+            return _then(_counted(self.pillow(image_bytes, rng, out), out), then)
         width, height, colorspace = header
         check_pixels(width, height, self.max_pixels)
         box, flip = self.choose_crop(width, height, rng)  # the Pillow transform's draws
         crop = JpegCrop(image_bytes, width, height, colorspace, self.band_decode)
-        return crop.decode(box, self.size, self.resample, flip, self.draft, self.max_pixels, out)
+        return crop.decode(
+            box, self.size, self.resample, flip, self.draft, self.max_pixels, out, then
+        )
+
+
+def _then(pixels: np.ndarray, then: AffineOp | None) -> np.ndarray:
+    """`pixels` with `then` run on them (on a writable copy if they are read-only)."""
+    if then is None:
+        return pixels
+    if not pixels.flags.writeable or not pixels.flags.c_contiguous:
+        pixels = np.array(pixels)
+    then(pixels)
+    return pixels
 
 
 def _counted(pixels: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -192,8 +224,10 @@ class JpegCrop:
         draft: bool,
         max_pixels: int,
         out: np.ndarray | None = None,
+        then: AffineOp | None = None,
     ) -> np.ndarray:
-        """Decode `box` (source pixels) resized to `size` x `size`, maybe mirrored.
+        """Decode `box` (source pixels) resized to `size` x `size`, maybe mirrored, and
+        `then` applied (folded into the resize where that is one bilinear resample).
 
         A colour space libjpeg-turbo should not convert, or any decoder complaint (simplejpeg
         is strict: a warning is an error), hands the same box to Pillow, which either
@@ -202,6 +236,9 @@ class JpegCrop:
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
         averaged = _shrink(box, size) / scale > AREA_SHRINK  # as `resize_box` decides
         plain = PLAIN_UPSAMPLING_WHEN_AVERAGED and averaged and resample != "nearest"
+        fold = None
+        if then is not None and resample == "bilinear" and not averaged:
+            fold = then.centre_matrix(size, size)
         decoded = None
         if self.colorspace in FAST_JPEG_COLORSPACES:
             decoded = self.decode_band(box, scale, plain) if self.band_decode else None
@@ -213,10 +250,13 @@ class JpegCrop:
             fallback = decode_crop(
                 image, box, (size, size), RESAMPLING[resample], flip, draft, writable
             )
-            return _counted(fallback, out)
+            return _then(_counted(fallback, out), then)
         pixels, scale, left, top = decoded
         scaled = (box[0] / scale, box[1] / scale, box[2] / scale, box[3] / scale)
-        return resize_box(pixels, scaled, size, resample, flip, out, origin=(left, top))
+        if fold is None:
+            crop = resize_box(pixels, scaled, size, resample, flip, out, origin=(left, top))
+            return _then(crop, then)
+        return _fold(pixels, scaled, size, flip, fold, then.fill, out, (left, top))
 
     def decode_band(self, box: Box, scale: int, plain: bool = False) -> _Decoded | None:
         """Only the restart intervals under `box`, decoded at 1/`scale`, or None.
@@ -349,6 +389,16 @@ def _to_integral_shrink(cv2: ModuleType, region: np.ndarray, size: int, shrink: 
     return cv2.resize(region, (side, side), interpolation=cv2.INTER_LINEAR)
 
 
+def _crop_matrix(box: Box, size: int, flip: bool) -> np.ndarray:
+    """Output pixel centre x + 0.5 maps to source left + (x + 0.5) * sx (2 x 3, centres)."""
+    left, top, right, bottom = box
+    sx, sy = (right - left) / size, (bottom - top) / size
+    # Flipped, output column x reads where unflipped column size - 1 - x would.
+    offset = left + ((size - 0.5) if flip else 0.5) * sx - 0.5
+    row_x = (-sx if flip else sx, 0.0, offset)
+    return np.array([row_x, (0.0, sy, top + 0.5 * sy - 0.5)])
+
+
 def _warp(
     cv2: ModuleType,
     pixels: np.ndarray,
@@ -358,20 +408,52 @@ def _warp(
     flip: bool,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Affine resample: output pixel centre x + 0.5 maps to source left + (x + 0.5) * sx."""
-    left, top, right, bottom = box
-    sx, sy = (right - left) / size, (bottom - top) / size
-    # Flipped, output column x reads where unflipped column size - 1 - x would.
-    offset = left + ((size - 0.5) if flip else 0.5) * sx - 0.5
-    row_x = (-sx if flip else sx, 0.0, offset)
-    matrix = np.array([row_x, (0.0, sy, top + 0.5 * sy - 0.5)])
+    """Affine resample of `box` (`_crop_matrix`), edges repeated."""
     return cv2.warpAffine(
         pixels,
-        matrix,
+        _crop_matrix(box, size, flip),
         (size, size),
         dst=out,
         flags=interpolation | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_REPLICATE,
+    )
+
+
+def _fold(
+    pixels: np.ndarray,
+    box: Box,
+    size: int,
+    flip: bool,
+    fold: np.ndarray,
+    fill: tuple[int, int, int],
+    out: np.ndarray | None,
+    origin: tuple[int, int],
+) -> np.ndarray:
+    """The crop of `box` with a geometric op folded in: one bilinear warp of the decoded
+    pixels, reading the crop's source region only, the fill outside it.
+
+    `fold` (2 x 3, pixel centres) maps each output pixel to the point of the crop the op
+    would read; the crop's own matrix maps that into the image. The source is the box's
+    region (edges rounded to whole pixels, at most half a source pixel), so OpenCV's
+    constant border is the op's fill: where the point is outside the crop, the fill; within
+    half a pixel of its edge, the fill and the edge pixel blended (Pillow's hard edge,
+    antialiased: its change sits where Pillow's does).
+    """
+    _, cv2 = load_fast_backends()
+    left, top = round(box[0]), round(box[1])
+    right, bottom = max(round(box[2]), left + 1), max(round(box[3]), top + 1)
+    region = pixels[top - origin[1] : bottom - origin[1], left - origin[0] : right - origin[0]]
+    shifted = (box[0] - left, box[1] - top, box[2] - left, box[3] - top)
+    matrix = _crop_matrix(shifted, size, flip)
+    matrix = np.hstack([matrix[:, :2] @ fold[:, :2], matrix[:, :2] @ fold[:, 2:] + matrix[:, 2:]])
+    return cv2.warpAffine(
+        region,
+        matrix,
+        (size, size),
+        dst=out,
+        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=tuple(float(value) for value in fill),
     )
 
 

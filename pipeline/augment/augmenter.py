@@ -4,6 +4,10 @@ Order, as timm's train transform: policy (`auto_augment`) -> colour jitter -> gr
 -> Gaussian blur -> the user's ops -> random erasing. Picklable (frozen dataclasses of
 module-level classes), so it reaches spawned workers; every draw comes from the
 sample's `rng`, so a sample gets the same augmentation on any worker, rank or resume.
+
+The policy's ops are drawn before any pixel work (`Augmenter.draw`, in timm's order of
+draws), so the loader can hand a first op that is geometric to the fast crop, which
+folds it into its own resize (`Augmenter.first_affine`, `pipeline.fast_transforms`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 from pipeline.augment.color import ColorJitter, RandomGaussianBlur, RandomGrayscale
 from pipeline.augment.erasing import RandomErasing
 from pipeline.augment.grammar import parse_policy
-from pipeline.augment.levels import Hparams
+from pipeline.augment.levels import AffineOp, DrawnOp, Hparams
 from pipeline.augment.policies import build_policy
 from pipeline.augment.settings import Augment
 
@@ -42,21 +46,46 @@ class _OneThread:
 
 @dataclass(frozen=True)
 class Augmenter:
-    """Runs `steps` in order on one crop, in place: `augmenter(pixels, rng)`."""
+    """Runs the policy, then `steps` in order, on one crop in place: `augmenter(pixels, rng)`.
 
+    Attributes:
+        policy: the `auto_augment` policy (`draw(rng)` -> its drawn ops), or None.
+        steps: what follows it, each `step(pixels, rng)` drawing as it goes.
+    """
+
+    policy: object | None
     steps: tuple[Callable[[np.ndarray, random.Random], None], ...]
 
-    def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
-        """Augment `pixels` (HxWx3 uint8, may be a view into a batch slot) in place."""
+    def draw(self, rng: random.Random) -> tuple[DrawnOp, ...]:
+        """The policy's ops for one image, every draw made, in order."""
+        return () if self.policy is None else self.policy.draw(rng)
+
+    @staticmethod
+    def first_affine(drawn: tuple[DrawnOp, ...]) -> tuple[AffineOp | None, tuple[DrawnOp, ...]]:
+        """The first drawn op when it is geometric (a crop may fold it), and the rest."""
+        if drawn and isinstance(drawn[0], AffineOp):
+            return drawn[0], drawn[1:]
+        return None, drawn
+
+    def __call__(
+        self, pixels: np.ndarray, rng: random.Random, drawn: tuple[DrawnOp, ...] | None = None
+    ) -> None:
+        """Augment `pixels` (HxWx3 uint8, may be a view into a batch slot) in place.
+
+        Args:
+            drawn: the policy's ops from `draw(rng)` (less any the crop has applied);
+                None: drawn here.
+        """
         _OneThread.ensure()
-        if pixels.flags.c_contiguous:
-            for step in self.steps:
-                step(pixels, rng)
-            return
-        work = np.ascontiguousarray(pixels)  # OpenCV writes only into contiguous arrays
+        if drawn is None:
+            drawn = self.draw(rng)
+        work = pixels if pixels.flags.c_contiguous else np.ascontiguousarray(pixels)
+        for op in drawn:  # OpenCV writes only into contiguous arrays
+            op(work)
         for step in self.steps:
             step(work, rng)
-        pixels[...] = work
+        if work is not pixels:
+            pixels[...] = work
 
 
 def policy_hparams(augment: Augment, image_size: int) -> Hparams:
@@ -71,10 +100,10 @@ def build_augmenter(augment: Augment, image_size: int) -> Augmenter | None:
     """The `Augmenter` for `augment` on `image_size` crops; None when nothing is asked."""
     if not augment.enabled:
         return None
-    steps: list[Callable] = []
+    policy, steps = None, []
     if augment.auto_augment is not None:
         spec = parse_policy(augment.auto_augment)
-        steps.append(build_policy(spec, policy_hparams(augment, image_size)))
+        policy = build_policy(spec, policy_hparams(augment, image_size))
     if augment.color_jitter is not None and any(augment.jitter_strengths):
         steps.append(ColorJitter.from_strengths(augment.jitter_strengths))
     if augment.grayscale:
@@ -94,4 +123,4 @@ def build_augmenter(augment: Augment, image_size: int) -> Augmenter | None:
                 augment.std,
             )
         )
-    return Augmenter(tuple(steps))
+    return Augmenter(policy, tuple(steps))

@@ -117,67 +117,102 @@ def _resample(hp: Hparams, rng: random.Random) -> str:
     return hp.resample[0] if len(hp.resample) == 1 else rng.choice(hp.resample)
 
 
-def _shear_x(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
-    warp.affine(pixels, (1, factor, 0, 0, 1, 0), _resample(hp, rng), hp.fill)
-
-
-def _shear_y(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
-    warp.affine(pixels, (1, 0, 0, factor, 1, 0), _resample(hp, rng), hp.fill)
-
-
-def _translate_x(pixels: np.ndarray, shift: float, hp: Hparams, rng: random.Random) -> None:
-    warp.affine(pixels, (1, 0, shift, 0, 1, 0), _resample(hp, rng), hp.fill)
-
-
-def _translate_y(pixels: np.ndarray, shift: float, hp: Hparams, rng: random.Random) -> None:
-    warp.affine(pixels, (1, 0, 0, 0, 1, shift), _resample(hp, rng), hp.fill)
-
-
-def _translate_x_rel(pixels: np.ndarray, pct: float, hp: Hparams, rng: random.Random) -> None:
-    _translate_x(pixels, pct * pixels.shape[1], hp, rng)
-
-
-def _translate_y_rel(pixels: np.ndarray, pct: float, hp: Hparams, rng: random.Random) -> None:
-    _translate_y(pixels, pct * pixels.shape[0], hp, rng)
-
-
-def _rotate(pixels: np.ndarray, degrees: float, hp: Hparams, rng: random.Random) -> None:
-    warp.rotate(pixels, degrees, _resample(hp, rng), hp.fill)
-
-
-def _desaturate(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
+def _desaturate(pixels: np.ndarray, factor: float) -> None:
     ops.color(pixels, min(1.0, max(0.0, 1.0 - factor)))  # timm: 0 is grey, 1 unchanged
 
 
-def _blur(pixels: np.ndarray, radius: float, hp: Hparams, rng: random.Random) -> None:
-    ops.gaussian_blur(pixels, radius)
-
-
-def _blur_random(pixels: np.ndarray, factor: float, hp: Hparams, rng: random.Random) -> None:
-    ops.gaussian_blur(pixels, rng.uniform(0.1, 2.0 * factor))
-
-
 Level = Callable[[float, Hparams, random.Random], float] | None
+# An op with every draw made: it changes the pixels it is given, in place, drawing nothing.
+DrawnOp = Callable[[np.ndarray], None]
 
 
 @dataclass(frozen=True)
-class _ArgumentOp:
-    """Adapts `ops.f(pixels, argument)` to the table's (pixels, argument, hp, rng)."""
+class AffineOp:
+    """A geometric op with its draws made: Pillow's affine `transform` on a crop of any size.
+
+    Kept as a matrix (not a closure) so the fast crop can fold it into its own resize
+    (`pipeline.fast_transforms`): one resampling of the decoded image instead of two.
+
+    Attributes:
+        kind: ShearX/Y (argument: the factor), TranslateX/Y (pixels), TranslateXRel/YRel
+            (a share of the side), Rotate (degrees, counter-clockwise about the centre).
+        resample: "bilinear" or "bicubic", as drawn.
+        fill: the colour where the input point falls outside the image.
+    """
+
+    kind: str
+    argument: float
+    resample: str
+    fill: tuple[int, int, int]
+
+    def matrix(self, width: int, height: int) -> tuple[float, ...] | None:
+        """Pillow's matrix (output pixel centre to input point) on a width x height image;
+        None when the op leaves every pixel where it is."""
+        kind, value = self.kind, float(self.argument)
+        if kind == "Rotate":  # as `img.rotate`: the angle taken modulo 360 first
+            degrees = value % 360.0
+            return None if degrees == 0 else tuple(warp.rotate_matrix(degrees, width, height))
+        if value == 0:
+            return None
+        if kind.endswith("Rel"):
+            value *= width if kind == "TranslateXRel" else height
+        return {
+            "ShearX": (1.0, value, 0.0, 0.0, 1.0, 0.0),
+            "ShearY": (1.0, 0.0, 0.0, value, 1.0, 0.0),
+            "TranslateX": (1.0, 0.0, value, 0.0, 1.0, 0.0),
+            "TranslateXRel": (1.0, 0.0, value, 0.0, 1.0, 0.0),
+            "TranslateY": (1.0, 0.0, 0.0, 0.0, 1.0, value),
+            "TranslateYRel": (1.0, 0.0, 0.0, 0.0, 1.0, value),
+        }[kind]
+
+    def __call__(self, pixels: np.ndarray) -> None:
+        matrix = self.matrix(pixels.shape[1], pixels.shape[0])
+        if matrix is not None:
+            warp.affine(pixels, matrix, self.resample, self.fill)
+
+    def centre_matrix(self, width: int, height: int) -> np.ndarray | None:
+        """The matrix in pixel-centre coordinates (OpenCV's), 2 x 3; None: the identity."""
+        matrix = self.matrix(width, height)
+        return None if matrix is None else warp.centre_matrix(matrix)
+
+
+@dataclass(frozen=True)
+class _Affine:
+    """Makes `AffineOp`s of one kind: draws the filter (timm draws it in the op)."""
+
+    kind: str
+
+    def __call__(self, argument: float, hp: Hparams, rng: random.Random) -> AffineOp:
+        return AffineOp(self.kind, argument, _resample(hp, rng), hp.fill)
+
+
+@dataclass(frozen=True)
+class PixelOp:
+    """A photometric op with its argument: `function(pixels, argument)` (or without one)."""
+
+    function: Callable[..., None]
+    argument: object = None
+
+    def __call__(self, pixels: np.ndarray) -> None:
+        if self.argument is None:
+            self.function(pixels)
+        else:
+            self.function(pixels, self.argument)
+
+
+@dataclass(frozen=True)
+class _Pixel:
+    """Makes `PixelOp`s of one function (they draw nothing beyond the level's draws)."""
 
     function: Callable[..., None]
 
-    def __call__(self, pixels: np.ndarray, argument: float, hp: Hparams, rng: random.Random):
-        self.function(pixels, argument)
+    def __call__(self, argument: object, hp: Hparams, rng: random.Random) -> PixelOp:
+        return PixelOp(self.function, argument)
 
 
-@dataclass(frozen=True)
-class _BareOp:
-    """Adapts `ops.f(pixels)` (no argument) to the table's signature."""
-
-    function: Callable[[np.ndarray], None]
-
-    def __call__(self, pixels: np.ndarray, argument: None, hp: Hparams, rng: random.Random):
-        self.function(pixels)
+def _blur_random(factor: float, hp: Hparams, rng: random.Random) -> PixelOp:
+    """timm's GaussianBlurRand: the op draws a radius in [0.1, 2 x factor]."""
+    return PixelOp(ops.gaussian_blur, rng.uniform(0.1, 2.0 * factor))
 
 
 _ENHANCE = {
@@ -187,31 +222,36 @@ _ENHANCE = {
     "Sharpness": ops.sharpness,
 }
 
-# name -> (level function or None, op(pixels, argument, hparams, rng)): timm's tables
+# name -> (level function or None, maker(argument, hparams, rng) -> DrawnOp): timm's tables
 OPS: dict[str, tuple[Level, Callable]] = {
-    "AutoContrast": (None, _BareOp(ops.autocontrast)),
-    "Equalize": (None, _BareOp(ops.equalize)),
-    "Invert": (None, _BareOp(ops.invert)),
-    "Rotate": (_rotate_level, _rotate),
-    "Posterize": (_posterize_level, _ArgumentOp(ops.posterize)),
-    "PosterizeIncreasing": (_posterize_increasing_level, _ArgumentOp(ops.posterize)),
-    "PosterizeOriginal": (_posterize_original_level, _ArgumentOp(ops.posterize)),
-    "Solarize": (_solarize_level, _ArgumentOp(ops.solarize)),
-    "SolarizeIncreasing": (_solarize_increasing_level, _ArgumentOp(ops.solarize)),
-    "SolarizeAdd": (_solarize_add_level, _ArgumentOp(ops.solarize_add)),
-    **{name: (_enhance_level, _ArgumentOp(op)) for name, op in _ENHANCE.items()},
+    "AutoContrast": (None, _Pixel(ops.autocontrast)),
+    "Equalize": (None, _Pixel(ops.equalize)),
+    "Invert": (None, _Pixel(ops.invert)),
+    "Rotate": (_rotate_level, _Affine("Rotate")),
+    "Posterize": (_posterize_level, _Pixel(ops.posterize)),
+    "PosterizeIncreasing": (_posterize_increasing_level, _Pixel(ops.posterize)),
+    "PosterizeOriginal": (_posterize_original_level, _Pixel(ops.posterize)),
+    "Solarize": (_solarize_level, _Pixel(ops.solarize)),
+    "SolarizeIncreasing": (_solarize_increasing_level, _Pixel(ops.solarize)),
+    "SolarizeAdd": (_solarize_add_level, _Pixel(ops.solarize_add)),
+    **{name: (_enhance_level, _Pixel(op)) for name, op in _ENHANCE.items()},
     **{
-        f"{name}Increasing": (_enhance_increasing_level, _ArgumentOp(op))
+        f"{name}Increasing": (_enhance_increasing_level, _Pixel(op))
         for name, op in _ENHANCE.items()
     },
-    "ShearX": (_shear_level, _shear_x),
-    "ShearY": (_shear_level, _shear_y),
-    "TranslateX": (_translate_abs_level, _translate_x),
-    "TranslateY": (_translate_abs_level, _translate_y),
-    "TranslateXRel": (_translate_rel_level, _translate_x_rel),
-    "TranslateYRel": (_translate_rel_level, _translate_y_rel),
-    "Desaturate": (_desaturate_level, _desaturate),
-    "GaussianBlur": (_blur_level, _blur),
+    **{
+        name: (level, _Affine(name))
+        for name, level in (
+            ("ShearX", _shear_level),
+            ("ShearY", _shear_level),
+            ("TranslateX", _translate_abs_level),
+            ("TranslateY", _translate_abs_level),
+            ("TranslateXRel", _translate_rel_level),
+            ("TranslateYRel", _translate_rel_level),
+        )
+    },
+    "Desaturate": (_desaturate_level, _Pixel(_desaturate)),
+    "GaussianBlur": (_blur_level, _Pixel(ops.gaussian_blur)),
     "GaussianBlurRand": (_unit_level, _blur_random),
 }
 
@@ -222,13 +262,19 @@ def op_argument(name: str, magnitude: float, hp: Hparams, rng: random.Random) ->
     return None if level is None else level(magnitude, hp, rng)
 
 
+def drawn_op(name: str, argument: object, hp: Hparams, rng: random.Random) -> DrawnOp:
+    """Op `name` at `argument`, with the draws it makes itself (a geometric op's filter)."""
+    return OPS[name][1](argument, hp, rng)
+
+
 @dataclass(frozen=True)
 class AugmentOp:
     """One of timm's named ops at a magnitude, applied with probability `prob`.
 
     As timm's `AugmentOp`: the magnitude gets noise (`hparams.magnitude_std`: Gaussian,
     or uniform in [0, magnitude] when inf), is clipped to [0, magnitude_max or 10], and
-    the level function turns it into the op's argument.
+    the level function turns it into the op's argument. `draw` makes every draw, in
+    timm's order, before any pixel work, so a policy can hand its first op to the crop.
     """
 
     name: str
@@ -237,9 +283,15 @@ class AugmentOp:
     hparams: Hparams = Hparams()
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
+        drawn = self.draw(rng)
+        if drawn is not None:
+            drawn(pixels)
+
+    def draw(self, rng: random.Random) -> DrawnOp | None:
+        """This op for one image, every draw made; None when it is not applied."""
         if self.prob < 1.0 and rng.random() > self.prob:
-            return
-        self.apply(pixels, self.draw_magnitude(rng), rng)
+            return None
+        return self.at(self.draw_magnitude(rng), rng)
 
     def draw_magnitude(self, rng: random.Random) -> float:
         """The magnitude for one application: noise added, then clipped."""
@@ -251,7 +303,7 @@ class AugmentOp:
         upper = self.hparams.magnitude_max or LEVEL_DENOM
         return max(0.0, min(magnitude, upper))
 
-    def apply(self, pixels: np.ndarray, magnitude: float, rng: random.Random) -> None:
-        """Run the op at exactly `magnitude` (its level function still draws the sign)."""
+    def at(self, magnitude: float, rng: random.Random) -> DrawnOp:
+        """The op at exactly `magnitude` (its level function still draws the sign)."""
         argument = op_argument(self.name, magnitude, self.hparams, rng)
-        OPS[self.name][1](pixels, argument, self.hparams, rng)
+        return drawn_op(self.name, argument, self.hparams, rng)

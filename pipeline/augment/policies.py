@@ -9,6 +9,7 @@ every draw from `rng`. Op lists, sub-policies and weights are timm's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from pipeline.augment import ops, warp
+from pipeline.augment import ops
 from pipeline.augment.grammar import PolicySpec
-from pipeline.augment.levels import AugmentOp, Hparams
+from pipeline.augment.levels import AffineOp, AugmentOp, DrawnOp, Hparams, PixelOp
 
 RAND_OPS = (
     "AutoContrast",
@@ -187,14 +188,29 @@ class RandAugment:
     weights: tuple[float, ...] | None = None
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
-        for op in self.choose(rng):
-            op(pixels, rng)
+        apply_drawn(pixels, self.draw(rng))
+
+    def draw(self, rng: random.Random) -> tuple[DrawnOp, ...]:
+        """The ops one image gets, in order, every draw made (those not applied left out)."""
+        return drawn_ops(self.choose(rng), rng)
 
     def choose(self, rng: random.Random) -> list[AugmentOp]:
         """The ops one image gets, in order."""
         if self.weights is None:
             return [rng.choice(self.ops) for _ in range(self.num_layers)]
         return [self.ops[i] for i in choose_weighted(self.weights, self.num_layers, rng)]
+
+
+def drawn_ops(chosen: Sequence[AugmentOp], rng: random.Random) -> tuple[DrawnOp, ...]:
+    """`chosen` drawn in order (timm's draws: probability, magnitude, sign, filter)."""
+    drawn = (op.draw(rng) for op in chosen)
+    return tuple(op for op in drawn if op is not None)
+
+
+def apply_drawn(pixels: np.ndarray, drawn: Sequence[DrawnOp]) -> None:
+    """Run drawn ops in order on `pixels`, in place."""
+    for op in drawn:
+        op(pixels)
 
 
 def choose_weighted(weights: Sequence[float], count: int, rng: random.Random) -> list[int]:
@@ -221,8 +237,11 @@ class AutoAugment:
     policy: tuple[tuple[AugmentOp, ...], ...]
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
-        for op in rng.choice(self.policy):
-            op(pixels, rng)
+        apply_drawn(pixels, self.draw(rng))
+
+    def draw(self, rng: random.Random) -> tuple[DrawnOp, ...]:
+        """The sub-policy's ops one image gets, in order, every draw made."""
+        return drawn_ops(rng.choice(self.policy), rng)
 
 
 @dataclass(frozen=True)
@@ -239,6 +258,11 @@ class AugMix:
     width: int = 3
     depth: int = 0  # 0: 1-3 ops a chain, drawn per chain
     blended: bool = False
+
+    def draw(self, rng: random.Random) -> tuple[DrawnOp, ...]:
+        """The mix as one op that draws as it goes: its chains interleave draws with pixel
+        work on copies, so nothing of it can move to the crop (nothing draws in between)."""
+        return (functools.partial(self, rng=rng),)
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
         draws = [rng.gammavariate(self.alpha, 1.0) for _ in range(self.width)]
@@ -314,6 +338,10 @@ class TrivialAugment:
     fill: tuple[int, int, int] = (0, 0, 0)
 
     def __call__(self, pixels: np.ndarray, rng: random.Random) -> None:
+        apply_drawn(pixels, self.draw(rng))
+
+    def draw(self, rng: random.Random) -> tuple[DrawnOp, ...]:
+        """The op one image gets, with its bin and sign drawn (Identity: none)."""
         name = rng.choice(TRIVIAL_NAMES)
         magnitude, space = 0.0, TRIVIAL_OPS[name]
         if space is not None:
@@ -321,30 +349,29 @@ class TrivialAugment:
             magnitude = low + (high - low) * rng.randrange(TRIVIAL_BINS) / (TRIVIAL_BINS - 1)
             if signed and rng.randrange(2):
                 magnitude = -magnitude
-        apply_trivial(pixels, name, magnitude, self.resample, self.fill)
+        op = trivial_op(name, magnitude, self.resample, self.fill)
+        return () if op is None else (op,)
 
 
-def apply_trivial(pixels: np.ndarray, name: str, magnitude: float, resample: str, fill) -> None:
-    """torchvision's `_apply_op` for a PIL image, at `magnitude`."""
+def trivial_op(name: str, magnitude: float, resample: str, fill) -> DrawnOp | None:
+    """torchvision's `_apply_op` for a PIL image, at `magnitude` (None: Identity)."""
     if name in ("ShearX", "ShearY"):  # F.affine(shear=degrees(atan(m)), center=[0, 0])
-        matrix = (1, magnitude, 0, 0, 1, 0) if name == "ShearX" else (1, 0, 0, magnitude, 1, 0)
-        warp.affine(pixels, matrix, resample, fill)
-    elif name in ("TranslateX", "TranslateY"):  # F.affine(translate=[int(m), 0])
-        shift = -int(magnitude)
-        matrix = (1, 0, shift, 0, 1, 0) if name == "TranslateX" else (1, 0, 0, 0, 1, shift)
-        warp.affine(pixels, matrix, resample, fill)
-    elif name == "Rotate":
-        warp.rotate(pixels, magnitude, resample, fill)
-    elif name in ("Brightness", "Color", "Contrast", "Sharpness"):
-        getattr(ops, name.lower())(pixels, 1.0 + magnitude)
-    elif name == "Posterize":
-        ops.posterize(pixels, 8 - round(magnitude))
-    elif name == "Solarize":
-        ops.solarize(pixels, magnitude)
-    elif name == "AutoContrast":
-        ops.autocontrast(pixels)
-    elif name == "Equalize":
-        ops.equalize(pixels)
+        return AffineOp(name, magnitude, resample, fill)
+    if name in ("TranslateX", "TranslateY"):  # F.affine(translate=[int(m), 0])
+        return AffineOp(name, -int(magnitude), resample, fill)
+    if name == "Rotate":
+        return AffineOp(name, magnitude, resample, fill)
+    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
+        return PixelOp(getattr(ops, name.lower()), 1.0 + magnitude)
+    if name == "Posterize":
+        return PixelOp(ops.posterize, 8 - round(magnitude))
+    if name == "Solarize":
+        return PixelOp(ops.solarize, magnitude)
+    if name == "AutoContrast":
+        return PixelOp(ops.autocontrast)
+    if name == "Equalize":
+        return PixelOp(ops.equalize)
+    return None
 
 
 def build_policy(spec: PolicySpec, hparams: Hparams):

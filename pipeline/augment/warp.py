@@ -78,6 +78,14 @@ def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int
     affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
 
 
+def centre_matrix(matrix: Sequence[float]) -> np.ndarray:
+    """Pillow's `matrix` in pixel-centre coordinates: output pixel (x, y) reads input point
+    (column, row) = this 2 x 3 matrix . (x, y, 1), as `cv2.warpAffine` with
+    `WARP_INVERSE_MAP` reads it (Pillow's frame has pixel i spanning [i, i + 1))."""
+    a, b, c, d, e, f = (float(value) for value in matrix)
+    return np.array([[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]])
+
+
 def _warp(pixels: np.ndarray, matrix: tuple[float, ...], resample: str, fill) -> None:
     """Any matrix through `cv2.warpAffine`, edge repeated, then Pillow's fill.
 

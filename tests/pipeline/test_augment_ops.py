@@ -22,7 +22,7 @@ cv2 = pytest.importorskip("cv2")
 from pipeline.augment import ops, warp  # noqa: E402
 from pipeline.augment.color import ColorJitter  # noqa: E402
 from pipeline.augment.levels import OPS, AugmentOp, Hparams, op_argument  # noqa: E402
-from pipeline.augment.policies import TRIVIAL_BINS, TRIVIAL_OPS, apply_trivial  # noqa: E402
+from pipeline.augment.policies import TRIVIAL_BINS, TRIVIAL_OPS, trivial_op  # noqa: E402
 from tests.oddimages import photo_jpeg  # noqa: E402
 from tests.pillow_ops import FixedSign, psnr, timm_pillow_op, torchvision_pillow_op  # noqa: E402
 
@@ -116,7 +116,7 @@ def test_level_functions_give_timms_arguments(name):
 def _ours(name: str, argument, image: np.ndarray, resample: str = "bilinear") -> np.ndarray:
     pixels = image.copy()
     hparams = Hparams(HPARAMS.translate_const, fill=HPARAMS.fill, resample=(resample,))
-    OPS[name][1](pixels, argument, hparams, random.Random(0))
+    OPS[name][1](argument, hparams, random.Random(0))(pixels)
     return pixels
 
 
@@ -339,6 +339,12 @@ def test_color_jitter_factors_match_pillows_enhancers():
     assert_within_rounding(pixels, reference, "saturation")
 
 
+def _apply_trivial(pixels: np.ndarray, name: str, magnitude: float) -> None:
+    op = trivial_op(name, magnitude, "bilinear", (0, 0, 0))
+    if op is not None:  # Identity
+        op(pixels)
+
+
 @pytest.mark.parametrize("name", sorted(TRIVIAL_OPS))
 def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
     space = TRIVIAL_OPS[name]
@@ -349,7 +355,7 @@ def test_trivialaugment_ops_match_torchvisions_pillow_calls(name):
             magnitude = low + (high - low) * index / (TRIVIAL_BINS - 1)
         for value in {magnitude, -magnitude} if space and space[2] else {magnitude}:
             pixels = PHOTO.copy()
-            apply_trivial(pixels, name, value, "bilinear", (0, 0, 0))
+            _apply_trivial(pixels, name, value)
             reference = np.asarray(torchvision_pillow_op(name, value, Image.fromarray(PHOTO)))
             if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
                 assert psnr(pixels, reference) > GEOMETRY_FLOOR["bilinear"], (name, value)
@@ -378,12 +384,12 @@ def test_no_op_raises_on_tiny_or_flat_images(kind):
         for magnitude in MAGNITUDES:
             for sign in (0.0, 0.9):
                 pixels = image.copy()
-                AugmentOp(name, 1.0, magnitude, hparams).apply(pixels, magnitude, FixedSign(sign))
+                AugmentOp(name, 1.0, magnitude, hparams).at(magnitude, FixedSign(sign))(pixels)
                 assert pixels.shape == image.shape and pixels.dtype == np.uint8
     for name in TRIVIAL_OPS:
         for magnitude in (-135.0, -0.99, 0.0, 0.99, 6.0, 255.0):
             pixels = image.copy()
-            apply_trivial(pixels, name, magnitude, "bilinear", (0, 0, 0))
+            _apply_trivial(pixels, name, magnitude)
     pixels = image.copy()
     ops.gaussian_blur(pixels, 2.0, 23)
     ops.hue(pixels, 0.3)

@@ -281,7 +281,7 @@ def test_magnitude_noise_and_clipping_follow_timm():
 
 def test_trivialaugment_draws_ops_bins_and_signs_uniformly(monkeypatch):
     calls = []
-    monkeypatch.setattr(policies_module, "apply_trivial", lambda *args: calls.append(args[1:3]))
+    monkeypatch.setattr(policies_module, "trivial_op", lambda *args: calls.append(args[:2]))
     rng = SampleRandom("trivial")
     for _ in range(7000):
         TrivialAugment()(PHOTO, rng)
@@ -430,7 +430,7 @@ def test_steps_run_policy_colour_user_ops_then_erasing():
         re_prob=1.0,
     )
     augmenter = build_augmenter(augment, 96)
-    kinds = [type(step).__name__ for step in augmenter.steps]
+    kinds = [type(step).__name__ for step in (augmenter.policy, *augmenter.steps)]
     assert kinds == [
         "AutoAugment",
         "ColorJitter",

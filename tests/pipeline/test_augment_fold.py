@@ -1,0 +1,219 @@
+"""A policy's first geometric op folded into the fast crop (`pipeline.fast_transforms`).
+
+The fold resamples the decoded image once where timm resamples twice (the crop, then the
+op on it), so it is compared with our crop followed by the op (Pillow's within rounding,
+`test_augment_ops`) by PSNR: the floor is the lowest value measured here (35.6 dB; medians
+39.6 rotations, 43-44 shears and translations) less 2.6 dB, and below the worst measured
+on crops of real photographs (33.7; benchmarks/recipe_loader.py's shards). The gap is the second
+resampling's blur, which the fold does not add: a fractional translation blurs the whole
+crop in two passes. The op of the wrong sign, or a crop box off by a few pixels, gives
+far less (`test_a_fold_in_the_wrong_direction_fails_the_floor`). The fill is exact away
+from its edge, where OpenCV's constant border blends it with the edge pixel over one
+pixel (Pillow's hard edge antialiased, at the same place).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("simplejpeg")
+cv2 = pytest.importorskip("cv2")
+
+from pipeline import Augment, Batching  # noqa: E402
+from pipeline.augment import build_augmenter, warp  # noqa: E402
+from pipeline.augment.levels import OPS as NAMED_OPS  # noqa: E402
+from pipeline.augment.levels import AffineOp, op_argument  # noqa: E402
+from pipeline.fast_transforms import FastRandomResizedCrop  # noqa: E402
+from pipeline.transforms import SampleRandom  # noqa: E402
+from tests.oddimages import encode, noise_image, photo_jpeg  # noqa: E402
+from tests.pillow_ops import psnr  # noqa: E402
+from tests.pipeline.conftest import loader_for  # noqa: E402
+from tests.pipeline.test_fast_transforms import marked_jpeg  # noqa: E402
+
+FILL = (124, 116, 104)
+FOLD_FLOOR = 33.0  # dB against the crop then the op (module docstring)
+FOLDED = [
+    AffineOp(kind, argument, resample, FILL)
+    for (kind, argument), resample in itertools.product(
+        [
+            ("Rotate", 27.0),
+            ("Rotate", -9.5),
+            ("ShearX", 0.27),
+            ("ShearY", -0.3),
+            ("TranslateXRel", 0.405),
+            ("TranslateYRel", -0.2),
+            ("TranslateX", 33.3),
+        ],
+        ["bilinear", "bicubic"],
+    )
+]
+IMAGES = [photo_jpeg(256, 341, seed=1), photo_jpeg(341, 256, seed=2), photo_jpeg(500, 375, 3)]
+
+
+def two_passes(crop, data: bytes, seed: str, op: AffineOp) -> np.ndarray:
+    """The crop, then the op on it (what timm does, with our Pillow-exact ops)."""
+    pixels = crop(data, SampleRandom(seed))
+    op(pixels)
+    return pixels
+
+
+def inside(op: AffineOp, size: int) -> np.ndarray:
+    """Where Pillow's op samples the crop (True) rather than filling (False)."""
+    low, high = warp.inside_spans(op.matrix(size, size), size, size)
+    columns = np.arange(size)
+    return (columns >= low[:, None]) & (columns < high[:, None])
+
+
+@pytest.mark.parametrize("op", FOLDED, ids=lambda op: f"{op.kind}{op.argument}-{op.resample}")
+def test_a_folded_op_is_the_op_on_the_crop_within_psnr(op):
+    crop = FastRandomResizedCrop(size=112)
+    sampled = inside(op, 112)
+    ring = np.ones((5, 5), np.uint8)
+    far_outside = ~cv2.dilate(sampled.astype(np.uint8), ring).astype(bool)
+    for index, data in enumerate(IMAGES):
+        for seed in (f"a{index}", f"b{index}", f"c{index}"):
+            folded = crop(data, SampleRandom(seed), then=op)
+            reference = two_passes(crop, data, seed, op)
+            assert psnr(folded, reference) > FOLD_FLOOR, (op, seed)
+            assert (folded[far_outside] == FILL).all()
+            assert (reference[far_outside] == FILL).all()
+
+
+def test_a_fold_in_the_wrong_direction_fails_the_floor():
+    crop = FastRandomResizedCrop(size=112)
+    for kind, argument in (("Rotate", 20.0), ("ShearX", 0.3), ("TranslateXRel", 0.2)):
+        op = AffineOp(kind, argument, "bilinear", FILL)
+        wrong = AffineOp(kind, -argument, "bilinear", FILL)
+        folded = crop(IMAGES[0], SampleRandom("w"), then=wrong)
+        assert psnr(folded, two_passes(crop, IMAGES[0], "w", op)) < 20
+
+
+def test_a_fold_with_the_crop_box_off_fails_the_floor():
+    """The same op on a box moved by 4 source pixels: far below the floor."""
+    op = AffineOp("Rotate", 10.0, "bilinear", FILL)
+    crop = FastRandomResizedCrop(size=112, scale=(0.3, 0.3))
+    data = IMAGES[2]
+
+    class Moved(FastRandomResizedCrop):
+        def choose_crop(self, width, height, rng):
+            (left, top, right, bottom), flip = super().choose_crop(width, height, rng)
+            return (left + 4, top, right + 4, bottom), flip
+
+    moved = Moved(size=112, scale=(0.3, 0.3))
+    assert psnr(moved(data, SampleRandom("m"), then=op), two_passes(crop, data, "m", op)) < 29
+
+
+def test_an_op_that_moves_nothing_leaves_the_crop_as_it_was():
+    crop = FastRandomResizedCrop(size=96)
+    for op in (
+        AffineOp("Rotate", 0.0, "bicubic", FILL),
+        AffineOp("Rotate", 360.0, "bilinear", FILL),
+        AffineOp("ShearX", 0.0, "bilinear", FILL),
+        AffineOp("TranslateYRel", 0.0, "bilinear", FILL),
+    ):
+        for seed in ("i", "j"):
+            plain = crop(IMAGES[1], SampleRandom(seed))
+            assert np.array_equal(crop(IMAGES[1], SampleRandom(seed), then=op), plain), op
+
+
+@pytest.mark.parametrize(
+    "crop,data",
+    [
+        # shrunk by more than AREA_SHRINK (no DCT scaling): box-averaged, not one warp
+        (FastRandomResizedCrop(size=64, scale=(0.9, 1.0), draft=False), IMAGES[2]),
+        (FastRandomResizedCrop(size=96, resample="nearest"), IMAGES[0]),
+        (FastRandomResizedCrop(size=96, resample="bicubic"), IMAGES[0]),
+        (FastRandomResizedCrop(size=96), encode(noise_image(200, 150), "PNG")),  # Pillow's
+    ],
+    ids=["averaged", "nearest", "bicubic", "pillow-fallback"],
+)
+def test_crops_that_are_not_one_bilinear_warp_run_the_op_after(crop, data):
+    op = AffineOp("Rotate", 15.0, "bilinear", FILL)
+    for seed in ("p", "q", "r"):
+        folded = crop(data, SampleRandom(seed), then=op)
+        assert np.array_equal(folded, two_passes(crop, data, seed, op))
+
+
+def test_a_fold_writes_into_the_slot_and_flips_with_the_crop():
+    crop = FastRandomResizedCrop(size=96, hflip=1.0)
+    op = AffineOp("ShearX", 0.2, "bilinear", FILL)
+    slot = np.zeros((96, 96, 3), np.uint8)
+    assert crop(IMAGES[0], SampleRandom("s"), out=slot, then=op) is slot
+    assert psnr(slot, two_passes(crop, IMAGES[0], "s", op)) > FOLD_FLOOR
+    unflipped = FastRandomResizedCrop(size=96, hflip=0.0)
+    assert psnr(slot, two_passes(unflipped, IMAGES[0], "s", op)) < 20
+
+
+def test_a_folded_crop_of_a_band_is_the_folded_crop_of_the_whole_decode():
+    """JPEGs with restart markers decode only the band under the box: the fold reads the
+    box's region, whose pixels the band holds bit for bit, so the bytes are the same."""
+    data = marked_jpeg(512, 384, seed=4)
+    band = FastRandomResizedCrop(size=112)
+    whole = FastRandomResizedCrop(size=112)
+    object.__setattr__(whole, "band_decode", False)  # a ClassVar, set on this one crop
+    for index, op in enumerate(FOLDED[::2]):
+        seed = f"band{index}"
+        folded = band(data, SampleRandom(seed), then=op)
+        assert np.array_equal(folded, whole(data, SampleRandom(seed), then=op)), op
+
+
+def train_images(shard_dir: Path) -> dict[str, bytes]:
+    """Every train sample's JPEG bytes, by key, read from the tar shards."""
+    images = {}
+    for path in sorted(Path(shard_dir).rglob("*.tar")):
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.name.endswith(".jpg"):
+                    images[member.name.rsplit(".", 2)[0]] = tar.extractfile(member).read()
+    return images
+
+
+def test_the_loader_folds_a_policys_first_geometric_op_into_the_crop(shard_dir):
+    """Each delivered image is the fold of its first op (when geometric) and the rest after;
+    at least one sample's first op was folded, and the fold shows in its pixels."""
+    augment = Augment(auto_augment="rand-m9-n2-mstd0.5-inc1")
+    batch = Batching(size=8, epoch_rule="uneven", drop_last=False)
+    loader = loader_for(shard_dir, augment=augment, batch=batch)
+    crop = FastRandomResizedCrop(size=32)
+    augmenter = build_augmenter(augment, 32)
+    sources = train_images(shard_dir)
+    folds = 0
+    for images, _, keys in loader:
+        for key, image in zip(keys, images, strict=True):
+            data = sources[key.rsplit("/", 1)[-1]] if key not in sources else sources[key]
+            rng = SampleRandom(f"augment:11:0:{key}:0")
+            then, rest = augmenter.first_affine(augmenter.draw(rng))
+            expected = crop(data, SampleRandom(f"aug:11:0:{key}:0"), then=then)
+            augmenter(expected, rng, rest)
+            assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(expected)), key
+            if then is not None and then.matrix(32, 32) is not None:
+                unfolded = two_passes(crop, data, f"aug:11:0:{key}:0", then)
+                augmenter(unfolded, SampleRandom(f"augment:11:0:{key}:0"), rest)
+                folds += not np.array_equal(unfolded, expected)
+    assert folds >= 3
+
+
+def test_draws_made_before_the_pixel_work_are_timms_interleaved_draws():
+    """`draw`, then the drawn ops, gives the pixels of timm's order, where each op draws
+    (probability, magnitude, sign, filter) and runs before the next op draws."""
+    augmenter = build_augmenter(Augment(auto_augment="rand-m9-mstd0.5-inc1"), 64)
+    policy = augmenter.policy
+    image = FastRandomResizedCrop(size=64)(IMAGES[0], random.Random(0))
+    for index in range(60):
+        interleaved, rng = image.copy(), SampleRandom(f"d{index}")
+        for op in policy.choose(rng):
+            if rng.random() > op.prob:
+                continue
+            argument = op_argument(op.name, op.draw_magnitude(rng), op.hparams, rng)
+            NAMED_OPS[op.name][1](argument, op.hparams, rng)(interleaved)
+        drawn_first, rng = image.copy(), SampleRandom(f"d{index}")
+        for op in augmenter.draw(rng):
+            op(drawn_first)
+        assert np.array_equal(interleaved, drawn_first), index
