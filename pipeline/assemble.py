@@ -223,8 +223,8 @@ class BatchAssembler:
                     # Its own draws: the crop's stay those of a loader without augmentation.
                     augment_rng = SampleRandom(f"augment:{seed}:{epoch}:{key}:{repeat}")
                     drawn = images.augmenter.draw(augment_rng)
-                    if images.folds:  # a first op that is geometric goes into the crop
-                        then, drawn = images.augmenter.first_affine(drawn)
+                    if images.folds:  # leading geometric ops go into the crop
+                        then, drawn = images.augmenter.leading_affine(drawn)
                         fold = {} if then is None else {"then": then}
                 if out is not None and index == self.direct:
                     value = images.transform(value, rng, out=out, **fold)

@@ -7,13 +7,13 @@ OpenCV. Whatever the fast decoder does not take (non-JPEG, CMYK/YCCK, a JPEG lib
 warns about) goes to the Pillow transform with the same box, per sample, counted in
 `pillow_fallbacks()` (the loader reports it as `LoaderStats.pillow_fallbacks`).
 
-A random crop can take a geometric op to run on it (`then=`, an augmentation policy's first
-op when that is a rotate, shear or translate: `pipeline.augment.levels.AffineOp`). Where the
-crop is one bilinear resample of the decoded pixels, the op's matrix is folded into it: one
-warp from the decoded image, then the op's fill painted exactly where Pillow's op would
-fill. That saves the op's own pass over the crop (its resampling and edge handling) and
-resamples once instead of twice, so a folded op is a little sharper than the op run on
-the crop (docs/LOADER.md, "A first geometric op is folded into the crop"). Other crops (box-averaged
+A random crop can take geometric ops to run on it (`then=`, an augmentation policy's
+leading rotates, shears and translates: `pipeline.augment.levels.AffineRun`). Where the
+crop is one bilinear resample of the decoded pixels, their matrices are folded into it:
+one warp from the decoded image, reading only the box's region, whose border is the fill.
+That saves each op's own pass over the crop (its resampling, edge and fill) and resamples
+once instead of twice or more, so a folded op is a little sharper than the op run on the
+crop (docs/LOADER.md, "A first geometric op is folded into the crop"). Other crops (box-averaged
 shrinks, other filters, Pillow fallbacks) run the op on the crop after.
 """
 
@@ -42,7 +42,7 @@ from shards.image.policy import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.augment.levels import AffineOp
+    from pipeline.augment.levels import AffineRun
 
 # Above this shrink factor (source box side / output side) a crop is box-averaged (OpenCV's
 # INTER_AREA) instead of resized with OpenCV's bilinear, which is not antialiased: Pillow's
@@ -106,7 +106,7 @@ class _FastCrop:
     # The loader may pass `out=`, a (size, size, 3) slot of the batch: the crop is resized
     # straight into it (no per-sample output array, no copy into the batch).
     writes_into: ClassVar[bool] = True
-    # It takes `then=`, a geometric op to fold into the crop (the module docstring).
+    # It takes `then=`, geometric ops to fold into the crop (the module docstring).
     folds_affine: ClassVar[bool] = True
     # JPEGs whose MCU rows start restart intervals are decoded only over the intervals under
     # the crop (`JpegCrop.decode_band`); benchmarks turn it off to time the whole decode.
@@ -127,13 +127,13 @@ class _FastCrop:
         image_bytes: bytes,
         rng: random.Random,
         out: np.ndarray | None = None,
-        then: AffineOp | None = None,
+        then: AffineRun | None = None,
     ) -> np.ndarray:
         """Decode this transform's crop of `image_bytes` at `size` x `size`, flipped if drawn.
 
         Args:
             out: a C-contiguous uint8 (size, size, 3) array to write the crop into.
-            then: a geometric op to apply to the crop, folded into its resize where the
+            then: geometric ops to apply to the crop, folded into its resize where the
                 crop is one bilinear resample (see the module docstring).
 
         Returns:
@@ -154,7 +154,7 @@ class _FastCrop:
         )
 
 
-def _then(pixels: np.ndarray, then: AffineOp | None) -> np.ndarray:
+def _then(pixels: np.ndarray, then: AffineRun | None) -> np.ndarray:
     """`pixels` with `then` run on them (on a writable copy if they are read-only)."""
     if then is None:
         return pixels
@@ -224,7 +224,7 @@ class JpegCrop:
         draft: bool,
         max_pixels: int,
         out: np.ndarray | None = None,
-        then: AffineOp | None = None,
+        then: AffineRun | None = None,
     ) -> np.ndarray:
         """Decode `box` (source pixels) resized to `size` x `size`, maybe mirrored, and
         `then` applied (folded into the resize where that is one bilinear resample).
@@ -256,7 +256,9 @@ class JpegCrop:
         if fold is None:
             crop = resize_box(pixels, scaled, size, resample, flip, out, origin=(left, top))
             return _then(crop, then)
-        return _fold(pixels, scaled, size, flip, fold, then.fill, out, (left, top))
+        crop = _fold(pixels, scaled, size, flip, fold, then.fill, out, (left, top))
+        then.paint_fills(crop)
+        return crop
 
     def decode_band(self, box: Box, scale: int, plain: bool = False) -> _Decoded | None:
         """Only the restart intervals under `box`, decoded at 1/`scale`, or None.
@@ -429,10 +431,10 @@ def _fold(
     out: np.ndarray | None,
     origin: tuple[int, int],
 ) -> np.ndarray:
-    """The crop of `box` with a geometric op folded in: one bilinear warp of the decoded
+    """The crop of `box` with geometric ops folded in: one bilinear warp of the decoded
     pixels, reading the crop's source region only, the fill outside it.
 
-    `fold` (2 x 3, pixel centres) maps each output pixel to the point of the crop the op
+    `fold` (2 x 3, pixel centres) maps each output pixel to the point of the crop the ops
     would read; the crop's own matrix maps that into the image. The source is the box's
     region (edges rounded to whole pixels, at most half a source pixel), so OpenCV's
     constant border is the op's fill: where the point is outside the crop, the fill; within

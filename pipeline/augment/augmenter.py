@@ -6,8 +6,8 @@ module-level classes), so it reaches spawned workers; every draw comes from the
 sample's `rng`, so a sample gets the same augmentation on any worker, rank or resume.
 
 The policy's ops are drawn before any pixel work (`Augmenter.draw`, in timm's order of
-draws), so the loader can hand a first op that is geometric to the fast crop, which
-folds it into its own resize (`Augmenter.first_affine`, `pipeline.fast_transforms`).
+draws), so the loader can hand the leading geometric ops to the fast crop, which
+folds them into its own resize (`Augmenter.leading_affine`, `pipeline.fast_transforms`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from pipeline.augment.color import ColorJitter, RandomGaussianBlur, RandomGrayscale
 from pipeline.augment.erasing import RandomErasing
 from pipeline.augment.grammar import parse_policy
-from pipeline.augment.levels import AffineOp, DrawnOp, Hparams
+from pipeline.augment.levels import AffineOp, AffineRun, DrawnOp, Hparams
 from pipeline.augment.policies import build_policy
 from pipeline.augment.settings import Augment
 
@@ -61,11 +61,17 @@ class Augmenter:
         return () if self.policy is None else self.policy.draw(rng)
 
     @staticmethod
-    def first_affine(drawn: tuple[DrawnOp, ...]) -> tuple[AffineOp | None, tuple[DrawnOp, ...]]:
-        """The first drawn op when it is geometric (a crop may fold it), and the rest."""
-        if drawn and isinstance(drawn[0], AffineOp):
-            return drawn[0], drawn[1:]
-        return None, drawn
+    def leading_affine(
+        drawn: tuple[DrawnOp, ...],
+    ) -> tuple[AffineRun | None, tuple[DrawnOp, ...]]:
+        """The drawn ops' leading geometric ones of one fill (a crop may fold them), and
+        the rest; None when the first op is not geometric."""
+        count = 0
+        while count < len(drawn) and isinstance(drawn[count], AffineOp):
+            if drawn[count].fill != drawn[0].fill:
+                break
+            count += 1
+        return (AffineRun(drawn[:count]) if count else None), drawn[count:]
 
     def __call__(
         self, pixels: np.ndarray, rng: random.Random, drawn: tuple[DrawnOp, ...] | None = None

@@ -177,6 +177,43 @@ class AffineOp:
 
 
 @dataclass(frozen=True)
+class AffineRun:
+    """A policy's leading geometric ops, in order, as the fast crop folds them.
+
+    For output pixel p the crop reads the image at C . M1 . M2 ... p (C: the crop's own
+    matrix; Mi: op i's, pixel centres), so where the first op would fill, the point is
+    outside the crop's region, whose border is the fill; where a later op would fill (its
+    point leaves the frame), `paint_fills` paints it after, exactly as Pillow would.
+    """
+
+    ops: tuple[AffineOp, ...]
+
+    @property
+    def fill(self) -> tuple[int, int, int]:
+        return self.ops[0].fill
+
+    def centre_matrix(self, width: int, height: int) -> np.ndarray | None:
+        """The composite in pixel-centre coordinates, 2 x 3; None: every op the identity."""
+        matrices = [op.centre_matrix(width, height) for op in self.ops]
+        return warp.compose([m for m in matrices if m is not None])
+
+    def paint_fills(self, pixels: np.ndarray) -> None:
+        """Paint each later op's fill where its point (through the ops after it) leaves the
+        frame: Pillow's pixels exactly (the first op's is the crop's border)."""
+        height, width = pixels.shape[:2]
+        suffix: list[np.ndarray] = []
+        for op in reversed(self.ops[1:]):
+            matrix = op.matrix(width, height)
+            if matrix is not None:
+                suffix.insert(0, np.reshape(matrix, (2, 3)))
+                warp.fill_outside(pixels, warp.compose(suffix).ravel(), op.fill)
+
+    def __call__(self, pixels: np.ndarray) -> None:
+        for op in self.ops:
+            op(pixels)
+
+
+@dataclass(frozen=True)
 class _Affine:
     """Makes `AffineOp`s of one kind: draws the filter (timm draws it in the op)."""
 

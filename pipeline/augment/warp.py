@@ -86,6 +86,25 @@ def centre_matrix(matrix: Sequence[float]) -> np.ndarray:
     return np.array([[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]])
 
 
+def compose(matrices: Sequence[np.ndarray]) -> np.ndarray | None:
+    """2 x 3 affine matrices composed, each reading through the next: the point
+    m1 . (m2 . (... p)); None for none. (Pillow's and pixel-centre matrices alike.)"""
+    if not matrices:
+        return None
+    composite = np.asarray(matrices[0], dtype=np.float64)
+    for matrix in matrices[1:]:
+        linear = composite[:, :2]
+        composite = np.hstack([linear @ matrix[:, :2], linear @ matrix[:, 2:] + composite[:, 2:]])
+    return composite
+
+
+def fill_outside(pixels: np.ndarray, matrix: Sequence[float], fill: Sequence[int]) -> None:
+    """Paint `fill` exactly where Pillow's transform with `matrix`, of an image of
+    `pixels`' size, fills: for an op whose resampling was folded into the crop."""
+    height, width = pixels.shape[:2]
+    _fill_outside(pixels, inside_spans(matrix, width, height), fill)
+
+
 def _warp(pixels: np.ndarray, matrix: tuple[float, ...], resample: str, fill) -> None:
     """Any matrix through `cv2.warpAffine`, edge repeated, then Pillow's fill.
 

@@ -29,7 +29,7 @@ cv2 = pytest.importorskip("cv2")
 from pipeline import Augment, Batching  # noqa: E402
 from pipeline.augment import build_augmenter, warp  # noqa: E402
 from pipeline.augment.levels import OPS as NAMED_OPS  # noqa: E402
-from pipeline.augment.levels import AffineOp, op_argument  # noqa: E402
+from pipeline.augment.levels import AffineOp, AffineRun, op_argument  # noqa: E402
 from pipeline.fast_transforms import FastRandomResizedCrop  # noqa: E402
 from pipeline.transforms import SampleRandom  # noqa: E402
 from tests.oddimages import encode, noise_image, photo_jpeg  # noqa: E402
@@ -57,11 +57,17 @@ FOLDED = [
 IMAGES = [photo_jpeg(256, 341, seed=1), photo_jpeg(341, 256, seed=2), photo_jpeg(500, 375, 3)]
 
 
-def two_passes(crop, data: bytes, seed: str, op: AffineOp) -> np.ndarray:
-    """The crop, then the op on it (what timm does, with our Pillow-exact ops)."""
+def two_passes(crop, data: bytes, seed: str, *ops: AffineOp) -> np.ndarray:
+    """The crop, then each op on it (what timm does, with our Pillow-exact ops)."""
     pixels = crop(data, SampleRandom(seed))
-    op(pixels)
+    for op in ops:
+        op(pixels)
     return pixels
+
+
+def folded(crop, data: bytes, seed: str, *ops: AffineOp, **options) -> np.ndarray:
+    """The crop with `ops` folded in (where it can)."""
+    return crop(data, SampleRandom(seed), then=AffineRun(ops), **options)
 
 
 def inside(op: AffineOp, size: int) -> np.ndarray:
@@ -79,11 +85,44 @@ def test_a_folded_op_is_the_op_on_the_crop_within_psnr(op):
     far_outside = ~cv2.dilate(sampled.astype(np.uint8), ring).astype(bool)
     for index, data in enumerate(IMAGES):
         for seed in (f"a{index}", f"b{index}", f"c{index}"):
-            folded = crop(data, SampleRandom(seed), then=op)
+            once = folded(crop, data, seed, op)
             reference = two_passes(crop, data, seed, op)
-            assert psnr(folded, reference) > FOLD_FLOOR, (op, seed)
-            assert (folded[far_outside] == FILL).all()
+            assert psnr(once, reference) > FOLD_FLOOR, (op, seed)
+            assert (once[far_outside] == FILL).all()
             assert (reference[far_outside] == FILL).all()
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        (FOLDED[0], FOLDED[5]),  # rotate, then shear-y
+        (FOLDED[8], FOLDED[2]),  # translate-x, then rotate
+        (FOLDED[4], FOLDED[7]),  # shear-x, then shear-y
+    ],
+    ids=["rotate-shear", "translate-rotate", "shear-shear"],
+)
+def test_two_geometric_ops_fold_into_one_warp_with_both_fills(first, second):
+    """The second op's own fill (where its point leaves the frame) is painted exactly, the
+    first's is the crop's border: far from either edge, the fill is Pillow's."""
+    crop = FastRandomResizedCrop(size=112)
+    sampled = inside(second, 112) & _inside_through(first, second, 112)
+    far_outside = ~cv2.dilate(sampled.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+    assert far_outside.any() and sampled.any()
+    for index, data in enumerate(IMAGES):
+        for seed in (f"a{index}", f"b{index}"):
+            once = folded(crop, data, seed, first, second)
+            reference = two_passes(crop, data, seed, first, second)
+            assert psnr(once, reference) > FOLD_FLOOR, seed
+            assert (once[far_outside] == FILL).all() and (reference[far_outside] == FILL).all()
+    assert (folded(crop, IMAGES[0], "x", first, second)[~inside(second, 112)] == FILL).all()
+
+
+def _inside_through(first: AffineOp, second: AffineOp, size: int) -> np.ndarray:
+    """Where the second op's point, read through the first, lands inside the crop."""
+    both = warp.compose([np.reshape(m.matrix(size, size), (2, 3)) for m in (first, second)])
+    low, high = warp.inside_spans(both.ravel(), size, size)
+    columns = np.arange(size)
+    return (columns >= low[:, None]) & (columns < high[:, None])
 
 
 def test_a_fold_in_the_wrong_direction_fails_the_floor():
@@ -91,8 +130,7 @@ def test_a_fold_in_the_wrong_direction_fails_the_floor():
     for kind, argument in (("Rotate", 20.0), ("ShearX", 0.3), ("TranslateXRel", 0.2)):
         op = AffineOp(kind, argument, "bilinear", FILL)
         wrong = AffineOp(kind, -argument, "bilinear", FILL)
-        folded = crop(IMAGES[0], SampleRandom("w"), then=wrong)
-        assert psnr(folded, two_passes(crop, IMAGES[0], "w", op)) < 20
+        assert psnr(folded(crop, IMAGES[0], "w", wrong), two_passes(crop, IMAGES[0], "w", op)) < 20
 
 
 def test_a_fold_with_the_crop_box_off_fails_the_floor():
@@ -107,7 +145,7 @@ def test_a_fold_with_the_crop_box_off_fails_the_floor():
             return (left + 4, top, right + 4, bottom), flip
 
     moved = Moved(size=112, scale=(0.3, 0.3))
-    assert psnr(moved(data, SampleRandom("m"), then=op), two_passes(crop, data, "m", op)) < 29
+    assert psnr(folded(moved, data, "m", op), two_passes(crop, data, "m", op)) < 29
 
 
 def test_an_op_that_moves_nothing_leaves_the_crop_as_it_was():
@@ -120,7 +158,7 @@ def test_an_op_that_moves_nothing_leaves_the_crop_as_it_was():
     ):
         for seed in ("i", "j"):
             plain = crop(IMAGES[1], SampleRandom(seed))
-            assert np.array_equal(crop(IMAGES[1], SampleRandom(seed), then=op), plain), op
+            assert np.array_equal(folded(crop, IMAGES[1], seed, op, op), plain), op
 
 
 @pytest.mark.parametrize(
@@ -137,15 +175,16 @@ def test_an_op_that_moves_nothing_leaves_the_crop_as_it_was():
 def test_crops_that_are_not_one_bilinear_warp_run_the_op_after(crop, data):
     op = AffineOp("Rotate", 15.0, "bilinear", FILL)
     for seed in ("p", "q", "r"):
-        folded = crop(data, SampleRandom(seed), then=op)
-        assert np.array_equal(folded, two_passes(crop, data, seed, op))
+        second = AffineOp("ShearY", 0.2, "bicubic", FILL)
+        once = folded(crop, data, seed, op, second)
+        assert np.array_equal(once, two_passes(crop, data, seed, op, second))
 
 
 def test_a_fold_writes_into_the_slot_and_flips_with_the_crop():
     crop = FastRandomResizedCrop(size=96, hflip=1.0)
     op = AffineOp("ShearX", 0.2, "bilinear", FILL)
     slot = np.zeros((96, 96, 3), np.uint8)
-    assert crop(IMAGES[0], SampleRandom("s"), out=slot, then=op) is slot
+    assert folded(crop, IMAGES[0], "s", op, out=slot) is slot
     assert psnr(slot, two_passes(crop, IMAGES[0], "s", op)) > FOLD_FLOOR
     unflipped = FastRandomResizedCrop(size=96, hflip=0.0)
     assert psnr(slot, two_passes(unflipped, IMAGES[0], "s", op)) < 20
@@ -160,8 +199,9 @@ def test_a_folded_crop_of_a_band_is_the_folded_crop_of_the_whole_decode():
     object.__setattr__(whole, "band_decode", False)  # a ClassVar, set on this one crop
     for index, op in enumerate(FOLDED[::2]):
         seed = f"band{index}"
-        folded = band(data, SampleRandom(seed), then=op)
-        assert np.array_equal(folded, whole(data, SampleRandom(seed), then=op)), op
+        ops = (op, FOLDED[-index - 1])
+        once = folded(band, data, seed, *ops)
+        assert np.array_equal(once, folded(whole, data, seed, *ops)), op
 
 
 def train_images(shard_dir: Path) -> dict[str, bytes]:
@@ -189,12 +229,12 @@ def test_the_loader_folds_a_policys_first_geometric_op_into_the_crop(shard_dir):
         for key, image in zip(keys, images, strict=True):
             data = sources[key.rsplit("/", 1)[-1]] if key not in sources else sources[key]
             rng = SampleRandom(f"augment:11:0:{key}:0")
-            then, rest = augmenter.first_affine(augmenter.draw(rng))
+            then, rest = augmenter.leading_affine(augmenter.draw(rng))
             expected = crop(data, SampleRandom(f"aug:11:0:{key}:0"), then=then)
             augmenter(expected, rng, rest)
             assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(expected)), key
-            if then is not None and then.matrix(32, 32) is not None:
-                unfolded = two_passes(crop, data, f"aug:11:0:{key}:0", then)
+            if then is not None and then.centre_matrix(32, 32) is not None:
+                unfolded = two_passes(crop, data, f"aug:11:0:{key}:0", *then.ops)
                 augmenter(unfolded, SampleRandom(f"augment:11:0:{key}:0"), rest)
                 folds += not np.array_equal(unfolded, expected)
     assert folds >= 3
