@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from pipeline.affine import compose
 from pipeline.decode import Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
 from shards.image.bands import crop_band
@@ -391,14 +392,19 @@ def _to_integral_shrink(cv2: ModuleType, region: np.ndarray, size: int, shrink: 
     return cv2.resize(region, (side, side), interpolation=cv2.INTER_LINEAR)
 
 
-def _crop_matrix(box: Box, size: int, flip: bool) -> np.ndarray:
-    """Output pixel centre x + 0.5 maps to source left + (x + 0.5) * sx (2 x 3, centres)."""
+def _crop_matrix(box: Box, size: int, flip: bool) -> tuple[float, ...]:
+    """Output pixel centre x + 0.5 maps to source left + (x + 0.5) * sx: the 2 x 3 matrix
+    (pixel centres), row by row."""
     left, top, right, bottom = box
     sx, sy = (right - left) / size, (bottom - top) / size
     # Flipped, output column x reads where unflipped column size - 1 - x would.
     offset = left + ((size - 0.5) if flip else 0.5) * sx - 0.5
-    row_x = (-sx if flip else sx, 0.0, offset)
-    return np.array([row_x, (0.0, sy, top + 0.5 * sy - 0.5)])
+    return (-sx if flip else sx, 0.0, offset, 0.0, sy, top + 0.5 * sy - 0.5)
+
+
+def _as_cv2(matrix: tuple[float, ...]) -> np.ndarray:
+    """A 2 x 3 matrix given row by row, as OpenCV takes it."""
+    return np.array(matrix, dtype=np.float64).reshape(2, 3)
 
 
 def _warp(
@@ -413,7 +419,7 @@ def _warp(
     """Affine resample of `box` (`_crop_matrix`), edges repeated."""
     return cv2.warpAffine(
         pixels,
-        _crop_matrix(box, size, flip),
+        _as_cv2(_crop_matrix(box, size, flip)),
         (size, size),
         dst=out,
         flags=interpolation | cv2.WARP_INVERSE_MAP,
@@ -426,7 +432,7 @@ def _fold(
     box: Box,
     size: int,
     flip: bool,
-    fold: np.ndarray,
+    fold: tuple[float, ...],
     fill: tuple[int, int, int],
     out: np.ndarray | None,
     origin: tuple[int, int],
@@ -434,7 +440,7 @@ def _fold(
     """The crop of `box` with geometric ops folded in: one bilinear warp of the decoded
     pixels, reading the crop's source region only, the fill outside it.
 
-    `fold` (2 x 3, pixel centres) maps each output pixel to the point of the crop the ops
+    `fold` (pixel centres, `pipeline.augment.warp`'s order) maps each output pixel to the point of the crop the ops
     would read; the crop's own matrix maps that into the image. The source is the box's
     region (edges rounded to whole pixels, at most half a source pixel), so OpenCV's
     constant border is the op's fill: where the point is outside the crop, the fill; within
@@ -446,11 +452,10 @@ def _fold(
     right, bottom = max(round(box[2]), left + 1), max(round(box[3]), top + 1)
     region = pixels[top - origin[1] : bottom - origin[1], left - origin[0] : right - origin[0]]
     shifted = (box[0] - left, box[1] - top, box[2] - left, box[3] - top)
-    matrix = _crop_matrix(shifted, size, flip)
-    matrix = np.hstack([matrix[:, :2] @ fold[:, :2], matrix[:, :2] @ fold[:, 2:] + matrix[:, 2:]])
+    matrix = compose((_crop_matrix(shifted, size, flip), fold))
     return cv2.warpAffine(
         region,
-        matrix,
+        _as_cv2(matrix),
         (size, size),
         dst=out,
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.affine import Matrix, centre_matrix, compose
 from pipeline.augment import ops, warp
 
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitude 10 is an op's full strength
@@ -170,10 +171,10 @@ class AffineOp:
         if matrix is not None:
             warp.affine(pixels, matrix, self.resample, self.fill)
 
-    def centre_matrix(self, width: int, height: int) -> np.ndarray | None:
-        """The matrix in pixel-centre coordinates (OpenCV's), 2 x 3; None: the identity."""
+    def centre_matrix(self, width: int, height: int) -> Matrix | None:
+        """The matrix in pixel-centre coordinates (OpenCV's); None: the identity."""
         matrix = self.matrix(width, height)
-        return None if matrix is None else warp.centre_matrix(matrix)
+        return None if matrix is None else centre_matrix(matrix)
 
 
 @dataclass(frozen=True)
@@ -192,21 +193,21 @@ class AffineRun:
     def fill(self) -> tuple[int, int, int]:
         return self.ops[0].fill
 
-    def centre_matrix(self, width: int, height: int) -> np.ndarray | None:
-        """The composite in pixel-centre coordinates, 2 x 3; None: every op the identity."""
+    def centre_matrix(self, width: int, height: int) -> Matrix | None:
+        """The composite in pixel-centre coordinates; None: every op the identity."""
         matrices = [op.centre_matrix(width, height) for op in self.ops]
-        return warp.compose([m for m in matrices if m is not None])
+        return compose([m for m in matrices if m is not None])
 
     def paint_fills(self, pixels: np.ndarray) -> None:
         """Paint each later op's fill where its point (through the ops after it) leaves the
         frame: Pillow's pixels exactly (the first op's is the crop's border)."""
         height, width = pixels.shape[:2]
-        suffix: list[np.ndarray] = []
+        suffix: list[tuple[float, ...]] = []
         for op in reversed(self.ops[1:]):
             matrix = op.matrix(width, height)
             if matrix is not None:
-                suffix.insert(0, np.reshape(matrix, (2, 3)))
-                warp.fill_outside(pixels, warp.compose(suffix).ravel(), op.fill)
+                suffix.insert(0, matrix)
+                warp.fill_outside(pixels, compose(suffix), op.fill)
 
     def __call__(self, pixels: np.ndarray) -> None:
         for op in self.ops:

@@ -78,26 +78,6 @@ def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int
     affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
 
 
-def centre_matrix(matrix: Sequence[float]) -> np.ndarray:
-    """Pillow's `matrix` in pixel-centre coordinates: output pixel (x, y) reads input point
-    (column, row) = this 2 x 3 matrix . (x, y, 1), as `cv2.warpAffine` with
-    `WARP_INVERSE_MAP` reads it (Pillow's frame has pixel i spanning [i, i + 1))."""
-    a, b, c, d, e, f = (float(value) for value in matrix)
-    return np.array([[a, b, c + (a + b) / 2 - 0.5], [d, e, f + (d + e) / 2 - 0.5]])
-
-
-def compose(matrices: Sequence[np.ndarray]) -> np.ndarray | None:
-    """2 x 3 affine matrices composed, each reading through the next: the point
-    m1 . (m2 . (... p)); None for none. (Pillow's and pixel-centre matrices alike.)"""
-    if not matrices:
-        return None
-    composite = np.asarray(matrices[0], dtype=np.float64)
-    for matrix in matrices[1:]:
-        linear = composite[:, :2]
-        composite = np.hstack([linear @ matrix[:, :2], linear @ matrix[:, 2:] + composite[:, 2:]])
-    return composite
-
-
 def fill_outside(pixels: np.ndarray, matrix: Sequence[float], fill: Sequence[int]) -> None:
     """Paint `fill` exactly where Pillow's transform with `matrix`, of an image of
     `pixels`' size, fills: for an op whose resampling was folded into the crop."""

@@ -27,6 +27,7 @@ pytest.importorskip("simplejpeg")
 cv2 = pytest.importorskip("cv2")
 
 from pipeline import Augment, Batching  # noqa: E402
+from pipeline.affine import compose  # noqa: E402
 from pipeline.augment import build_augmenter, warp  # noqa: E402
 from pipeline.augment.levels import OPS as NAMED_OPS  # noqa: E402
 from pipeline.augment.levels import AffineOp, AffineRun, op_argument  # noqa: E402
@@ -119,8 +120,8 @@ def test_two_geometric_ops_fold_into_one_warp_with_both_fills(first, second):
 
 def _inside_through(first: AffineOp, second: AffineOp, size: int) -> np.ndarray:
     """Where the second op's point, read through the first, lands inside the crop."""
-    both = warp.compose([np.reshape(m.matrix(size, size), (2, 3)) for m in (first, second)])
-    low, high = warp.inside_spans(both.ravel(), size, size)
+    both = compose([op.matrix(size, size) for op in (first, second)])
+    low, high = warp.inside_spans(both, size, size)
     columns = np.arange(size)
     return (columns >= low[:, None]) & (columns < high[:, None])
 
