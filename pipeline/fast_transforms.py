@@ -13,7 +13,7 @@ crop is one bilinear resample of the decoded pixels, their matrices are folded i
 one warp from the decoded image, reading only the box's region, whose border is the fill.
 That saves each op's own pass over the crop (its resampling, edge and fill) and resamples
 once instead of twice or more, so a folded op is a little sharper than the op run on the
-crop (docs/LOADER.md, "A first geometric op is folded into the crop"). Other crops (box-averaged
+crop (docs/LOADER.md, "Leading geometric ops are folded into the crop"). Other crops (box-averaged
 shrinks, other filters, Pillow fallbacks) run the op on the crop after.
 """
 
