@@ -440,12 +440,15 @@ def _fold(
     """The crop of `box` with geometric ops folded in: one bilinear warp of the decoded
     pixels, reading the crop's source region only, the fill outside it.
 
-    `fold` (pixel centres, `pipeline.augment.warp`'s order) maps each output pixel to the point of the crop the ops
-    would read; the crop's own matrix maps that into the image. The source is the box's
-    region (edges rounded to whole pixels, at most half a source pixel), so OpenCV's
-    constant border is the op's fill: where the point is outside the crop, the fill; within
-    half a pixel of its edge, the fill and the edge pixel blended (Pillow's hard edge,
-    antialiased: its change sits where Pillow's does).
+    `fold` (pixel centres, `pipeline.affine`'s order) maps each output pixel to the point
+    of the crop the ops would read; the crop's own matrix maps that into the image. The
+    source is the box's region (edges rounded to whole pixels, at most half a source
+    pixel), so OpenCV's constant border is the first op's fill: where the point is outside
+    the crop, the fill; within half a source pixel of its edge, the fill and the edge
+    pixel blended (Pillow's hard edge made soft over one source pixel, the crop's
+    enlargement in output pixels, centred where Pillow's edge is). A warp that also
+    repeated the edge and painted Pillow's fill exactly cost 4x as much (+221 us a
+    rotated crop against +56): nearly all the fold saves.
     """
     _, cv2 = load_fast_backends()
     left, top = round(box[0]), round(box[1])

@@ -1,4 +1,4 @@
-"""A policy's first geometric op folded into the fast crop (`pipeline.fast_transforms`).
+"""A policy's leading geometric ops folded into the fast crop (`pipeline.fast_transforms`).
 
 The fold resamples the decoded image once where timm resamples twice (the crop, then the
 op on it), so it is compared with our crop followed by the op (Pillow's within rounding,
@@ -9,7 +9,7 @@ resampling's blur, which the fold does not add: a fractional translation blurs t
 crop in two passes. The op of the wrong sign, or a crop box off by a few pixels, gives
 far less (`test_a_fold_in_the_wrong_direction_fails_the_floor`). The fill is exact away
 from its edge, where OpenCV's constant border blends it with the edge pixel over one
-pixel (Pillow's hard edge antialiased, at the same place).
+source pixel (Pillow's hard edge made soft, centred at the same place).
 """
 
 from __future__ import annotations
@@ -258,3 +258,21 @@ def test_draws_made_before_the_pixel_work_are_timms_interleaved_draws():
         for op in augmenter.draw(rng):
             op(drawn_first)
         assert np.array_equal(interleaved, drawn_first), index
+
+
+@pytest.mark.parametrize("width,height", [(1, 1), (1, 9), (9, 1), (16, 16), (3, 200)])
+def test_folds_of_tiny_and_thin_jpegs_give_a_crop_and_never_raise(width, height):
+    """The box's region may be a single pixel or row, enlarged many times: the warp still
+    fills the slot. The fill's soft edge spans one source pixel, so a one-pixel image's
+    crop is its colour blended with the fill, nothing else."""
+    data = encode(noise_image(width, height, seed=width + height), "JPEG", quality=90)
+    crop = FastRandomResizedCrop(size=32)
+    for index, first in enumerate(FOLDED):
+        second, seed = FOLDED[-1 - index], f"t{index}"
+        once = folded(crop, data, seed, first, second)
+        assert once.shape == (32, 32, 3) and once.dtype == np.uint8
+        if width == height == 1:
+            colour = crop(data, SampleRandom(seed))[0, 0].astype(int)
+            low, high = np.minimum(colour, FILL), np.maximum(colour, FILL)
+            assert ((once >= low - 1) & (once <= high + 1)).all()
+            assert (once == FILL).all(-1).any()
