@@ -142,7 +142,7 @@ def policy_table(image: np.ndarray, rounds: int, calls: int) -> str:
     half size), a figure that survives a loaded host."""
     rows = []
     for name, keywords in RECIPES.items():
-        augmenter = build_augmenter(Augment(**keywords), SIZE)
+        augmenter = build_augmenter(Augment(**keywords), SIZE, RESAMPLE)  # the loader's crop
         pixels, spent, ratios = np.empty_like(image), [], []
         for round_index in range(rounds):
             started = time.process_time()

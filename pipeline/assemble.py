@@ -179,7 +179,9 @@ class BatchAssembler:
         if s.progressive is not None:
             size = s.progressive.size_at(epoch)
             transform = dataclasses.replace(transform, size=size)
-        augmenter = build_augmenter(s.augment, size) if s.augment is not None else None
+        augmenter = None
+        if s.augment is not None:  # the policy's geometric filter follows the crop's
+            augmenter = build_augmenter(s.augment, size, getattr(transform, "resample", None))
         return EpochImages(transform, augmenter, size)
 
     def image_target(self, size: int, images: EpochImages) -> ImageTarget | None:

@@ -17,11 +17,14 @@ if TYPE_CHECKING:
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Augment", "Augmenter", "build_augmenter"]
 
 
-def build_augmenter(augment: Augment, image_size: int) -> Augmenter | None:
-    """The `Augmenter` for `augment` on `image_size` crops; None when nothing is asked."""
+def build_augmenter(
+    augment: Augment, image_size: int, crop_resample: str | None = None
+) -> Augmenter | None:
+    """The `Augmenter` for `augment` on `image_size` crops made with the filter
+    `crop_resample` (None: unknown); None when nothing is asked."""
     from pipeline.augment import augmenter
 
-    return augmenter.build_augmenter(augment, image_size)
+    return augmenter.build_augmenter(augment, image_size, crop_resample)
 
 
 def __getattr__(name: str) -> Any:

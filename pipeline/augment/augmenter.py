@@ -94,22 +94,27 @@ class Augmenter:
             pixels[...] = work
 
 
-def policy_hparams(augment: Augment, image_size: int) -> Hparams:
-    """timm's hparams for `image_size`: translate 45% of the side, fill the mean colour."""
+def policy_hparams(augment: Augment, image_size: int, crop_resample: str | None) -> Hparams:
+    """timm's hparams for `image_size`: translate 45% of the side, fill the mean colour,
+    the geometric filter the crop's (`Augment.policy_resample`)."""
     return Hparams(
         translate_const=int(image_size * 0.45),
         fill=tuple(min(255, round(255 * v)) for v in augment.mean),
+        resample=augment.policy_resample(crop_resample),
     )
 
 
-def build_augmenter(augment: Augment, image_size: int) -> Augmenter | None:
-    """The `Augmenter` for `augment` on `image_size` crops; None when nothing is asked."""
+def build_augmenter(
+    augment: Augment, image_size: int, crop_resample: str | None = None
+) -> Augmenter | None:
+    """The `Augmenter` for `augment` on `image_size` crops made with the filter
+    `crop_resample` (None: unknown); None when nothing is asked."""
     if not augment.enabled:
         return None
     policy, steps = None, []
     if augment.auto_augment is not None:
         spec = parse_policy(augment.auto_augment)
-        policy = build_policy(spec, policy_hparams(augment, image_size))
+        policy = build_policy(spec, policy_hparams(augment, image_size, crop_resample))
     if augment.color_jitter is not None and any(augment.jitter_strengths):
         steps.append(ColorJitter.from_strengths(augment.jitter_strengths))
     if augment.grayscale:

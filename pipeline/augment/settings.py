@@ -17,6 +17,8 @@ from pipeline.augment.grammar import GRAMMAR, PolicyError, parse_policy
 from shards.flags import check_choice, check_fraction, check_int_at_least, refuse
 
 RE_MODES = ("const", "rand", "pixel")  # random erasing's fills (pipeline.augment.erasing)
+# The policy's geometric filters: either of the two (drawn per op), or one
+INTERPOLATIONS = ("bilinear", "bicubic", "random")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -44,6 +46,11 @@ class Augment:
         re_ratio: range of a box's aspect ratio.
         mean, std: the dataset's per-channel mean and standard deviation (0-1 scale):
             the fill of geometric ops and erasing.
+        interpolation: the filter of the policy's rotations, shears and translations:
+            `bilinear`, `bicubic`, or `random` (either, drawn per op: timm's train.py
+            default, `--train-interpolation random`). None: the crop's (`Crop.resample`)
+            when it is bilinear or bicubic, as timm's `create_transform(interpolation=...)`
+            sets it (its loaders' default: bilinear crops, bilinear ops); else random.
         ops: your own ops, `op(pixels, rng)` on the uint8 HxWx3 crop in place, after
             the policy and colour steps, before erasing; picklable (module-level
             functions or classes, `functools.partial`), drawing only from `rng`.
@@ -60,6 +67,7 @@ class Augment:
     re_ratio: tuple[float, float] = (0.3, 1 / 0.3)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    interpolation: str | None = None
     ops: tuple[Callable, ...] = ()
 
     def __post_init__(self) -> None:
@@ -74,6 +82,7 @@ class Augment:
         for name in ("grayscale", "gaussian_blur", "re_prob"):
             check_fraction(self, name)
         check_choice(self, "re_mode", RE_MODES)
+        check_choice(self, "interpolation", INTERPOLATIONS, optional=True)
         check_int_at_least(self, "re_count", 1)
         _check_range(self, "re_area", top=1.0)
         _check_range(self, "re_ratio")
@@ -87,6 +96,14 @@ class Augment:
         jitter = self.color_jitter is not None and any(self.jitter_strengths)
         chances = (self.grayscale, self.gaussian_blur, self.re_prob)
         return self.auto_augment is not None or jitter or any(chances) or bool(self.ops)
+
+    def policy_resample(self, crop_resample: str | None) -> tuple[str, ...]:
+        """The filters the policy's geometric ops draw from (timm's `hparams`), given the
+        crop's filter (None: unknown, a transform of the user's own)."""
+        chosen = self.interpolation
+        if chosen is None and crop_resample in ("bilinear", "bicubic"):
+            chosen = crop_resample
+        return ("bilinear", "bicubic") if chosen in (None, "random") else (chosen,)
 
     @property
     def jitter_strengths(self) -> tuple[float, ...]:

@@ -223,7 +223,7 @@ def test_the_loader_folds_a_policys_first_geometric_op_into_the_crop(shard_dir):
     batch = Batching(size=8, epoch_rule="uneven", drop_last=False)
     loader = loader_for(shard_dir, augment=augment, batch=batch)
     crop = FastRandomResizedCrop(size=32)
-    augmenter = build_augmenter(augment, 32)
+    augmenter = build_augmenter(augment, 32, "bilinear")  # the loader's crop filter
     sources = train_images(shard_dir)
     folds = 0
     for images, _, keys in loader:

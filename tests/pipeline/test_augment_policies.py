@@ -167,11 +167,36 @@ def bad_lambda_op():
         (dict(std=(0.2, 0.0, 0.2)), "std"),
         (dict(ops=(1,)), "ops"),
         (dict(ops=(bad_lambda_op(),)), "ops"),
+        (dict(interpolation="lanczos"), "interpolation"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(kwargs, field):
     with pytest.raises(SettingError, match=rf"^Augment\.{field}"):
         Augment(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "interpolation, crop, expected",
+    [
+        (None, "bilinear", ("bilinear",)),  # timm's loaders: the train interpolation
+        (None, "bicubic", ("bicubic",)),
+        (None, "nearest", ("bilinear", "bicubic")),  # no fixed filter timm's ops take
+        (None, None, ("bilinear", "bicubic")),  # a crop of the user's own
+        ("random", "bilinear", ("bilinear", "bicubic")),  # timm's train.py default
+        ("bicubic", "bilinear", ("bicubic",)),
+    ],
+)
+def test_the_policys_geometric_filter_follows_the_crop_as_timms(interpolation, crop, expected):
+    augment = Augment(auto_augment="rand-m9-mstd0.5-inc1", interpolation=interpolation)
+    assert augment.policy_resample(crop) == expected
+    augmenter = build_augmenter(augment, 64, crop)
+    assert {op.hparams.resample for op in augmenter.policy.ops} == {expected}
+    rotations = collections.Counter()
+    for index in range(400):  # each geometric op's drawn filter is one of `expected`
+        for op in augmenter.draw(SampleRandom(f"f{index}")):
+            if hasattr(op, "resample"):
+                rotations[op.resample] += 1
+    assert set(rotations) == set(expected) and min(rotations.values()) > 20
 
 
 def test_lists_become_tuples_so_the_settings_stay_hashable():
