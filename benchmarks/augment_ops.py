@@ -8,9 +8,11 @@ new image). Both run in the same rounds, the ops in a rotating order and the two
 alternating first, on CPU time, OpenCV on one thread as in the loader's workers. Prints a
 markdown table: microseconds an image each way, the median over rounds of Pillow / ours
 with its spread ((max - min) / median), and the fidelity: `exact` (every byte equal) or
-the PSNR in dB against Pillow. A last table times whole recipes (ours only): the
-policies, DeiT's worker recipe with random erasing, and erasing alone, also as a multiple
-of a reference op (cv2.resize) timed in the same rounds.
+the PSNR in dB against Pillow. Then whole recipes (ours only): the policies (geometric
+ops bilinear, as behind the loader's default bilinear crop), DeiT's worker recipe with
+random erasing, and erasing alone, also as a multiple of a reference op (cv2.resize)
+timed in the same rounds; and last, a geometric op folded into the fast crop against
+the op run after it.
 
     python benchmarks/augment_ops.py [--rounds 7] [--calls 200] [--magnitude 9]
 """
