@@ -276,3 +276,39 @@ def test_folds_of_tiny_and_thin_jpegs_give_a_crop_and_never_raise(width, height)
             low, high = np.minimum(colour, FILL), np.maximum(colour, FILL)
             assert ((once >= low - 1) & (once <= high + 1)).all()
             assert (once == FILL).all(-1).any()
+
+
+def test_a_shifted_crop_decodes_only_the_rows_it_reads(monkeypatch):
+    """A shift by 40% of the side leaves 40% of the box unread: the band asked of the JPEG
+    is that much shorter, and the crop the same bytes as from the whole decode."""
+    from pipeline import fast_transforms
+
+    asked: list[tuple] = []
+    original = fast_transforms.crop_band
+
+    def spy(data, left, top, right, bottom, scale):
+        asked.append((left, top, right, bottom))
+        return original(data, left, top, right, bottom, scale)
+
+    monkeypatch.setattr(fast_transforms, "crop_band", spy)
+    data = marked_jpeg(512, 384, seed=5)
+    crop = FastRandomResizedCrop(size=112, scale=(0.5, 0.5), ratio=(1.0, 1.0))
+    whole = FastRandomResizedCrop(size=112, scale=(0.5, 0.5), ratio=(1.0, 1.0))
+    object.__setattr__(whole, "band_decode", False)
+    for shift, kind in ((0.4, "TranslateYRel"), (-0.4, "TranslateYRel"), (0.4, "TranslateXRel")):
+        op = AffineOp(kind, shift, "bilinear", FILL)
+        crop(data, SampleRandom("s"))
+        _, top, _, bottom = asked[-1]
+        plain_rows, plain_columns = bottom - top, asked[-1][2] - asked[-1][0]
+        once = folded(crop, data, "s", op)
+        left, top, right, bottom = asked[-1]
+        rows, columns = bottom - top, right - left
+        if kind == "TranslateYRel":  # (the plain crop's band has a guard: a DCT-scaled box)
+            assert rows <= 0.7 * plain_rows and 0.9 * plain_columns <= columns <= plain_columns
+        else:
+            assert columns <= 0.7 * plain_columns and 0.9 * plain_rows <= rows <= plain_rows
+        assert np.array_equal(once, folded(whole, data, "s", op))
+        assert psnr(once, two_passes(crop, data, "s", op)) > FOLD_FLOOR
+    rotated = AffineOp("Rotate", 20.0, "bilinear", FILL)  # reads all of its box
+    folded(crop, data, "s", rotated)
+    assert 0.9 * plain_rows <= asked[-1][3] - asked[-1][1] <= plain_rows
