@@ -312,3 +312,24 @@ def test_a_shifted_crop_decodes_only_the_rows_it_reads(monkeypatch):
     rotated = AffineOp("Rotate", 20.0, "bilinear", FILL)  # reads all of its box
     folded(crop, data, "s", rotated)
     assert 0.9 * plain_rows <= asked[-1][3] - asked[-1][1] <= plain_rows
+
+
+@pytest.mark.parametrize("shift", [-500.0, 500.0])
+def test_a_shift_past_the_whole_crop_is_all_fill_and_decodes_one_row(shift, monkeypatch):
+    from pipeline import fast_transforms
+
+    asked: list[tuple] = []
+    original = fast_transforms.crop_band
+
+    def spy(data, left, top, right, bottom, scale):
+        asked.append((left, top, right, bottom))
+        return original(data, left, top, right, bottom, scale)
+
+    monkeypatch.setattr(fast_transforms, "crop_band", spy)
+    crop = FastRandomResizedCrop(size=64)
+    data = marked_jpeg(256, 192, seed=6)
+    for kind in ("TranslateX", "TranslateY"):
+        once = folded(crop, data, "far", AffineOp(kind, shift, "bilinear", FILL))
+        assert (once == FILL).all()
+        left, top, right, bottom = asked[-1]
+        assert (right - left == 1) if kind == "TranslateX" else (bottom - top == 1)
