@@ -3,7 +3,8 @@
     python benchmarks/recipe_loader.py photos --output W/photos [--count 6000]
     .venv/bin/preprocess build-shards --input W/photos --output W/photo-shards --formats tar
     python benchmarks/recipe_loader.py run --shards W/photo-shards [--rounds 5] \
-        [--timm-python /tmp/shardpipe-timm-venv/bin/python]
+        [--timm-python /tmp/shardpipe-timm-venv/bin/python] [--only NAME ...] \
+        [--policies trivialaugment original 3a ...]
 
 `photos` cuts photo-like JPEGs (~500 x 375, q90, 10 classes) out of the real photographs
 that scikit-image's wheel ships (astronaut, coffee, chelsea, motorcycles, rocket, retina,
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import random
 import statistics
@@ -212,11 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--warmup", type=int, default=3)
     run.add_argument("--timm-python", default="/tmp/shardpipe-timm-venv/bin/python")
     run.add_argument("--only", nargs="*", help="contender names to run (default: all)")
+    run.add_argument(
+        "--policies",
+        nargs="*",
+        default=[],
+        help="more `auto_augment` policies to time against our plain loader (trivialaugment, ...)",
+    )
     args = parser.parse_args(argv)
     if args.command == "photos":
         make_photos(args.output, args.count, args.seed)
         return 0
     return time_contenders(args)
+
+
+def _run_policy(name: str, shards: Path, warmup: int, augment, seed: int) -> Measurement:
+    return run_ours(name, shards, seed, warmup, augment)
 
 
 def time_contenders(args: argparse.Namespace) -> int:
@@ -241,7 +253,13 @@ def time_contenders(args: argparse.Namespace) -> int:
             "timm deit+re", args.timm_python, args.shards, s, args.warmup, True
         ),
     }
+    for policy in args.policies:  # other policies, each against our plain loader
+        name = f"ours {policy}"
+        contenders[name] = functools.partial(
+            _run_policy, name, args.shards, args.warmup, Augment(auto_augment=policy)
+        )
     names = [n for n in contenders if not args.only or n in args.only]
+    names = list(dict.fromkeys(names + [f"ours {policy}" for policy in args.policies]))
     runs: list[dict[str, Measurement]] = []
     for index in range(args.rounds):
         shift = index % len(names)
@@ -250,7 +268,7 @@ def time_contenders(args: argparse.Namespace) -> int:
         runs.append(results)
         line = ", ".join(f"{n} {m.images_per_s:,.0f}" for n, m in results.items())
         print(f"round {index + 1}: {line} img/s", flush=True)
-    pairs = [
+    pairs = [(f"ours {policy}", "ours plain") for policy in args.policies] + [
         ("ours deit", "ours plain"),
         ("ours deit", "timm deit"),
         ("ours deit+re", "ours plain"),
