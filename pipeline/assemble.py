@@ -219,24 +219,10 @@ class BatchAssembler:
             # Augmentation randomness comes from the sample key and epoch, so it does
             # not depend on which worker or rank happens to decode the sample.
             if spec.kind == "image":
-                rng = SampleRandom(f"aug:{seed}:{epoch}:{key}:{repeat}")
-                augment_rng, drawn, fold = None, None, {}
-                if images.augmenter is not None:
-                    # Its own draws: the crop's stay those of a loader without augmentation.
-                    augment_rng = SampleRandom(f"augment:{seed}:{epoch}:{key}:{repeat}")
-                    drawn = images.augmenter.draw(augment_rng)
-                    if images.folds:  # leading geometric ops go into the crop
-                        then, drawn = images.augmenter.leading_affine(drawn)
-                        fold = {} if then is None else {"then": then}
-                if out is not None and index == self.direct:
-                    value = images.transform(value, rng, out=out, **fold)
-                    if value is not out:  # a transform that could not use the slot
-                        out[...] = value
-                        value = out
-                else:
-                    value = images.transform(value, rng, **fold)
-                if images.augmenter is not None:
-                    value = augment_image(value, images.augmenter, augment_rng, stats, drawn)
+                slot = out if index == self.direct else None
+                value = self.decode_image(
+                    value, f"{seed}:{epoch}:{key}:{repeat}", images, stats, slot
+                )
             else:
                 if index in self.ranged:
                     check_class_range(spec, value, self.settings.num_classes, key)
@@ -246,6 +232,41 @@ class BatchAssembler:
             row.append(value)
         stats.decode_s += time.perf_counter() - started
         return tuple(row)
+
+    def decode_image(
+        self,
+        data: object,
+        draw_key: str,
+        images: EpochImages,
+        stats: WorkerStats,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One image field: the crop, then the augmentation, each drawing from its own
+        `SampleRandom` of `draw_key` (seed:epoch:key:repeat), so the crop's draws stay
+        those of a loader without augmentation. The policy's draws come first: its leading
+        geometric ops go into the crop where it folds them (`pipeline.fast_transforms`).
+
+        Args:
+            out: the batch slot the crop writes into, when the stream writes in place.
+        """
+        rng = SampleRandom(f"aug:{draw_key}")
+        augment_rng, drawn, fold = None, None, {}
+        if images.augmenter is not None:
+            augment_rng = SampleRandom(f"augment:{draw_key}")
+            drawn = images.augmenter.draw(augment_rng)
+            if images.folds:
+                then, drawn = images.augmenter.leading_affine(drawn)
+                fold = {} if then is None else {"then": then}
+        if out is not None:
+            value = images.transform(data, rng, out=out, **fold)
+            if value is not out:  # a transform that could not use the slot
+                out[...] = value
+                value = out
+        else:
+            value = images.transform(data, rng, **fold)
+        if images.augmenter is not None:
+            value = augment_image(value, images.augmenter, augment_rng, stats, drawn)
+        return value
 
     def refill(self, reserve: deque, stats: WorkerStats) -> tuple[Sample, int]:
         """A recent good sample and its repeat number (for a new augmentation)."""
