@@ -64,12 +64,10 @@ class Augmenter:
     def leading_affine(
         drawn: tuple[DrawnOp, ...],
     ) -> tuple[AffineRun | None, tuple[DrawnOp, ...]]:
-        """The drawn ops' leading geometric ones of one fill (a crop may fold them), and
-        the rest; None when the first op is not geometric."""
+        """The drawn ops' leading geometric ones (a crop may fold them), and the rest;
+        None when the first op is not geometric."""
         count = 0
         while count < len(drawn) and isinstance(drawn[count], AffineOp):
-            if drawn[count].fill != drawn[0].fill:
-                break
             count += 1
         return (AffineRun(drawn[:count]) if count else None), drawn[count:]
 

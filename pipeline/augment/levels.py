@@ -155,16 +155,14 @@ class AffineOp:
             return None if degrees == 0 else tuple(warp.rotate_matrix(degrees, width, height))
         if value == 0:
             return None
-        if kind.endswith("Rel"):
-            value *= width if kind == "TranslateXRel" else height
-        return {
-            "ShearX": (1.0, value, 0.0, 0.0, 1.0, 0.0),
-            "ShearY": (1.0, 0.0, 0.0, value, 1.0, 0.0),
-            "TranslateX": (1.0, 0.0, value, 0.0, 1.0, 0.0),
-            "TranslateXRel": (1.0, 0.0, value, 0.0, 1.0, 0.0),
-            "TranslateY": (1.0, 0.0, 0.0, 0.0, 1.0, value),
-            "TranslateYRel": (1.0, 0.0, 0.0, 0.0, 1.0, value),
-        }[kind]
+        if kind == "ShearX":
+            return (1.0, value, 0.0, 0.0, 1.0, 0.0)
+        if kind == "ShearY":
+            return (1.0, 0.0, 0.0, value, 1.0, 0.0)
+        along_x = kind.startswith("TranslateX")
+        if kind.endswith("Rel"):  # a share of the side
+            value *= width if along_x else height
+        return (1.0, 0.0, value, 0.0, 1.0, 0.0) if along_x else (1.0, 0.0, 0.0, 0.0, 1.0, value)
 
     def __call__(self, pixels: np.ndarray) -> None:
         matrix = self.matrix(pixels.shape[1], pixels.shape[0])

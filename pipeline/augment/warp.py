@@ -69,15 +69,6 @@ def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:
     return matrix
 
 
-def rotate(pixels: np.ndarray, degrees: float, resample: str, fill: Sequence[int]) -> None:
-    """`img.rotate(degrees, resample, fillcolor=fill)`: counter-clockwise, size kept."""
-    degrees %= 360.0
-    if degrees == 0:
-        return
-    height, width = pixels.shape[:2]
-    affine(pixels, rotate_matrix(degrees, width, height), resample, fill)
-
-
 def fill_outside(pixels: np.ndarray, matrix: Sequence[float], fill: Sequence[int]) -> None:
     """Paint `fill` exactly where Pillow's transform with `matrix`, of an image of
     `pixels`' size, fills: for an op whose resampling was folded into the crop."""
