@@ -219,8 +219,11 @@ class LocalRayCluster:
         env: dict[str, str] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.port = free_port()
-        self.dashboard_port = free_port()
+        # Every port handed to a node so far: the kernel may give a released port out
+        # again at once, and `ray start` refuses two components on one port.
+        self.taken_ports: set[int] = set()
+        self.port = self.free_port()
+        self.dashboard_port = self.free_port()
         self.dashboard = dashboard
         self.head_cpus = head_cpus
         self.worker_cpus = worker_cpus
@@ -377,6 +380,14 @@ class LocalRayCluster:
         logs = "\n".join(f"--- {n.name}:\n{n.log_tail(10)}" for n in self.nodes)
         raise ClusterError(f"fewer than {count} Ray nodes alive after {timeout:.0f} s\n{logs}")
 
+    def free_port(self) -> int:
+        """A free TCP port no node of this cluster has been given yet."""
+        port = free_port()
+        while port in self.taken_ports:
+            port = free_port()
+        self.taken_ports.add(port)
+        return port
+
     def _head_args(self) -> list[str]:
         # Without the dashboard Ray still runs a headless API server on the
         # dashboard port (8265 by default), so it always gets a free port.
@@ -384,7 +395,7 @@ class LocalRayCluster:
             "--head",
             f"--port={self.port}",
             f"--num-cpus={self.head_cpus}",
-            f"--ray-client-server-port={free_port()}",
+            f"--ray-client-server-port={self.free_port()}",
             f"--include-dashboard={str(self.dashboard).lower()}",
             f"--dashboard-host={HEAD_IP}",
             f"--dashboard-port={self.dashboard_port}",
@@ -405,12 +416,12 @@ class LocalRayCluster:
             f"--temp-dir={temp_dir}",
             # Every port that has a fixed default gets a free one, so several
             # nodes (and other engineers' Ray) can share this machine.
-            f"--node-manager-port={free_port()}",
-            f"--object-manager-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
+            f"--node-manager-port={self.free_port()}",
+            f"--object-manager-port={self.free_port()}",
+            f"--metrics-export-port={self.free_port()}",
+            f"--dashboard-agent-listen-port={self.free_port()}",
+            f"--dashboard-agent-grpc-port={self.free_port()}",
+            f"--runtime-env-agent-port={self.free_port()}",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
             "--disable-usage-stats",
         ]

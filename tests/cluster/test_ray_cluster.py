@@ -239,3 +239,15 @@ def test_ray_job_submit_with_working_dir(sample_dir, reference, cluster, tmp_pat
     assert "succeeded" in stdout
     assert summary_line(shard_count(reference), 0) in stdout
     assert all_files(out) == all_files(reference)
+
+
+def test_a_cluster_never_hands_one_port_to_two_components(tmp_path, monkeypatch):
+    """The kernel may give a port it just released out again; `ray start` then refuses
+    the node ("trying to use a port number ... used by other components")."""
+    from tests.cluster import raycluster
+
+    picks = iter([41000, 41001, 41001, 41000, 41002, 41003])
+    monkeypatch.setattr(raycluster, "free_port", lambda: next(picks))
+    cluster = raycluster.LocalRayCluster(tmp_path / "ray")  # takes the head's two ports
+    assert (cluster.port, cluster.dashboard_port) == (41000, 41001)
+    assert [cluster.free_port(), cluster.free_port()] == [41002, 41003]
