@@ -17,7 +17,7 @@ def centre_matrix(matrix: Sequence[float]) -> Matrix:
     """Pillow's `matrix` in pixel-centre coordinates: output pixel (x, y) reads input point
     (a x + b y + c, d x + e y + f), as `cv2.warpAffine` with `WARP_INVERSE_MAP` reads its
     2 x 3 matrix (Pillow's frame has pixel i spanning [i, i + 1))."""
-    a, b, c, d, e, f = (float(value) for value in matrix)
+    a, b, c, d, e, f = map(float, matrix)
     return (a, b, c + (a + b) / 2 - 0.5, d, e, f + (d + e) / 2 - 0.5)
 
 
@@ -27,7 +27,7 @@ def compose(matrices: Sequence[Sequence[float]]) -> Matrix | None:
     run once per crop, where numpy's small-array calls cost more than the arithmetic."""
     if not matrices:
         return None
-    a, b, c, d, e, f = (float(value) for value in matrices[0])
+    a, b, c, d, e, f = map(float, matrices[0])
     for a2, b2, c2, d2, e2, f2 in matrices[1:]:
         a, b, c, d, e, f = (
             a * a2 + b * d2,

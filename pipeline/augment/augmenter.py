@@ -12,12 +12,10 @@ folds them into its own resize (`Augmenter.leading_affine`, `pipeline.fast_trans
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
 from pipeline.augment.color import ColorJitter, RandomGaussianBlur, RandomGrayscale
@@ -26,22 +24,7 @@ from pipeline.augment.grammar import parse_policy
 from pipeline.augment.levels import AffineOp, AffineRun, DrawnOp, Hparams
 from pipeline.augment.policies import build_policy
 from pipeline.augment.settings import Augment
-
-
-class _OneThread:
-    """OpenCV set to one thread, once per process (as `shards.image.policy.fast_modules`).
-
-    The loader runs a worker per CPU, each on one image at a time, so OpenCV's own pool
-    would oversubscribe the CPUs, and a pool inherited through fork is not safe to use.
-    """
-
-    pid: int | None = None
-
-    @classmethod
-    def ensure(cls) -> None:
-        if cls.pid != os.getpid():
-            cv2.setNumThreads(1)
-            cls.pid = os.getpid()
+from shards.image.policy import load_fast_backends
 
 
 @dataclass(frozen=True)
@@ -80,7 +63,7 @@ class Augmenter:
             drawn: the policy's ops from `draw(rng)` (less any the crop has applied);
                 None: drawn here.
         """
-        _OneThread.ensure()
+        load_fast_backends()  # OpenCV on one thread in this process
         if drawn is None:
             drawn = self.draw(rng)
         work = pixels if pixels.flags.c_contiguous else np.ascontiguousarray(pixels)

@@ -298,11 +298,6 @@ def op_argument(name: str, magnitude: float, hp: Hparams, rng: random.Random) ->
     return None if level is None else level(magnitude, hp, rng)
 
 
-def drawn_op(name: str, argument: object, hp: Hparams, rng: random.Random) -> DrawnOp:
-    """Op `name` at `argument`, with the draws it makes itself (a geometric op's filter)."""
-    return OPS[name][1](argument, hp, rng)
-
-
 @dataclass(frozen=True)
 class AugmentOp:
     """One of timm's named ops at a magnitude, applied with probability `prob`.
@@ -341,5 +336,6 @@ class AugmentOp:
 
     def at(self, magnitude: float, rng: random.Random) -> DrawnOp:
         """The op at exactly `magnitude` (its level function still draws the sign)."""
-        argument = op_argument(self.name, magnitude, self.hparams, rng)
-        return drawn_op(self.name, argument, self.hparams, rng)
+        level, make = OPS[self.name]  # (op_argument's lookup, inline: this runs per image)
+        argument = None if level is None else level(magnitude, self.hparams, rng)
+        return make(argument, self.hparams, rng)

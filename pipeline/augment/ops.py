@@ -27,8 +27,8 @@ _LUMA = np.array([[19595, 38470, 7471, 0x8000]], dtype=np.float64) / 65536
 
 
 def apply_lut(pixels: np.ndarray, lut: np.ndarray) -> None:
-    """Map every value through `lut`: 256 values, or (256, 1, 3) for one table a channel."""
-    cv2.LUT(pixels, np.ascontiguousarray(lut, dtype=np.uint8), dst=pixels)
+    """Map every value through `lut` (256 uint8 values), in place."""
+    cv2.LUT(pixels, lut, dst=pixels)
 
 
 def _flat(pixels: np.ndarray) -> np.ndarray:
@@ -70,74 +70,81 @@ def invert(pixels: np.ndarray) -> None:
     np.subtract(255, pixels, out=pixels)
 
 
-def _per_channel_lut(pixels: np.ndarray, planes: list[np.ndarray], luts: np.ndarray) -> None:
-    """Apply `luts[c]` to channel c: one table for all when they agree, else plane by plane."""
-    if (luts == luts[0]).all():
+def _per_channel_luts(pixels: np.ndarray, planes: Sequence[np.ndarray], luts: Sequence) -> None:
+    """Apply `luts[c]` (a uint8 table, or None: leave the channel) to channel c.
+
+    One pass over the image when the three are one table (cached tables are one object),
+    else plane by plane: OpenCV's three-channel table is a slower scalar pass.
+    """
+    if luts[0] is not None and luts[0] is luts[1] is luts[2]:
         apply_lut(pixels, luts[0])
         return
+    if all(lut is None for lut in luts):
+        return
     for plane, lut in zip(planes, luts, strict=True):
-        cv2.LUT(plane, np.ascontiguousarray(lut, dtype=np.uint8), dst=plane)
+        if lut is not None:
+            cv2.LUT(plane, lut, dst=plane)
     cv2.merge(planes, dst=pixels)
+
+
+@functools.lru_cache(maxsize=8192)  # at most 2 MiB; photos repeat few (low, high) pairs
+def _stretch_table(low: int, high: int) -> np.ndarray | None:
+    """Pillow's autocontrast table for a channel spanning [low, high]; None: the identity.
+
+    Why cached: in a loader worker, each of numpy's small-array calls costs ~6 us (its
+    code and data cold after a JPEG decode), so computing the table cost ~90 us a call.
+    """
+    if high <= low or (low == 0 and high == 255):
+        return None
+    scale = 255.0 / (high - low)  # Pillow's float64 arithmetic, then int() truncation
+    table = np.clip((_LEVELS * scale + (-low * scale)).astype(np.int64), 0, 255)
+    table = table.astype(np.uint8)
+    table.flags.writeable = False
+    return table
 
 
 def autocontrast(pixels: np.ndarray) -> None:
     """`ImageOps.autocontrast()`: stretch each channel's [min, max] to [0, 255]."""
-    planes = list(cv2.split(pixels))
-    bounds = np.array([cv2.minMaxLoc(plane)[:2] for plane in planes], dtype=np.float64)
-    low, high = bounds[:, :1], bounds[:, 1:]
-    if (low == 0).all() and (high == 255).all():
-        return  # Pillow's table is the identity (most photos)
-    flat = high <= low
-    scale = 255.0 / np.where(flat, 1.0, high - low)  # Pillow's float64 arithmetic,
-    luts = (_LEVELS * scale + (-low * scale)).astype(np.int64)  # then int() truncation
-    luts = np.where(flat, _LEVELS, np.clip(luts, 0, 255))
-    _per_channel_lut(pixels, planes, luts)
+    planes = cv2.split(pixels)
+    luts = [_stretch_table(*(int(value) for value in cv2.minMaxLoc(plane)[:2])) for plane in planes]
+    _per_channel_luts(pixels, planes, luts)
 
 
 def equalize(pixels: np.ndarray) -> None:
-    """`ImageOps.equalize()`: each channel's histogram spread evenly, Pillow's integer steps."""
-    planes = list(cv2.split(pixels))
-    # the few small-array steps as methods and in-place ops: numpy's Python wrappers
-    # (np.stack, np.argmax, ...) cost more than the passes over 768 counts
-    counts = np.array(
-        [cv2.calcHist([plane], [0], None, [256], [0, 256]) for plane in planes], dtype=np.int64
-    ).reshape(3, 256)
-    present = counts > 0
-    last = 255 - present[:, ::-1].argmax(axis=1)  # the highest value present
-    before = counts.cumsum(axis=1)
-    step = (before[:, -1] - counts[_CHANNELS, last]) // 255
-    before -= counts
-    before += (step // 2)[:, None]
-    luts = np.minimum(before // np.maximum(step, 1)[:, None], 255)
-    # one value present, or too few pixels for a step: Pillow leaves the channel
-    keep = (present.sum(axis=1) <= 1) | (step == 0)
-    luts[keep] = _LEVELS
-    if keep.all():
-        return
-    _per_channel_lut(pixels, planes, luts)
+    """`ImageOps.equalize()`: each channel's histogram spread evenly, Pillow's integer steps.
 
-
-def blend(first: np.ndarray | float, second: np.ndarray, alpha: float) -> np.ndarray:
-    """Pillow's `Image.blend(first, second, alpha)` as float32: first + alpha * (second - first).
-
-    Pillow computes this in C `float` and truncates (clipping to 0..255 when `alpha` is
-    outside [0, 1]); the same float32 steps here give the same bytes. Returns float32
-    values in 0..255 whose truncation is Pillow's result.
+    Pillow's table: value i -> (step // 2 + pixels below i) // step, where step = (all
+    pixels - those of the highest value present) // 255; a channel with step 0 (one value
+    present, or too few pixels) is left. The three tables in one set of numpy calls on
+    (3, 256) counts: in a loader worker each call costs ~6 us, more than its arithmetic.
     """
-    first = np.asarray(first, dtype=np.float32)
-    out = second.astype(np.float32)  # contiguous: numpy's broadcasting loops are slow
-    out -= first
-    out *= np.float32(alpha)
-    out += first
-    return np.clip(out, 0, 255, out=out)
+    planes = cv2.split(pixels)
+    counts = np.concatenate([cv2.calcHist([plane], [0], None, [256], [0, 256]) for plane in planes])
+    counts = counts.astype(np.int64).reshape(3, 256)
+    below = counts.cumsum(axis=1)  # pixels at or below i; then below i
+    highest = 255 - (counts[:, ::-1] > 0).argmax(axis=1)
+    tops = counts[_CHANNELS, highest].tolist()
+    steps = [(total - top) // 255 for total, top in zip(below[:, -1].tolist(), tops, strict=True)]
+    if not any(steps):
+        return
+    below -= counts
+    divisors = np.array(steps)[:, None]
+    below += divisors // 2
+    np.maximum(divisors, 1, out=divisors)
+    below //= divisors
+    luts = np.minimum(below, 255).astype(np.uint8)
+    _per_channel_luts(
+        pixels, planes, [lut if step else None for lut, step in zip(luts, steps, strict=True)]
+    )
 
 
 def blend_image(pixels: np.ndarray, other: np.ndarray, alpha: float) -> None:
     """`pixels` = Pillow's `Image.blend(pixels, other, alpha)`, to the byte, in place.
 
-    The float32 steps of `blend`, without its copies: each is one correctly rounded float32
+    Pillow computes pixels + alpha * (other - pixels) in C `float` and truncates (clipping
+    to 0..255 when alpha extrapolates). Each step here is one correctly rounded float32
     operation on exact inputs (whole-number differences, Pillow's float alpha), so the same
-    values as Pillow's C; then clipped when alpha extrapolates, and truncated.
+    values as Pillow's C.
     """
     values = cv2.subtract(other, pixels, dtype=cv2.CV_32F)
     np.multiply(values, np.float32(alpha), out=values)  # (cv2's scalar multiply is slower)
@@ -147,10 +154,24 @@ def blend_image(pixels: np.ndarray, other: np.ndarray, alpha: float) -> None:
     np.copyto(pixels, values, casting="unsafe")  # truncates, as Pillow's (UINT8) cast
 
 
+_LEVELS_F32 = np.arange(256, dtype=np.float32)
+
+
 def blend_constant(pixels: np.ndarray, degenerate: int, factor: float) -> None:
-    """`ImageEnhance`'s blend from a one-colour image: a lookup table, Pillow's bytes exactly."""
-    if factor != 1.0:
-        apply_lut(pixels, blend(float(degenerate), _LEVELS, factor).astype(np.uint8))
+    """`ImageEnhance`'s blend from a one-colour image: a lookup table, Pillow's bytes exactly.
+
+    The table is `blend_image`'s float32 steps on the 256 values (a blend within [0, 1]
+    stays within 0..255, so only an extrapolating one is clipped).
+    """
+    if factor == 1.0:
+        return
+    first = np.float32(degenerate)
+    table = _LEVELS_F32 - first
+    table *= np.float32(factor)
+    table += first
+    if not 0.0 <= factor <= 1.0:
+        np.clip(table, 0, 255, out=table)
+    apply_lut(pixels, table.astype(np.uint8))
 
 
 # Pillow truncates its float results; ours (float32 in another order, or OpenCV's rounding)
@@ -202,27 +223,37 @@ def grayscale(pixels: np.ndarray) -> None:
     cv2.cvtColor(luma(pixels), cv2.COLOR_GRAY2RGB, dst=pixels)  # numpy's broadcast is slow
 
 
-def smooth(pixels: np.ndarray) -> np.ndarray:
-    """Pillow's `filter(ImageFilter.SMOOTH)`: a 3x3 kernel, the outermost pixels kept.
+def _smoothed(pixels: np.ndarray) -> np.ndarray:
+    """Pillow's SMOOTH kernel on every pixel but the outermost (those are not Pillow's).
 
     The kernel is the 3x3 box sum plus 4x the centre, over 13: an integer box filter
     (SIMD, exact in uint16) and one weighted sum. That sum over 13 is never within 1/26
     of a half, so its float rounding is Pillow's.
     """
+    box = cv2.boxFilter(pixels, cv2.CV_16U, (3, 3), normalize=False)
+    return cv2.addWeighted(box, 1 / 13, pixels.astype(np.uint16), 4 / 13, 0, dtype=cv2.CV_8U)
+
+
+def smooth(pixels: np.ndarray) -> np.ndarray:
+    """Pillow's `filter(ImageFilter.SMOOTH)`: a 3x3 kernel, the outermost pixels kept."""
     height, width = pixels.shape[:2]
     if height < 3 or width < 3:
         return pixels.copy()
-    box = cv2.boxFilter(pixels, cv2.CV_16U, (3, 3), normalize=False)
-    out = cv2.addWeighted(box, 1 / 13, pixels.astype(np.uint16), 4 / 13, 0, dtype=cv2.CV_8U)
+    out = _smoothed(pixels)
     out[0], out[-1] = pixels[0], pixels[-1]
     out[:, 0], out[:, -1] = pixels[:, 0], pixels[:, -1]
     return out
 
 
 def sharpness(pixels: np.ndarray, factor: float) -> None:
-    """`ImageEnhance.Sharpness(img).enhance(factor)`: a blend from the smoothed image."""
-    if factor != 1.0:
-        blend_pixels(pixels, smooth(pixels), factor)
+    """`ImageEnhance.Sharpness(img).enhance(factor)`: a blend from the smoothed image.
+
+    Pillow's smoothed image keeps the outermost pixels, whose blend is then themselves,
+    so only the inside is blended (OpenCV writes into the view).
+    """
+    height, width = pixels.shape[:2]
+    if factor != 1.0 and height >= 3 and width >= 3:
+        blend_pixels(pixels[1:-1, 1:-1], _smoothed(pixels)[1:-1, 1:-1], factor)
 
 
 def solid(color: Sequence[int], height: int, width: int) -> np.ndarray:

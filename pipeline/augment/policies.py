@@ -203,8 +203,12 @@ class RandAugment:
 
 def drawn_ops(chosen: Sequence[AugmentOp], rng: random.Random) -> tuple[DrawnOp, ...]:
     """`chosen` drawn in order (timm's draws: probability, magnitude, sign, filter)."""
-    drawn = (op.draw(rng) for op in chosen)
-    return tuple(op for op in drawn if op is not None)
+    drawn = []
+    for op in chosen:
+        one = op.draw(rng)
+        if one is not None:
+            drawn.append(one)
+    return tuple(drawn)
 
 
 def apply_drawn(pixels: np.ndarray, drawn: Sequence[DrawnOp]) -> None:

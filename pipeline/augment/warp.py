@@ -2,16 +2,19 @@
 
 Pillow maps output pixel (x, y) to the input point `matrix . (x + 0.5, y + 0.5, 1)`, fills
 where that point falls outside the image and otherwise interpolates with the edge repeated
-(bilinear, or bicubic with a = -1, its `Geometry.c`), truncating to uint8. A shear or a
-translation moves every row (or column) by one amount, so it is 1-D interpolation with
-Pillow's own weights: each row gathered at its whole shift and one weighted sum of 2 or 4
-shifted views (`numpy.einsum`), or one 1-D `cv2.filter2D` when every row moves alike. That
-is within a value of Pillow, where OpenCV's 2-D bicubic warp (a scalar loop, ~6x the time)
-is 51 dB. Other matrices (rotation) go through `cv2.warpAffine`: bilinear directly,
-bicubic as a bilinear warp of the image upsampled 2x by `cv2.resize`'s bicubic (SIMD), at
-half the time of OpenCV's bicubic warp and within 1 dB of it. Every way, the fill goes
-exactly where Pillow's goes: each row's inside span is solved from the matrix, and a row
-whose edge falls within 1e-6 of a pixel centre is scanned with Pillow's double arithmetic.
+(bilinear, or bicubic with a = -1, its `Geometry.c`), truncating to uint8. A translation
+moves every row (or column) alike: one 1-D `cv2.filter2D` with Pillow's weights (or a
+copy), the fill exactly Pillow's. Any other bilinear matrix (rotation, shear) is one
+`cv2.warpAffine` with the fill as its constant border, as the crop's fold does
+(`pipeline.fast_transforms`): 51-54 dB from Pillow a pixel away from the fill's edge,
+the edge soft over one pixel, the fill beyond it exactly Pillow's. Bicubic keeps
+Pillow's hard edge: a bicubic shear moves each row with Pillow's weights (each row
+gathered at its whole shift, one weighted sum of 4 shifted views, `numpy.einsum`; within
+a value of Pillow, where OpenCV's 2-D bicubic warp, a scalar loop at ~6x the time, is 51
+dB), a rotation is a bilinear warp of the image upsampled 2x by `cv2.resize`'s bicubic
+(SIMD), at half the time of OpenCV's bicubic warp and within 1 dB of it; each row's
+inside span is solved from the matrix, a row whose edge falls within 1e-6 of a pixel
+centre scanned with Pillow's double arithmetic, and the fill painted outside.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from pipeline.affine import centre_matrix
 from pipeline.augment.ops import NUDGE, solid
 
 RESAMPLE = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
@@ -31,15 +35,24 @@ _MARGIN = 2  # bicubic's taps reach 2 pixels past a point inside the image
 
 
 def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Sequence[int]) -> None:
-    """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`, in place."""
-    a, b, c, d, e, f = (float(value) for value in matrix)
-    if resample in _TAPS and a == 1.0 and e == 1.0:
-        if b == 0.0 and d == 0.0 and f.is_integer():  # translate-x
+    """`img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)`, in place.
+
+    Translations: 1-D interpolation, the fill exactly Pillow's. Other bilinear matrices:
+    one soft-edged warp (`_warp_bilinear`), as the crop's fold. Bicubic shears: rows
+    moved with Pillow's weights; the rest: `_warp`, the fill exactly Pillow's.
+    """
+    a, b, c, d, e, f = map(float, matrix)
+    if resample in _TAPS and a == 1.0 and e == 1.0 and b == 0.0 and d == 0.0:
+        if f.is_integer():  # translate-x
             _translate(pixels, c, int(f), 1, resample, fill)
             return
-        if b == 0.0 and d == 0.0 and c.is_integer():  # translate-y
+        if c.is_integer():  # translate-y
             _translate(pixels, f, int(c), 0, resample, fill)
             return
+    if resample == "bilinear":
+        _warp_bilinear(pixels, (a, b, c, d, e, f), fill)
+        return
+    if resample in _TAPS and a == 1.0 and e == 1.0:
         if d == 0.0 and f.is_integer():  # rows move along x: shear-x
             _shift_rows(pixels, b, c, int(f), resample, fill)
             return
@@ -49,6 +62,28 @@ def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Seq
             cv2.transpose(work, dst=pixels)
             return
     _warp(pixels, (a, b, c, d, e, f), resample, fill)
+
+
+def _warp_bilinear(pixels: np.ndarray, matrix: tuple[float, ...], fill: Sequence[int]) -> None:
+    """One bilinear `cv2.warpAffine` of a copy, the fill as OpenCV's constant border: the
+    fill edge soft over one pixel, as a geometric op folded into the crop has it
+    (`pipeline.fast_transforms`), and beyond it exactly Pillow's fill.
+
+    Why not Pillow's hard edge, as `_warp` paints it: solving and painting it (and, for a
+    shear, Pillow's own weights) cost 2-3x the warp (about 290 us a rotation or shear
+    after another op in a loader worker, against 130), for the edge pixels alone.
+    """
+    height, width = pixels.shape[:2]
+    inverse = np.array(centre_matrix(matrix), dtype=np.float64).reshape(2, 3)
+    cv2.warpAffine(
+        pixels.copy(),
+        inverse,
+        (width, height),
+        dst=pixels,
+        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=tuple(float(value) for value in fill),
+    )
 
 
 def rotate_matrix(degrees: float, width: int, height: int) -> list[float]:
@@ -291,13 +326,28 @@ def inside_spans(matrix: Sequence[float], width: int, height: int) -> tuple:
             spans.append((zero, limit) if slope > 0 else (limit, zero))
     low = np.maximum(spans[0][0], spans[1][0]).astype(np.int64)
     high = np.maximum(low, np.minimum(spans[0][1], spans[1][1])).astype(np.int64)
-    columns = np.arange(width) + 0.5
-    for row in np.flatnonzero(near):
-        x_in = a * columns + rows_x[row] + c  # Pillow: a0 * xin + a1 * yin + a2
-        y_in = d * columns + rows_y[row] + f
-        inside = np.flatnonzero((x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height))
-        low[row], high[row] = (inside[0], inside[-1] + 1) if inside.size else (0, 0)
+    rows = np.flatnonzero(near)
+    if rows.size:
+        columns = np.arange(width) + 0.5
+        # Pillow's a0 * xin + a1 * yin + a2, every column of the near rows at once
+        x_in = a * columns + rows_x[rows, None]
+        x_in += c
+        y_in = d * columns + rows_y[rows, None]
+        y_in += f
+        inside = (x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height)
+        low[rows], high[rows] = _first_and_end(inside)
     return low, high
+
+
+def _first_and_end(inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a boolean matrix whose True values are one run: its [first, end), or
+    (0, 0) for a row without any. One set of numpy calls for every row (a row at a time
+    cost ~10 us each, and a shear by 0.2 has a near row in every 5)."""
+    width = inside.shape[1]
+    any_inside = inside.any(axis=1)
+    first = np.where(any_inside, inside.argmax(axis=1), 0)
+    end = np.where(any_inside, width - inside[:, ::-1].argmax(axis=1), 0)
+    return first, end
 
 
 def _row_spans(row_terms: np.ndarray, shift: float, row_shift: int, width: int) -> tuple:
@@ -312,11 +362,12 @@ def _row_spans(row_terms: np.ndarray, shift: float, row_shift: int, width: int) 
     np.subtract(width - shift, row_terms, out=crossings[1])
     crossings -= 0.5
     low, high = np.minimum(np.maximum(np.ceil(crossings), 0), width).astype(np.int64)
-    columns = np.arange(width) + 0.5
-    for row in np.flatnonzero((np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0)):
-        x_in = (columns + row_terms[row]) + shift
-        inside = np.flatnonzero((x_in >= 0) & (x_in < width))
-        low[row], high[row] = (inside[0], inside[-1] + 1) if inside.size else (0, 0)
+    rows = np.flatnonzero((np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0))
+    if rows.size:
+        x_in = (np.arange(width) + 0.5) + row_terms[rows, None]  # Pillow's order
+        x_in += shift
+        inside = (x_in >= 0) & (x_in < width)
+        low[rows], high[rows] = _first_and_end(inside)
     outside = slice(None, max(0, -row_shift)), slice(min(height, height - row_shift), None)
     for rows in outside:  # input row y + row_shift off the image: all fill
         low[rows] = high[rows] = 0

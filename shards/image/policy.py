@@ -471,11 +471,20 @@ def resolve_backend(backend: str, fast_can_run: bool = True) -> str:
 
 
 class _FastModules:
-    """simplejpeg and cv2 as imported in this process (a fork re-imports: see below)."""
+    """simplejpeg and cv2 as imported in this process; None until then, and again in a
+    forked child (`_forget_fast_modules`), which must set OpenCV's threads itself."""
 
-    pid: int | None = None
     simplejpeg: ModuleType | None = None
     cv2: ModuleType | None = None
+
+
+def _forget_fast_modules() -> None:
+    _FastModules.simplejpeg = _FastModules.cv2 = None
+
+
+# Forgotten at a fork rather than checked against os.getpid() on every call: this runs
+# several times an image, and getpid is a system call (~2 us a call in a loader worker).
+os.register_at_fork(after_in_child=_forget_fast_modules)
 
 
 def load_fast_backends() -> tuple[ModuleType, ModuleType]:
@@ -488,7 +497,7 @@ def load_fast_backends() -> tuple[ModuleType, ModuleType]:
     Raises:
         ImportError: either package is missing; the message says what to install.
     """
-    if _FastModules.pid != os.getpid():
+    if _FastModules.cv2 is None:
         try:
             import cv2
             import simplejpeg
@@ -496,7 +505,6 @@ def load_fast_backends() -> tuple[ModuleType, ModuleType]:
             raise ImportError(FAST_HINT) from error
         cv2.setNumThreads(1)
         _FastModules.simplejpeg, _FastModules.cv2 = simplejpeg, cv2
-        _FastModules.pid = os.getpid()
     return _FastModules.simplejpeg, _FastModules.cv2
 
 

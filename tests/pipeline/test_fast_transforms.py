@@ -262,7 +262,7 @@ def test_grey_jpeg_becomes_rgb():
 
 def test_missing_packages_name_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)
-    monkeypatch.setattr(policy._FastModules, "pid", None)  # as in a fresh process
+    monkeypatch.setattr(policy._FastModules, "cv2", None)  # as in a fresh process
     with pytest.raises(ImportError, match=r"pip install simplejpeg opencv-python-headless"):
         FastRandomResizedCrop()
 

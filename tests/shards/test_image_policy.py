@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import random
 import struct
 import subprocess
@@ -168,7 +169,7 @@ def test_importing_the_policy_imports_no_backend():
 
 def test_missing_fast_backend_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
-    monkeypatch.setattr(policy._FastModules, "pid", None)  # as in a fresh process
+    monkeypatch.setattr(policy._FastModules, "cv2", None)  # as in a fresh process
     with pytest.raises(ImportError, match=r"pip install simplejpeg opencv-python-headless"):
         policy.load_fast_backends()
 
@@ -180,6 +181,31 @@ def test_fast_backends_load_once_per_process():
     first = policy.load_fast_backends()
     assert policy.load_fast_backends() == first  # the same modules, imported once
     assert first[1] is cv2 and cv2.getNumThreads() == 1
+
+
+def _threads_in_a_forked_child(queue) -> None:
+    forgotten = policy._FastModules.cv2 is None
+    queue.put((forgotten, policy.load_fast_backends()[1].getNumThreads()))
+
+
+def test_a_forked_child_sets_opencvs_threads_again():
+    """A fork forgets the loaded modules, so the child sets one thread itself, whatever
+    its parent's pool (a pool inherited through fork is not safe to use)."""
+    cv2 = pytest.importorskip("cv2")
+    pytest.importorskip("simplejpeg")
+    policy.load_fast_backends()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    cv2.setNumThreads(2)  # as a parent that had its own pool
+    try:
+        child = context.Process(target=_threads_in_a_forked_child, args=(queue,))
+        child.start()
+        forgotten, threads = queue.get(timeout=60)
+        child.join(timeout=60)
+    finally:
+        cv2.setNumThreads(1)
+    assert forgotten and threads == 1
+    assert policy._FastModules.cv2 is cv2  # the parent keeps its own
 
 
 def test_auto_backend_is_one_rule_for_build_and_loader(monkeypatch, caplog):
