@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -142,6 +141,7 @@ class BatchAssembler:
         recent good samples, or (`exactly_once`) return the batch short."""
         rows: list[tuple] = []
         keys: list[str] = []
+        augments: list = []  # each accepted image's (pixels, rng, drawn ops) to augment
         while len(rows) < size:
             sample = next(shuffled, None)
             if sample is None:
@@ -151,8 +151,9 @@ class BatchAssembler:
             else:
                 repeat = sample.get("__repeat__", 0)  # a mix's pass over its source
             out = None if target is None else target.arrays[len(rows)]
+            sample_augments: list = []  # kept only if the whole sample decodes
             try:
-                row = self.decode(sample, epoch, stats, repeat, out, images)
+                row = self.decode(sample, epoch, stats, sample_augments, repeat, out, images)
             except SampleError as error:
                 self.log_skip(sample, error, stats)
                 if "__source__" in sample:
@@ -162,9 +163,16 @@ class BatchAssembler:
                 continue
             reserve.append(sample)
             rows.append(row)
+            augments.extend(sample_augments)
             keys.append(sample["__key__"])
             if "__source__" in sample:
                 stats.sources[sample["__source__"]] += 1
+        if augments:
+            started = time.perf_counter()
+            images.augmenter.run_batch(augments)
+            spent = time.perf_counter() - started
+            stats.augment_s += spent
+            stats.decode_s += spent
         return rows, keys
 
     def epoch_images(self, epoch: int) -> EpochImages:
@@ -196,13 +204,16 @@ class BatchAssembler:
         sample: Sample,
         epoch: int,
         stats: WorkerStats,
+        augments: list,
         repeat: int = 0,
         out: np.ndarray | None = None,
         images: EpochImages | None = None,
     ) -> tuple:
-        """One value per field: the transformed (and augmented) image, the label, text, ...
+        """One value per field: the transformed image, the label, text, ...
 
         Args:
+            augments: where each image's augmentation is left, to run with the batch's
+                (`Augmenter.run_batch`) once every field of the sample decoded.
             out: where the image transform writes its pixels (a slot of the batch), when
                 the stream writes images in place (`direct_image_field`).
             images: the epoch's crop and augmenter (default: `epoch_images(epoch)`).
@@ -221,7 +232,7 @@ class BatchAssembler:
             if spec.kind == "image":
                 slot = out if index == self.direct else None
                 value = self.decode_image(
-                    value, f"{seed}:{epoch}:{key}:{repeat}", images, stats, slot
+                    value, f"{seed}:{epoch}:{key}:{repeat}", images, slot, augments
                 )
             else:
                 if index in self.ranged:
@@ -238,16 +249,18 @@ class BatchAssembler:
         data: object,
         draw_key: str,
         images: EpochImages,
-        stats: WorkerStats,
-        out: np.ndarray | None = None,
+        out: np.ndarray | None,
+        augments: list,
     ) -> np.ndarray:
         """One image field: the crop, then the augmentation, each drawing from its own
         `SampleRandom` of `draw_key` (seed:epoch:key:repeat), so the crop's draws stay
         those of a loader without augmentation. The policy's draws come first: its leading
-        geometric ops go into the crop where it folds them (`pipeline.fast_transforms`).
+        geometric ops go into the crop where it folds them (`pipeline.fast_transforms`);
+        the rest run on the crop with the batch's (`augments`).
 
         Args:
             out: the batch slot the crop writes into, when the stream writes in place.
+            augments: where (pixels, rng, ops) is left for `Augmenter.run_batch`.
         """
         rng = SampleRandom(f"aug:{draw_key}")
         augment_rng, drawn, fold = None, None, {}
@@ -265,7 +278,8 @@ class BatchAssembler:
         else:
             value = images.transform(data, rng, **fold)
         if images.augmenter is not None:
-            value = augment_image(value, images.augmenter, augment_rng, stats, drawn)
+            value = augmentable(value)
+            augments.append((value, augment_rng, drawn))
         return value
 
     def refill(self, reserve: deque, stats: WorkerStats) -> tuple[Sample, int]:
@@ -401,21 +415,13 @@ class ImageTarget:
             self.batch = self.batch[:count]
 
 
-def augment_image(
-    pixels: np.ndarray,
-    augmenter: Augmenter,
-    rng: random.Random,
-    stats: WorkerStats,
-    drawn: tuple | None = None,
-) -> np.ndarray:
-    """`pixels` augmented in place (a batch slot), or a writable copy of a read-only crop.
-
-    `drawn`: the policy's ops `augmenter.draw(rng)` gave, less any the crop applied.
+def augmentable(pixels: np.ndarray) -> np.ndarray:
+    """`pixels` to augment in place (a batch slot), or a writable, C-contiguous copy of a
+    crop that is neither (what `Augmenter.run_batch` writes into).
 
     Raises:
         UsageError: a `Crop.transform` returned something other than uint8 HxWx3.
     """
-    started = time.perf_counter()
     image = isinstance(pixels, np.ndarray) and pixels.dtype == np.uint8 and pixels.ndim == 3
     if not image or pixels.shape[2] != 3:
         raise UsageError(
@@ -423,10 +429,9 @@ def augment_image(
             f"{getattr(pixels, 'dtype', '')} {tuple(getattr(pixels, 'shape', ()))}; "
             "LoaderConfig.augment needs uint8 HxWx3 pixels: return those, or leave augment out"
         )
-    if not pixels.flags.writeable:
-        pixels = np.array(pixels)  # a transform's read-only output (Pillow's bytes): one copy
-    augmenter(pixels, rng, drawn)
-    stats.augment_s += time.perf_counter() - started
+    if not (pixels.flags.writeable and pixels.flags.c_contiguous):
+        # a transform's read-only output (Pillow's bytes) or a view: one copy, the row's
+        pixels = np.array(pixels)
     return pixels
 
 

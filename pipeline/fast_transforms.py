@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from pipeline.affine import compose
+from pipeline.affine import Matrix, compose
 from pipeline.decode import Box, decode_crop, draft_scale
 from pipeline.transforms import CenterCrop, CenterCropSpec, RandomCropSpec, RandomResizedCrop
 from shards.image.bands import crop_band
@@ -237,11 +237,12 @@ class JpegCrop:
         scale = draft_scale(box[2] - box[0], box[3] - box[1], (size, size)) if draft else 1
         averaged = _shrink(box, size) / scale > AREA_SHRINK  # as `resize_box` decides
         plain = PLAIN_UPSAMPLING_WHEN_AVERAGED and averaged and resample != "nearest"
-        fold = read = None
+        fold = mapping = read = None
         if then is not None and resample == "bilinear" and not averaged:
             fold = then.centre_matrix(size, size)
         if fold is not None:  # a shifted crop reads only part of its box: decode that
-            read = _fold_region(_scaled(box, scale), size, flip, fold)
+            mapping = compose((_crop_matrix(_scaled(box, scale), size, flip), fold))
+            read = _fold_region(_scaled(box, scale), size, mapping)
         decoded = None
         if self.colorspace in FAST_JPEG_COLORSPACES:
             band = box if read is None else tuple(float(edge * scale) for edge in read)
@@ -261,8 +262,9 @@ class JpegCrop:
             crop = resize_box(pixels, scaled, size, resample, flip, out, origin=(left, top))
             return _then(crop, then)
         if decoded_scale != scale:  # a small image decoded whole at full scale instead
-            read = _fold_region(scaled, size, flip, fold)
-        crop = _fold(pixels, scaled, read, size, flip, fold, then.fill, out, (left, top))
+            mapping = compose((_crop_matrix(scaled, size, flip), fold))
+            read = _fold_region(scaled, size, mapping)
+        crop = _fold(pixels, read, mapping, size, then.fill, out, (left, top))
         then.paint_fills(crop)
         return crop
 
@@ -442,21 +444,21 @@ def _scaled(box: Box, scale: int) -> Box:
 _FOLD_MARGIN = 2
 
 
-def _fold_region(
-    box: Box, size: int, flip: bool, fold: tuple[float, ...]
-) -> tuple[int, int, int, int]:
+def _fold_region(box: Box, size: int, mapping: Matrix) -> tuple[int, int, int, int]:
     """The whole pixels of `box` a folded warp reads: the box's region (edges rounded, at
     most half a pixel), less what no output pixel samples but `_FOLD_MARGIN` pixels.
 
-    A shift moves part of the crop out of the output: at timm's 0.45 x 0.9 of the side, 40%
-    of the box is never read, so its JPEG band need not be decoded. The bounding box of
-    the output square's corners, mapped into the image, bounds every point sampled, also
-    those outside the box; a side is cut only where no point lies beyond it, so the
-    region's border (the fill) stays where the box's edge is.
+    `mapping` takes each output pixel to the image point it reads (the crop's matrix
+    composed with the folded ops'). A shift moves part of the crop out of the output: at
+    timm's 0.45 x 0.9 of the side, 40% of the box is never read, so its JPEG band need
+    not be decoded. The bounding box of the output square's corners, mapped into the
+    image, bounds every point sampled, also those outside the box; a side is cut only
+    where no point lies beyond it, so the region's border (the fill) stays where the
+    box's edge is.
     """
     left, top = round(box[0]), round(box[1])
     right, bottom = max(round(box[2]), left + 1), max(round(box[3]), top + 1)
-    a, b, c, d, e, f = compose((_crop_matrix(box, size, flip), fold))
+    a, b, c, d, e, f = mapping
     corners = ((-0.5, -0.5), (size - 0.5, -0.5), (-0.5, size - 0.5), (size - 0.5, size - 0.5))
     columns = [a * x + b * y + c for x, y in corners]
     rows = [d * x + e * y + f for x, y in corners]
@@ -469,37 +471,34 @@ def _fold_region(
 
 def _fold(
     pixels: np.ndarray,
-    box: Box,
     read: tuple[int, int, int, int],
+    mapping: Matrix,
     size: int,
-    flip: bool,
-    fold: tuple[float, ...],
     fill: tuple[int, int, int],
     out: np.ndarray | None,
     origin: tuple[int, int],
 ) -> np.ndarray:
-    """The crop of `box` with geometric ops folded in: one bilinear warp of the decoded
-    pixels, reading the box's region `read` (`_fold_region`) only, the fill outside it.
+    """The crop with geometric ops folded in: one bilinear warp of the decoded pixels,
+    reading the box's region `read` (`_fold_region`) only, the fill outside it.
 
-    `fold` (pixel centres, `pipeline.affine`'s order) maps each output pixel to the point
-    of the crop the ops would read; the crop's own matrix maps that into the image. The
-    source is the box's region (edges rounded to whole pixels, at most half a source
-    pixel), so OpenCV's constant border is the first op's fill: where the point is outside
-    the crop, the fill; within half a source pixel of its edge, the fill and the edge
-    pixel blended (Pillow's hard edge made soft over one source pixel, the crop's
-    enlargement in output pixels, centred where Pillow's edge is). A warp that also
-    repeated the edge and painted Pillow's fill exactly cost 4x as much (+221 us a
-    rotated crop against +56): nearly all the fold saves. The matrix is the region's
-    own, so a band decode and the whole decode give the same bytes.
+    `mapping` (pixel centres, `pipeline.affine`'s order: the crop's matrix composed with
+    the ops') maps each output pixel to the image point the ops would read. The source is
+    the box's region (edges rounded to whole pixels, at most half a source pixel), so
+    OpenCV's constant border is the first op's fill: where the point is outside the crop,
+    the fill; within half a source pixel of its edge, the fill and the edge pixel blended
+    (Pillow's hard edge made soft over one source pixel, the crop's enlargement in output
+    pixels, centred where Pillow's edge is). A warp that also repeated the edge and
+    painted Pillow's fill exactly cost 4x as much (+221 us a rotated crop against +56):
+    nearly all the fold saves. The matrix is the region's own (the image's, shifted by
+    the region's corner), so a band decode and the whole decode give the same bytes.
     """
     _, cv2 = load_fast_backends()
     left, top, right, bottom = read
     region = pixels[top - origin[1] : bottom - origin[1], left - origin[0] : right - origin[0]]
-    shifted = (box[0] - left, box[1] - top, box[2] - left, box[3] - top)
-    matrix = compose((_crop_matrix(shifted, size, flip), fold))
+    a, b, c, d, e, f = mapping
     return cv2.warpAffine(
         region,
-        _as_cv2(matrix),
+        _as_cv2((a, b, c - left, d, e, f - top)),
         (size, size),
         dst=out,
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,

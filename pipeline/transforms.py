@@ -84,6 +84,18 @@ class SampleRandom(random.Random):
             value, bits = (value << 64) | self._next_word(), bits + 64
         return value >> (bits - k)
 
+    def choice(self, seq):
+        """`random.Random.choice`'s draw (the fewest bits holding len(seq), again while
+        out of range), with its layers inline: policies choose ops for every sample."""
+        size = len(seq)
+        if not size:
+            raise IndexError("Cannot choose from an empty sequence")
+        shift, words = 64 - size.bit_length(), self._words
+        index = (words.pop() if words else self._next_word()) >> shift
+        while index >= size:
+            index = (words.pop() if words else self._next_word()) >> shift
+        return seq[index]
+
     def getstate(self) -> tuple:
         return (self._key, self._block, tuple(self._words))
 

@@ -63,16 +63,46 @@ class Augmenter:
             drawn: the policy's ops from `draw(rng)` (less any the crop has applied);
                 None: drawn here.
         """
-        load_fast_backends()  # OpenCV on one thread in this process
-        if drawn is None:
-            drawn = self.draw(rng)
+        # OpenCV writes only into contiguous arrays: a copy for any other, put back after
         work = pixels if pixels.flags.c_contiguous else np.ascontiguousarray(pixels)
-        for op in drawn:  # OpenCV writes only into contiguous arrays
-            op(work)
-        for step in self.steps:
-            step(work, rng)
+        self.run_batch([(work, rng, self.draw(rng) if drawn is None else drawn)])
         if work is not pixels:
             pixels[...] = work
+
+    def run_batch(
+        self, images: list[tuple[np.ndarray, random.Random, tuple[DrawnOp, ...]]]
+    ) -> None:
+        """Augment each (pixels, rng, drawn) of a batch in place, op by op across images.
+
+        Every image gets its ops in its own order and its steps drawing from its own
+        `rng`, so its pixels are those of augmenting it alone; but the k-th ops of all
+        images run together, grouped by op, then each step over all images. Why: in a
+        loader worker an op called between two JPEG decodes finds its code, tables and
+        buffers evicted and ran ~1.4x its time in a loop; grouped, the DeiT recipe's ops
+        cost ~20 us an image less (docs/BENCHMARKS.md, "Training recipes"). One op runs
+        at a time, so the temporaries are still one image's.
+
+        Args:
+            images: C-contiguous HxWx3 uint8 arrays (OpenCV writes only into those), each
+                with the rng its policy drew from and the ops it drew.
+        """
+        load_fast_backends()  # OpenCV on one thread in this process
+        depth = max((len(drawn) for _, _, drawn in images), default=0)
+        for index in range(depth):
+            kth = [(drawn[index], pixels) for pixels, _, drawn in images if len(drawn) > index]
+            kth.sort(key=_op_group)  # stable: images in batch order within a group
+            for op, pixels in kth:
+                op(pixels)
+        for step in self.steps:
+            for pixels, rng, _ in images:
+                step(pixels, rng)
+
+
+def _op_group(pair: tuple[DrawnOp, np.ndarray]) -> int:
+    """The same number for the drawn ops that run the same code (an op's function, or
+    a geometric op's kind), so `run_batch` runs them one after another."""
+    op = pair[0]
+    return id(getattr(op, "function", None) or getattr(op, "kind", None) or type(op))
 
 
 def policy_hparams(augment: Augment, image_size: int, crop_resample: str | None) -> Hparams:

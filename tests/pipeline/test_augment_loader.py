@@ -15,6 +15,7 @@ from pipeline import Augment, Batching, Crop, LoaderConfig, Workers
 from pipeline.augment import build_augmenter
 from pipeline.transforms import SampleRandom
 from shards.errors import UsageError
+from shards.sample import Field, SampleError
 from tests.pipeline.conftest import loader_for
 
 DEIT = Augment(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
@@ -192,6 +193,58 @@ def test_eval_never_augments(shard_dir):
     assert LoaderConfig(source=str(shard_dir), split="val", augment=None).augment == Augment()
     with pytest.raises(UsageError, match="LoaderConfig.augment must be an Augment"):
         LoaderConfig(source=str(shard_dir), augment="rand-m9")
+
+
+@pytest.mark.parametrize(
+    "policy", ["rand-m9-mstd0.5-inc1", "original", "trivialaugment", "3a", "augmix-m5-w3-d2"]
+)
+def test_a_batch_augmented_op_by_op_gets_each_images_own_pixels(policy):
+    """`run_batch` runs the k-th ops of all images grouped by op, then each step over all
+    images: every image still gets what augmenting it alone gives, ops in its order and
+    steps (jitter, erasing, a user op) drawing from its own rng."""
+    augment = Augment(auto_augment=policy, color_jitter=0.4, ops=(stamp,), re_prob=0.5)
+    augmenter = build_augmenter(augment, 48)
+    crops = np.random.default_rng(1).integers(0, 256, (40, 48, 48, 3), dtype=np.uint8)
+    alone = crops.copy()
+    batch, depths = [], Counter()
+    for index, pixels in enumerate(crops.copy()):
+        augmenter(alone[index], SampleRandom(f"augment:0:0:{index}:0"))
+        rng = SampleRandom(f"augment:0:0:{index}:0")
+        drawn = augmenter.draw(rng)
+        depths[len(drawn)] += 1
+        batch.append((pixels, rng, drawn))
+    augmenter.run_batch(batch)
+    assert all(np.array_equal(pixels, alone[i]) for i, (pixels, _, _) in enumerate(batch))
+    assert len(depths) > 1 or policy in ("3a", "augmix-m5-w3-d2")  # images of 0, 1, 2 ops
+
+
+class SkipLabelOne:
+    """A label field's transform: samples of class 1 are a counted skip."""
+
+    def __call__(self, label: int, rng) -> int:
+        if label == 1:
+            raise SampleError("class_one", "class 1 is left out")
+        return label
+
+
+def test_a_sample_skipped_after_its_crop_leaves_no_augmentation_behind(shard_dir, reference):
+    """A label that fails after its image's crop filled the batch slot: the next sample
+    takes the slot, and only that sample's own augmentation runs there (the batch's ops
+    run once the batch is decoded)."""
+    fields = (Field("image", "image"), Field("label", "label", transform=SkipLabelOne()))
+    loader = loader_for(
+        shard_dir,
+        augment=DEIT,
+        fields=fields,
+        batch=Batching(size=8, epoch_rule="uneven", drop_last=False),
+        max_skip_fraction=0.5,  # a class of four
+    )
+    first = {}  # a worker whose stream ran dry refills with new draws: keep the originals
+    for images, _, keys in loader:
+        for key, image in zip(keys, images, strict=True):
+            first.setdefault(key, image.clone())
+    assert loader.stats.skipped["class_one"] > 0 and first
+    assert all(torch.equal(image, reference[key]) for key, image in first.items())
 
 
 @pytest.mark.parametrize("policy", ["rand-m9-mstd0.5-inc1", "augmix-m5-w3-d2"])

@@ -395,6 +395,19 @@ def test_sample_random_is_deterministic_and_keeps_the_random_api():
     assert abs(np.mean(uniform) - 0.5) < 0.02
 
 
+def test_sample_random_choice_draws_as_randoms_own():
+    """Its inline `choice` gives `random.Random.choice`'s picks from the same words, sizes
+    with rejected draws (3, 15, 17) and across hash blocks included."""
+    for size in (1, 2, 3, 15, 16, 17, 1000):
+        items = list(range(size))
+        ours, reference = SampleRandom(f"c{size}"), SampleRandom(f"c{size}")
+        picks = [ours.choice(items) for _ in range(50)]
+        assert picks == [random.Random.choice(reference, items) for _ in range(50)]
+        assert ours.random() == reference.random()  # the same words used
+    with pytest.raises(IndexError):
+        SampleRandom("c").choice([])
+
+
 # --- plain chroma upsampling for box-averaged crops (PLAIN_UPSAMPLING_WHEN_AVERAGED) -------
 
 
