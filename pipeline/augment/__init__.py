@@ -1,7 +1,7 @@
 """Per-sample augmentation on the fast path: timm's policies on the uint8 crop, in workers.
 
 `Augment` (settings, no OpenCV) says what a training crop gets; `build_augmenter` makes
-the picklable `Augmenter` a worker runs on each crop in place. The OpenCV side is
+the picklable `Augmenter` a worker runs on each batch's crops in place. The OpenCV side is
 imported on first use, so `pipeline.config` stays light.
 """
 

@@ -8,6 +8,8 @@ sample's `rng`, so a sample gets the same augmentation on any worker, rank or re
 The policy's ops are drawn before any pixel work (`Augmenter.draw`, in timm's order of
 draws), so the loader can hand the leading geometric ops to the fast crop, which
 folds them into its own resize (`Augmenter.leading_affine`, `pipeline.fast_transforms`).
+The rest run once the batch is cropped, op by op across its images
+(`Augmenter.run_batch`).
 """
 
 from __future__ import annotations
