@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from pipeline.augment import build_augmenter
+from pipeline.augment.errors import OpFailed
 from pipeline.batchring import BatchRing, SlotBatch
 from pipeline.fast_transforms import pillow_fallbacks
 from pipeline.stages import StreamSettings
@@ -142,6 +143,7 @@ class BatchAssembler:
         rows: list[tuple] = []
         keys: list[str] = []
         augments: list = []  # each accepted image's (pixels, rng, drawn ops) to augment
+        augmented: list = []  # and its sample
         while len(rows) < size:
             sample = next(shuffled, None)
             if sample is None:
@@ -164,16 +166,37 @@ class BatchAssembler:
             reserve.append(sample)
             rows.append(row)
             augments.extend(sample_augments)
+            augmented.extend([sample] * len(sample_augments))
             keys.append(sample["__key__"])
             if "__source__" in sample:
                 stats.sources[sample["__source__"]] += 1
         if augments:
-            started = time.perf_counter()
-            images.augmenter.run_batch(augments)
-            spent = time.perf_counter() - started
-            stats.augment_s += spent
-            stats.decode_s += spent
+            self.augment(augments, augmented, images, stats)
         return rows, keys
+
+    def augment(self, augments: list, samples: list, images: EpochImages, stats) -> None:
+        """Run the batch's augmentation (`Augmenter.run_batch`), timed.
+
+        Raises:
+            UsageError: an op raised (a user op: ours never do on a valid image), naming
+                it and the sample. It runs after the batch is cropped, so it cannot
+                skip the sample; a sample to leave out is the crop's to refuse.
+        """
+        started = time.perf_counter()
+        try:
+            images.augmenter.run_batch(augments)
+        except OpFailed as failed:
+            sample, error = samples[failed.index], failed.__cause__
+            op = getattr(failed.op, "__qualname__", None) or repr(failed.op)
+            raise UsageError(
+                f"Augment op {op} raised {type(error).__name__}: {error} on sample "
+                f"{sample.get('__key__')} of {sample.get('__url__')}; an op must work on any "
+                "uint8 HxWx3 crop, and cannot skip a sample: raise SampleError in "
+                "Crop.transform for that"
+            ) from error
+        spent = time.perf_counter() - started
+        stats.augment_s += spent
+        stats.decode_s += spent
 
     def epoch_images(self, epoch: int) -> EpochImages:
         """The crop of `epoch` (at its progressive side) and the augmenter for that side.

@@ -67,6 +67,7 @@ KINDS: dict[str, tuple[type, type | None]] = {
     "_Unfit": (DataError, None),  # a name in the cache is not what it made; stays inside
     "ByteSizeError": (UsageError, ValueError),  # a text that is not a byte size
     "PolicyError": (UsageError, ValueError),  # an auto_augment string outside the grammar
+    "OpFailed": (UsageError, ValueError),  # an augmentation op raised; the loader names it
     "_NotAHeader": (DataError, None),  # Parquet page header bytes; stays inside
     "LoaderStateError": (DataError, ValueError),  # a resume state of no point of this epoch
     "MissingFieldError": (UsageError, None),  # a field no sample of the first shard holds

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.augment.color import ColorJitter, RandomGaussianBlur, RandomGrayscale
 from pipeline.augment.erasing import RandomErasing
+from pipeline.augment.errors import OpFailed
 from pipeline.augment.grammar import parse_policy
 from pipeline.augment.levels import AffineOp, AffineRun, DrawnOp, Hparams
 from pipeline.augment.policies import build_policy
@@ -67,7 +68,10 @@ class Augmenter:
         """
         # OpenCV writes only into contiguous arrays: a copy for any other, put back after
         work = pixels if pixels.flags.c_contiguous else np.ascontiguousarray(pixels)
-        self.run_batch([(work, rng, self.draw(rng) if drawn is None else drawn)])
+        try:
+            self.run_batch([(work, rng, self.draw(rng) if drawn is None else drawn)])
+        except OpFailed as failed:  # one image: the op's own error, as it raised it
+            raise failed.__cause__ from None
         if work is not pixels:
             pixels[...] = work
 
@@ -87,23 +91,37 @@ class Augmenter:
         Args:
             images: C-contiguous HxWx3 uint8 arrays (OpenCV writes only into those), each
                 with the rng its policy drew from and the ops it drew.
+
+        Raises:
+            OpFailed: an op or step raised (ours never do on a valid image; a user op
+                may): which one, on which image (its index in `images`).
         """
         load_fast_backends()  # OpenCV on one thread in this process
         depth = max((len(drawn) for _, _, drawn in images), default=0)
-        for index in range(depth):
-            kth = [(drawn[index], pixels) for pixels, _, drawn in images if len(drawn) > index]
+        for place in range(depth):
+            kth = [
+                (drawn[place], pixels, index)
+                for index, (pixels, _, drawn) in enumerate(images)
+                if len(drawn) > place
+            ]
             kth.sort(key=_op_group)  # stable: images in batch order within a group
-            for op, pixels in kth:
-                op(pixels)
+            for op, pixels, index in kth:
+                try:
+                    op(pixels)
+                except Exception as error:
+                    raise OpFailed(op, index) from error
         for step in self.steps:
-            for pixels, rng, _ in images:
-                step(pixels, rng)
+            for index, (pixels, rng, _) in enumerate(images):
+                try:
+                    step(pixels, rng)
+                except Exception as error:
+                    raise OpFailed(step, index) from error
 
 
-def _op_group(pair: tuple[DrawnOp, np.ndarray]) -> int:
+def _op_group(item: tuple[DrawnOp, np.ndarray, int]) -> int:
     """The same number for the drawn ops that run the same code (an op's function, or
     a geometric op's kind), so `run_batch` runs them one after another."""
-    op = pair[0]
+    op = item[0]
     return id(getattr(op, "function", None) or getattr(op, "kind", None) or type(op))
 
 

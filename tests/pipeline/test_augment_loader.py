@@ -218,6 +218,32 @@ def test_a_batch_augmented_op_by_op_gets_each_images_own_pixels(policy):
     assert len(depths) > 1 or policy in ("3a", "augmix-m5-w3-d2")  # images of 0, 1, 2 ops
 
 
+def refuse_dark(pixels: np.ndarray, rng) -> None:
+    """A careless user op: raises on some crops (a skip it cannot make)."""
+    if pixels.mean() < 120:
+        raise SampleError("too_dark", "a dark crop")
+
+
+def broken(pixels: np.ndarray, rng) -> None:
+    raise ValueError("a bug in the op")
+
+
+@pytest.mark.parametrize("op", [refuse_dark, broken])
+def test_an_op_that_raises_stops_the_loader_in_one_line_naming_it_and_the_sample(shard_dir, op):
+    """Ops run after the batch is cropped, so an op cannot skip its sample: whatever it
+    raises (a SampleError too) is one UsageError naming the op, the sample and its shard."""
+    loader = loader_for(shard_dir, augment=Augment(auto_augment="3a", ops=(op,)))
+    with pytest.raises(UsageError) as raised:
+        list(loader)
+    message = str(raised.value)
+    assert op.__name__ in message and "Crop.transform" in message
+    assert "on sample " in message and ".tar" in message
+    # one image on its own: the op's own error, as it raised it
+    augmenter = build_augmenter(Augment(ops=(op,)), 8)
+    with pytest.raises((SampleError, ValueError)):
+        augmenter(np.zeros((8, 8, 3), np.uint8), SampleRandom("k"))
+
+
 class SkipLabelOne:
     """A label field's transform: samples of class 1 are a counted skip."""
 
