@@ -483,28 +483,19 @@ def _fold(
 
     `mapping` (pixel centres, `pipeline.affine`'s order: the crop's matrix composed with
     the ops') maps each output pixel to the image point the ops would read. The source is
-    the box's region (edges rounded to whole pixels, at most half a source pixel), so
-    OpenCV's constant border is the first op's fill: where the point is outside the crop,
-    the fill; within half a source pixel of its edge, the fill and the edge pixel blended
-    (Pillow's hard edge made soft over one source pixel, the crop's enlargement in output
-    pixels, centred where Pillow's edge is). A warp that also repeated the edge and
+    the box's region (edges rounded to whole pixels, at most half a source pixel), so the
+    warp's constant border (`warp_filled`) is the first op's fill, its edge soft over one
+    source pixel: the crop's enlargement in output pixels. A warp that also repeated the edge and
     painted Pillow's fill exactly cost 4x as much (+221 us a rotated crop against +56):
     nearly all the fold saves. The matrix is the region's own (the image's, shifted by
     the region's corner), so a band decode and the whole decode give the same bytes.
     """
-    _, cv2 = load_fast_backends()
+    from pipeline.augment.warp import warp_filled  # OpenCV's side: loaded where folds run
+
     left, top, right, bottom = read
     region = pixels[top - origin[1] : bottom - origin[1], left - origin[0] : right - origin[0]]
     a, b, c, d, e, f = mapping
-    return cv2.warpAffine(
-        region,
-        _as_cv2((a, b, c - left, d, e, f - top)),
-        (size, size),
-        dst=out,
-        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-        borderMode=cv2.BORDER_CONSTANT,
-        borderValue=tuple(float(value) for value in fill),
-    )
+    return warp_filled(region, (a, b, c - left, d, e, f - top), (size, size), fill, out)
 
 
 def _integral(box: Box) -> bool:

@@ -71,14 +71,12 @@ class SampleRandom(random.Random):
 
     def random(self) -> float:
         """A float in [0, 1) from the top 53 bits of the next word."""
-        words = self._words  # the common case inline: a loader draws a few per sample
-        return ((words.pop() if words else self._next_word()) >> 11) * _TO_UNIT
+        return (self._next_word() >> 11) * _TO_UNIT
 
     def getrandbits(self, k: int) -> int:
         """`k` random bits (whole words, then the top bits of one more)."""
         if k <= 64:
-            words = self._words
-            return ((words.pop() if words else self._next_word()) >> (64 - k)) if k else 0
+            return self._next_word() >> (64 - k) if k else 0
         value, bits = 0, 0
         while bits < k:
             value, bits = (value << 64) | self._next_word(), bits + 64
@@ -90,10 +88,10 @@ class SampleRandom(random.Random):
         size = len(seq)
         if not size:
             raise IndexError("Cannot choose from an empty sequence")
-        shift, words = 64 - size.bit_length(), self._words
-        index = (words.pop() if words else self._next_word()) >> shift
+        shift = 64 - size.bit_length()
+        index = self._next_word() >> shift
         while index >= size:
-            index = (words.pop() if words else self._next_word()) >> shift
+            index = self._next_word() >> shift
         return seq[index]
 
     def getstate(self) -> tuple:

@@ -336,6 +336,5 @@ class AugmentOp:
 
     def at(self, magnitude: float, rng: random.Random) -> DrawnOp:
         """The op at exactly `magnitude` (its level function still draws the sign)."""
-        level, make = OPS[self.name]  # (op_argument's lookup, inline: this runs per image)
-        argument = None if level is None else level(magnitude, self.hparams, rng)
-        return make(argument, self.hparams, rng)
+        argument = op_argument(self.name, magnitude, self.hparams, rng)
+        return OPS[self.name][1](argument, self.hparams, rng)

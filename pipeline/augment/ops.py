@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 
 _LEVELS = np.arange(256, dtype=np.int32)
+_LEVELS_F32 = np.arange(256, dtype=np.float32)
 _CHANNELS = np.arange(3)
 # Pillow's RGB -> L: (R * 19595 + G * 38470 + B * 7471 + 0x8000) >> 16 (ITU-R 601-2 luma).
 # In float32 every product and partial sum is an integer below 2**24 times 2**-16, so
@@ -152,9 +153,6 @@ def blend_image(pixels: np.ndarray, other: np.ndarray, alpha: float) -> None:
     if not 0.0 <= alpha <= 1.0:
         np.clip(values, 0, 255, out=values)
     np.copyto(pixels, values, casting="unsafe")  # truncates, as Pillow's (UINT8) cast
-
-
-_LEVELS_F32 = np.arange(256, dtype=np.float32)
 
 
 def blend_constant(pixels: np.ndarray, degenerate: int, factor: float) -> None:

@@ -65,21 +65,35 @@ def affine(pixels: np.ndarray, matrix: Sequence[float], resample: str, fill: Seq
 
 
 def _warp_bilinear(pixels: np.ndarray, matrix: tuple[float, ...], fill: Sequence[int]) -> None:
-    """One bilinear `cv2.warpAffine` of a copy, the fill as OpenCV's constant border: the
-    fill edge soft over one pixel, as a geometric op folded into the crop has it
-    (`pipeline.fast_transforms`), and beyond it exactly Pillow's fill.
+    """Pillow's transform as one soft-edged warp of a copy (`warp_filled`), in place.
 
     Why not Pillow's hard edge, as `_warp` paints it: solving and painting it (and, for a
     shear, Pillow's own weights) cost 2-3x the warp (about 290 us a rotation or shear
     after another op in a loader worker, against 130), for the edge pixels alone.
     """
     height, width = pixels.shape[:2]
-    inverse = np.array(centre_matrix(matrix), dtype=np.float64).reshape(2, 3)
-    cv2.warpAffine(
-        pixels.copy(),
-        inverse,
-        (width, height),
-        dst=pixels,
+    warp_filled(pixels.copy(), centre_matrix(matrix), (width, height), fill, pixels)
+
+
+def warp_filled(
+    source: np.ndarray,
+    matrix: Sequence[float],
+    size: tuple[int, int],
+    fill: Sequence[int],
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """One bilinear `cv2.warpAffine` of `source` to `size` (width, height), output pixel
+    (x, y) reading the point `matrix` (pixel centres, `pipeline.affine`'s order) gives,
+    the fill as OpenCV's constant border: where the point is outside `source` the fill,
+    within half a source pixel of its edge the fill and the edge pixel blended (Pillow's
+    hard edge made soft over one source pixel, centred where Pillow's is). The way of a
+    geometric op run on the crop (`_warp_bilinear`) and of one folded into it
+    (`pipeline.fast_transforms`)."""
+    return cv2.warpAffine(
+        source,
+        np.array(matrix, dtype=np.float64).reshape(2, 3),
+        size,
+        dst=out,
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_CONSTANT,
         borderValue=tuple(float(value) for value in fill),
@@ -326,16 +340,16 @@ def inside_spans(matrix: Sequence[float], width: int, height: int) -> tuple:
             spans.append((zero, limit) if slope > 0 else (limit, zero))
     low = np.maximum(spans[0][0], spans[1][0]).astype(np.int64)
     high = np.maximum(low, np.minimum(spans[0][1], spans[1][1])).astype(np.int64)
-    rows = np.flatnonzero(near)
-    if rows.size:
+    near_rows = np.flatnonzero(near)
+    if near_rows.size:
         columns = np.arange(width) + 0.5
         # Pillow's a0 * xin + a1 * yin + a2, every column of the near rows at once
-        x_in = a * columns + rows_x[rows, None]
+        x_in = a * columns + rows_x[near_rows, None]
         x_in += c
-        y_in = d * columns + rows_y[rows, None]
+        y_in = d * columns + rows_y[near_rows, None]
         y_in += f
         inside = (x_in >= 0) & (x_in < width) & (y_in >= 0) & (y_in < height)
-        low[rows], high[rows] = _first_and_end(inside)
+        low[near_rows], high[near_rows] = _first_and_end(inside)
     return low, high
 
 
@@ -362,12 +376,12 @@ def _row_spans(row_terms: np.ndarray, shift: float, row_shift: int, width: int) 
     np.subtract(width - shift, row_terms, out=crossings[1])
     crossings -= 0.5
     low, high = np.minimum(np.maximum(np.ceil(crossings), 0), width).astype(np.int64)
-    rows = np.flatnonzero((np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0))
-    if rows.size:
-        x_in = (np.arange(width) + 0.5) + row_terms[rows, None]  # Pillow's order
+    near_rows = np.flatnonzero((np.abs(crossings - np.round(crossings)) < 1e-6).any(axis=0))
+    if near_rows.size:
+        x_in = (np.arange(width) + 0.5) + row_terms[near_rows, None]  # Pillow's order
         x_in += shift
         inside = (x_in >= 0) & (x_in < width)
-        low[rows], high[rows] = _first_and_end(inside)
+        low[near_rows], high[near_rows] = _first_and_end(inside)
     outside = slice(None, max(0, -row_shift)), slice(min(height, height - row_shift), None)
     for rows in outside:  # input row y + row_shift off the image: all fill
         low[rows] = high[rows] = 0
