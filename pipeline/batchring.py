@@ -9,9 +9,10 @@ written again only after every tensor over it has been freed in the consumer (a
 slots free builds the batch in fresh shared memory as before. Holding batches is never
 unsafe, only slower.
 
-The ring is one anonymous shared mapping made in the main process before the workers
-fork, so forked workers see the same pages. Under the `spawn` or `forkserver` start
-methods the mapping cannot travel: the workers get a detached ring and always allocate.
+The ring is one shared mapping (`pipeline.sharedbytes.SharedBytes`) made in the main
+process: forked workers inherit it, workers started by a forkserver or spawn map the same
+pages from the descriptor that comes with the dataset. Pickled for anything else (a Ray
+actor) it arrives detached, and that copy always allocates.
 
 Flow: a worker `acquire`s a slot, fills `SlotBatch.writable()`, and sends the small
 `SlotBatch` through the DataLoader's queue. The consumer turns it into a tensor with
@@ -22,13 +23,14 @@ which copies the slot into pinned memory and frees it at once.
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import uuid
 import weakref
 
 import numpy as np
 import torch
+
+from pipeline.sharedbytes import SharedBytes
 
 _FREE, _TAKEN = 0, 1
 _RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
@@ -51,56 +53,65 @@ class BatchRing:
         self.token = uuid.uuid4().hex
         self.owner = os.getpid()
         count = workers * slots
-        self._pixels: mmap.mmap | None = mmap.mmap(-1, count * slot_bytes)  # MAP_SHARED
-        self._flags: mmap.mmap | None = mmap.mmap(-1, count)
-        _RINGS[self.token] = self
+        self._memory = SharedBytes(count + count * slot_bytes)
+        self._attach()
+
+    def _attach(self) -> None:
+        self._mapping = self._memory.mapping  # a flag byte per slot, then the slots
+        self._pixels_at = self.workers * self.slots
+        if self._mapping is not None:
+            _RINGS[self.token] = self
 
     def __getstate__(self) -> dict:
-        # A mapping cannot be pickled: a spawned worker gets a ring that never hands out slots.
         state = dict(self.__dict__)
-        state["_pixels"] = state["_flags"] = None
+        del state["_mapping"]  # the mapping comes back from `_memory` (or not: detached)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._attach()
 
     @property
     def attached(self) -> bool:
-        return self._pixels is not None
+        return self._mapping is not None
 
     def acquire(self, worker: int, shape: tuple[int, ...]) -> SlotBatch | None:
         """A free slot of `worker` for a uint8 batch of `shape`, or None (allocate instead)."""
         nbytes = math.prod(shape)  # np.prod costs ~5 us a call: a ufunc reduce on a new array
-        if self._flags is None or nbytes > self.slot_bytes or not 0 <= worker < self.workers:
+        if self._mapping is None or nbytes > self.slot_bytes or not 0 <= worker < self.workers:
             return None
         first = worker * self.slots
         for slot in range(first, first + self.slots):
-            if self._flags[slot] == _FREE:
-                self._flags[slot] = _TAKEN
+            if self._mapping[slot] == _FREE:
+                self._mapping[slot] = _TAKEN
                 return SlotBatch(self.token, slot, tuple(shape), self.owner)
         return None
 
     def array(self, slot: int, shape: tuple[int, ...]) -> np.ndarray:
         """A writable numpy view of the slot's first bytes, shaped `shape`."""
-        if self._pixels is None:
-            raise RuntimeError("this batch ring is detached (a spawned worker's copy)")
+        if self._mapping is None:
+            raise RuntimeError("this batch ring is detached (a copy pickled for another process)")
         count = math.prod(shape)
-        array = np.frombuffer(self._pixels, np.uint8, count, slot * self.slot_bytes)
+        offset = self._pixels_at + slot * self.slot_bytes
+        array = np.frombuffer(self._mapping, np.uint8, count, offset)
         return array.reshape(shape)
 
     def release(self, slot: int) -> None:
-        if self._flags is not None:
-            self._flags[slot] = _FREE
+        if self._mapping is not None:
+            self._mapping[slot] = _FREE
 
     def free_slots(self) -> int:
         """Slots not held by a worker or a consumer right now (for tests and diagnostics)."""
-        if self._flags is None:
+        if self._mapping is None:
             return 0
-        return sum(1 for flag in self._flags[:] if flag == _FREE)
+        return sum(1 for flag in self._mapping[: self._pixels_at] if flag == _FREE)
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s memory lies in this ring."""
-        if self._pixels is None:
+        if self._mapping is None:
             return False
-        start = np.frombuffer(self._pixels, np.uint8, 1).ctypes.data
-        return start <= tensor.data_ptr() < start + len(self._pixels)
+        start = np.frombuffer(self._mapping, np.uint8, 1).ctypes.data + self._pixels_at
+        return start <= tensor.data_ptr() < start + self.workers * self.slots * self.slot_bytes
 
 
 class SlotBatch:

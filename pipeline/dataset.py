@@ -12,15 +12,17 @@ instead (`StreamSettings.exactly_once`).
 
 from __future__ import annotations
 
-import multiprocessing
+import time
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.assemble import BatchMemory
 from pipeline.batchring import BatchRing
 from pipeline.plan import SEGMENT_INTS, Partition, Segment, roles_consumed
 from pipeline.roles import RoleTask, StreamSource, iter_role_batches
+from pipeline.sharedbytes import SharedBytes
 from pipeline.stages import SourceShards, StreamSettings
 
 MAX_SEGMENTS = 8
@@ -30,11 +32,18 @@ class SharedState:
     """Epoch number and resume segments, shared with (persistent) worker processes.
 
     Workers read it in `__iter__`, which the DataLoader calls at the start of
-    every epoch even when workers persist, so `set_epoch` always reaches them.
+    every epoch even when workers persist, so `set_epoch` always reaches them. One
+    writer (the main process); a version number, odd while a write is under way, lets a
+    reader that overlapped a write read again rather than take half of each.
     """
 
     def __init__(self) -> None:
-        self._array = multiprocessing.get_context().Array("q", 2 + MAX_SEGMENTS * SEGMENT_INTS)
+        self._memory = SharedBytes(8 * (3 + MAX_SEGMENTS * SEGMENT_INTS))
+
+    def _values(self) -> np.ndarray:
+        if self._memory.mapping is None:
+            raise RuntimeError("this loader state is detached (a copy pickled for another process)")
+        return np.frombuffer(self._memory.mapping, np.int64)
 
     def write(self, epoch: int, segments: list[Segment]) -> None:
         if len(segments) > MAX_SEGMENTS:
@@ -42,12 +51,19 @@ class SharedState:
         values = [epoch, len(segments)]
         for segment in segments:
             values += segment.to_ints()
-        with self._array.get_lock():
-            self._array[: len(values)] = values
+        shared = self._values()
+        shared[0] += 1
+        shared[1 : 1 + len(values)] = values
+        shared[0] += 1
 
     def read(self) -> tuple[int, list[Segment]]:
-        with self._array.get_lock():
-            values = list(self._array)
+        shared = self._values()
+        while True:
+            version = int(shared[0])
+            values = shared[1:].tolist()
+            if version % 2 == 0 and int(shared[0]) == version:
+                break
+            time.sleep(0.001)
         epoch, count = values[0], values[1]
         starts = range(2, 2 + count * SEGMENT_INTS, SEGMENT_INTS)
         return epoch, [Segment.from_ints(values[i : i + SEGMENT_INTS]) for i in starts]

@@ -32,6 +32,7 @@ from pipeline.sources import ResolvedSource, resolve_source
 from pipeline.stages import SourceShards, StreamSettings
 from pipeline.stats import LoaderStats
 from pipeline.transforms import CenterCrop, RandomResizedCrop
+from pipeline.worker_start import worker_context
 from shards.errors import ShardError, UsageError
 from shards.image.policy import resolve_backend
 from shards.redact import redact_url
@@ -208,6 +209,9 @@ class ShardLoader:
                 timeout=self.batch_timeout() if workers else 0,  # torch needs workers for it
                 worker_init_fn=seed_worker,
                 collate_fn=inline_small_tensors if workers else None,
+                multiprocessing_context=(
+                    worker_context(c.start_method, self.dataset) if workers else None
+                ),
             )
         return self._loader
 

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+from pipeline.worker_start import START_METHODS
 from shards.cluster import ray_address_option
 from shards.errors import UsageError
 from shards.flags import (
@@ -59,6 +60,11 @@ class Workers:
             of fresh shared memory per batch (~8% of a worker's time goes to new pages
             otherwise). Safe when batches are held: a slot is reused only once no
             tensor over it is left. Needs persistent workers when `count > 0`.
+        start_method: how local workers start: `auto` forks them, unless this process runs
+            torch.distributed, Ray or CUDA (their threads can leave a forked worker hung
+            as it starts: `pipeline.worker_start`); then they are spawned, which needs the
+            dataset (custom transforms and ops included) to pickle. `fork` or `spawn`
+            asks for one.
         placement: `local` (worker processes of this machine) or `ray`: `remote` worker
             roles run as Ray actors on the cluster (`pipeline.remote`) and stream their
             uint8 batches here, `prefetch_factor` in flight per role, beside `count` local
@@ -98,6 +104,14 @@ class Workers:
     )
     reuse_buffers: bool = option(
         True, "workers build batches in reused shared-memory slots", "workers"
+    )
+    start_method: str = option(
+        "auto",
+        "how loader workers start: auto (fork, or spawn where this process runs "
+        "torch.distributed, Ray or CUDA), fork or spawn",
+        "workers",
+        START_METHODS,
+        flag="worker_start",
     )
     placement: str = option(
         "local",
@@ -150,6 +164,7 @@ class Workers:
         check_flag(self, "persistent")
         check_flag(self, "pin_memory", optional=True)
         check_flag(self, "reuse_buffers")
+        check_choice(self, "start_method", START_METHODS)
         check_choice(self, "placement", PLACEMENTS)
         check_int_at_least(self, "remote", 1)
         check_at_least(self, "ray_cpus", 0)

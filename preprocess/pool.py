@@ -11,10 +11,8 @@ on Ray; every executor writes the same bytes (`build_shard` is deterministic).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,11 +31,10 @@ from preprocess.ray_job import (
 )
 from shards.cluster import ray_slots
 from shards.errors import UsageError
+from shards.processes import CLEAN_START, start_context, start_method
 
-# forkserver: workers fork from a clean single-threaded server that imported the image stack
-# once, so starting one costs milliseconds, and no lock held by a driver thread is inherited.
-# A driver without other Python threads forks its workers itself (`start_method`), sooner.
-START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+# Workers start by `shards.processes.start_method`: forked where the driver runs no other
+# thread, else from a forkserver that imported the image stack once (milliseconds a worker).
 PRELOAD = ["preprocess.pool", "cv2", "simplejpeg"]  # a module that does not import is skipped
 # A worker whose driver died (SIGKILL, a lost terminal) stops within this many seconds, so
 # a rerun never meets a writer of the killed build.
@@ -118,23 +115,6 @@ class BackgroundStart(Generic[T]):
         return None if self._future.exception() else self._future.result()
 
 
-def start_method() -> str:
-    """`fork` when the driver runs no other Python thread and no Ray, else `START_METHOD`.
-
-    A fork copies the driver with its imports done, in milliseconds instead of the ~0.5 s
-    a forkserver takes to import the image stack. It is unsafe when another thread may
-    hold a lock the child inherits: a Python thread (logging, imports, a progress bar) or
-    Ray's gRPC threads. The native pools the driver does hold (OpenBLAS, jemalloc, Arrow,
-    OpenCV) reset themselves in a forked child, as PyTorch's forked loader workers rely on.
-    """
-    if sys.platform != "linux" or threading.active_count() != 1:
-        return START_METHOD
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        return START_METHOD
-    return "fork"
-
-
 def init_worker() -> None:
     """In each pool worker: the driver alone handles Ctrl-C; exit when the driver is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -165,20 +145,19 @@ class LocalPool:
     """`workers` processes on this machine that run shard tasks (`iter_local`).
 
     The constructor launches every process (`method`: a start method, see
-    `start_method`) and returns; `ready` waits until each has imported the image stack.
+    `shards.processes.start_method`) and returns; `ready` waits until each has imported
+    the image stack.
     A pool broken by a dead worker is replaced by `restart`, never by a fork.
     """
 
-    def __init__(self, workers: int, method: str = START_METHOD) -> None:
+    def __init__(self, workers: int, method: str = CLEAN_START) -> None:
         if workers < 1:
             raise UsageError("--workers must be at least 1")
         self.workers = workers
         self.executor, self.warming = self._launch(method)
 
     def _launch(self, method: str) -> tuple[ProcessPoolExecutor, list[Future]]:
-        context = multiprocessing.get_context(method)
-        if method == "forkserver":
-            context.set_forkserver_preload(PRELOAD)
+        context = start_context(method, PRELOAD)
         executor = ProcessPoolExecutor(self.workers, context, initializer=init_worker)
         # One warm-up per worker launches them all now, not as the first shards arrive.
         return executor, [executor.submit(warm_worker) for _ in range(self.workers)]
@@ -195,7 +174,7 @@ class LocalPool:
     def restart(self) -> None:
         """Replace a pool broken by a worker that died (its futures all failed)."""
         self.executor.shutdown(wait=True, cancel_futures=True)
-        self.executor, self.warming = self._launch(START_METHOD)
+        self.executor, self.warming = self._launch(CLEAN_START)
 
     def close(self) -> None:
         """Cancel what has not started and wait for the shards in flight (they commit)."""

@@ -211,8 +211,23 @@ def dump_stacks(agents: list[Launched]) -> None:
     time.sleep(STACK_DUMP_S)
 
 
+def without_module_lists(text: str) -> str:
+    """`text` less faulthandler's "Extension modules: ..." lines, a few KB each per process.
+
+    They would push the stacks that say where a trainer hung out of the log's tail.
+    """
+    lines = text.splitlines()
+    return "\n".join(
+        line
+        for line in lines
+        if "Extension modules:" not in line and not re.fullmatch(r"\s*\(total: \d+\)", line)
+    )
+
+
 def log_tails(agents: list[Launched]) -> str:
-    return "\n".join(f"--- {a.log.name}\n{a.output()[-3000:]}" for a in agents)
+    return "\n".join(
+        f"--- {a.log.name}\n{without_module_lists(a.output())[-6000:]}" for a in agents
+    )
 
 
 def run_to_end(commands: list[tuple[list[str], list[str]]], logs: Path) -> None:
@@ -343,6 +358,9 @@ def test_two_nodes_take_equal_steps_on_disjoint_samples_read_over_http(served, s
         "/" + p.relative_to(served.root).as_posix() for p in shard_files(served.root, "tar")
     }
     assert shard_paths <= {r.path for r in served.server.requests}  # read over HTTP
+    # Forked beside gloo's threads a worker can hang as it starts (LOADER.md, How workers start)
+    log = (straight.parent / "logs" / "node0.log").read_text()
+    assert "loader workers are spawned, not forked: torch.distributed is initialized" in log
 
 
 def test_a_killed_rank_makes_its_peer_exit_instead_of_hanging(killed):

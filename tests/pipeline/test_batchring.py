@@ -56,7 +56,9 @@ def test_a_slot_becomes_a_tensor_only_once():
     assert first.shape == (8,)
 
 
-def test_a_pickled_ring_is_detached_so_spawned_workers_allocate():
+def test_a_ring_pickled_outside_a_worker_start_is_detached_and_allocates():
+    """A Ray actor gets such a copy; workers starting from a forkserver get the pages
+    (tests/pipeline/test_worker_start.py)."""
     ring = BatchRing(workers=1, slots=1, slot_bytes=8)
     copy = pickle.loads(pickle.dumps(ring))
     assert not copy.attached and copy.acquire(0, (8,)) is None

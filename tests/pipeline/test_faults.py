@@ -8,6 +8,7 @@ import os
 import pickle
 import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -96,14 +97,19 @@ class KillSometimes:
         return np.zeros((32, 32, 3), dtype=np.uint8)
 
 
-def test_a_killed_worker_raises_promptly_instead_of_hanging(shard_dir):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_killed_worker_raises_promptly_instead_of_hanging(shard_dir, start):
+    """Spawned, as under torch.distributed, the worker is still the loader's child: its
+    death arrives by SIGCHLD, even halfway through sending a batch."""
     loader = loader_for(
         shard_dir,
         crop=Crop(image_size=32, transform=KillSometimes()),
-        workers=Workers(count=2, persistent=False),
+        workers=Workers(count=2, persistent=False, start_method=start),
     )
+    began = time.monotonic()
     with pytest.raises(RuntimeError, match="(?i)worker.*(killed|exited)"):
         epoch_keys(loader)
+    assert time.monotonic() - began < loader.batch_timeout()  # not the whole batch timeout
 
 
 def test_pipe_and_shell_urls_are_refused_and_no_process_is_spawned(shard_dir, monkeypatch):
