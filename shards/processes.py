@@ -8,7 +8,7 @@ pin-memory thread), Ray's gRPC threads and torch.distributed's communication thr
 such threads. The last hangs loader workers in practice: on Python up to 3.11, a gloo or
 NCCL thread that enters Python at the moment of a fork leaves the child blocked on the
 interpreter's thread-list lock (python/cpython#112275); a `DistributedDataParallel` step
-followed by a fork hung 1 child in 1,500 here (`benchmarks/worker_start.py hazard`), and
+followed by a fork hung 1 child in 3,000 here (`benchmarks/worker_start.py hazard`), and
 PyTorch's own issue #130610 is the same with a pin-memory thread. A clean start avoids
 it: a forkserver (a process started clean, by fork and exec, that forks the children
 instead; Python 3.14's default on Linux) or spawn (fork and exec of a fresh
