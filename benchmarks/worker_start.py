@@ -16,8 +16,8 @@ cost ~1 s each, hence fewer of them.
 `loader`: one epoch of the loader's defaults (2 workers, persistent, batch 256, 224 px)
 on the same shards with `Workers(start_method="fork")` and `"spawn"`, each in a fresh
 process, rounds in rotating order: seconds to the first batch (the workers' start
-included) and img/s after the first three batches, paired per round (median ratio and
-the per-round min-max).
+included), img/s after the first three batches, paired per round (median ratio and the
+per-round min-max), and the workers' and the main process's PSS at batch 15.
 """
 
 from __future__ import annotations
@@ -113,7 +113,14 @@ def measure(method: str, starts: int, wait_s: float) -> tuple[int, float]:
 # Run in a fresh process: one epoch with the start method asked, printed as one JSON line.
 EPOCH = """
 import json, sys, time
+from pathlib import Path
 from pipeline import Batching, LoaderConfig, Workers, build_loader
+
+def pss_mib(pid):
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+
 if __name__ == "__main__":
     shards, method = sys.argv[1], sys.argv[2]
     config = LoaderConfig(source=shards, split="train", batch=Batching(size=256),
@@ -121,14 +128,19 @@ if __name__ == "__main__":
     loader = build_loader(config)
     began = time.perf_counter()
     images, first, counted, since = 0, None, 0, None
-    for batch, labels in loader:
+    for index, (batch, labels) in enumerate(loader):
         images += len(labels)
         if first is None:
             first = time.perf_counter() - began
         if since is None and images > 3 * 256:
             counted, since = images, time.perf_counter()
+        if index == 15:  # the workers' memory once warm (DataLoader internals: a benchmark)
+            pids = [w.pid for w in loader._loader._iterator._workers]
+            pss = [pss_mib(pid) for pid in pids]
+            main = pss_mib("self")
     seconds = time.perf_counter() - since
-    print(json.dumps({"first_s": first, "img_s": (images - counted) / seconds}))
+    img_s = (images - counted) / seconds
+    print(json.dumps({"first_s": first, "img_s": img_s, "worker_pss": pss, "main_pss": main}))
 """
 
 
@@ -145,12 +157,16 @@ def loader_epoch(shards: Path, method: str) -> dict:
 def compare_loader(shards: Path, rounds: int) -> None:
     methods = ("fork", "spawn")
     first: dict[str, list[float]] = {m: [] for m in methods}
+    workers: dict[str, list[float]] = {m: [] for m in methods}
+    main: dict[str, list[float]] = {m: [] for m in methods}
     ratios = []
     for index in range(rounds):
         order = methods if index % 2 == 0 else methods[::-1]
         got = {method: loader_epoch(shards, method) for method in order}
         for method in methods:
             first[method].append(got[method]["first_s"])
+            workers[method] += got[method]["worker_pss"]
+            main[method].append(got[method]["main_pss"])
         ratios.append(got["spawn"]["img_s"] / got["fork"]["img_s"])
         print(f"round {index + 1}: {json.dumps(got)}", flush=True)
     ratios.sort()
@@ -163,6 +179,9 @@ def compare_loader(shards: Path, rounds: int) -> None:
         f"| img/s after 3 batches, spawn / fork | 1 | {median(ratios):.2f}x "
         f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |"
     )
+    for name, values in (("a worker's PSS", workers), ("main PSS", main)):
+        cells = " | ".join(f"{min(values[m]):.0f}-{max(values[m]):.0f}" for m in methods)
+        print(f"| {name} at batch 15, MiB | {cells} |")
 
 
 def main() -> None:
