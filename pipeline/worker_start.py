@@ -10,15 +10,20 @@ when it dies halfway through sending a batch, where a forkserver's child would l
 loader blocked on the half-sent batch for good.
 
 The batch ring and the epoch state reach spawned workers as shared memory
-(`pipeline.sharedbytes`). The dataset itself is pickled to them: one that does not
-pickle (a lambda as transform) is forked anyway under `auto`, with one warning saying
-why and what to change; an explicit `spawn` refuses it in one line.
+(`pipeline.sharedbytes`). The dataset itself is pickled to them, and each imports the
+main script again: a dataset that does not pickle (a lambda as transform), or a script
+that starts the workers from its top level (which each worker would run again), is
+forked anyway under `auto`, with one warning saying why and what to change; an explicit
+`spawn` refuses it in one line.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 import pickle
+import sys
+from pathlib import Path
 
 from shards.errors import UsageError
 from shards.processes import fork_hazard, start_context
@@ -37,7 +42,7 @@ def worker_context(asked: str, dataset: object):
     method = asked if asked != "auto" else ("spawn" if hazard else "fork")
     if method == "fork":
         return start_context(method)
-    problem = pickle_problem(dataset)
+    problem = unguarded_main() or pickle_problem(dataset)
     if problem is None:
         if hazard and hazard not in _said:
             _said.add(hazard)
@@ -45,16 +50,14 @@ def worker_context(asked: str, dataset: object):
         return start_context(method)
     if asked != "auto":
         raise UsageError(
-            f"start_method={asked!r} sends the dataset to each worker pickled, and it does "
-            f"not pickle: {problem}. Define transforms and augmentation ops at module level "
-            f"(not as lambdas or closures), or use start_method='fork'"
+            f"start_method={asked!r} cannot start the workers: {problem}; or use "
+            f"start_method='fork'"
         )
     if problem not in _warned:
         _warned.add(problem)
         log.warning(
             "loader workers fork although %s, which can hang a worker as it starts; they "
-            "cannot be spawned clean because the dataset does not pickle: %s. Define "
-            "transforms and augmentation ops at module level (not as lambdas or closures)",
+            "cannot be spawned clean: %s",
             hazard,
             problem,
         )
@@ -62,9 +65,45 @@ def worker_context(asked: str, dataset: object):
 
 
 def pickle_problem(dataset: object) -> str | None:
-    """Why `dataset` does not pickle, in one line; None when it does."""
+    """Why `dataset` cannot go to a spawned worker, with what to change; None when it can."""
     try:
         pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # pickle raises PicklingError, TypeError, AttributeError
-        return f"{type(error).__name__}: {error}"
+        return (
+            f"the dataset goes to each worker pickled, and it does not pickle "
+            f"({type(error).__name__}: {error}). Define transforms and augmentation ops at "
+            f"module level (not as lambdas or closures)"
+        )
+    return None
+
+
+def unguarded_main() -> str | None:
+    """Where the main script starts workers from its top level, outside
+    `if __name__ == "__main__":`, so that a spawned worker, which imports the script
+    again, would run that code again (start a loader, join a process group); None when
+    it does not (a guarded script, `python -c`, a notebook, a thread of its own).
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"
+    ):
+        frame = frame.f_back
+    if frame is None or path is None or frame.f_code.co_filename != path:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for statement in tree.body:
+        if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
+            if isinstance(statement, ast.If) and "__name__" in ast.unparse(statement.test):
+                return None
+            return (
+                f"{path}, line {line}, starts them from its top level, which each spawned "
+                f"worker runs again as it imports the script. Move that code under "
+                f'`if __name__ == "__main__":`'
+            )
     return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
@@ -193,3 +194,52 @@ def test_a_stalled_spawned_worker_ends_at_the_batch_timeout(shard_dir):
     with pytest.raises(RuntimeError, match=r"timed out after 3 seconds"):
         next(iter(loader))
     assert time.monotonic() - began >= 3
+
+
+SCRIPT = """
+import sys
+import torch.distributed as dist
+from pipeline import Batching, Crop, LoaderConfig, Workers, build_loader
+
+
+def first_batch(shards, store, method):
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    config = LoaderConfig(source=shards, split="train", batch=Batching(size=8),
+                          crop=Crop(image_size=32), workers=Workers(count=1, start_method=method))
+    loader = build_loader(config)
+    images, labels = next(iter(loader))
+    print(loader.dataloader().multiprocessing_context.get_start_method(), len(labels))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "top-level"])
+def test_a_script_that_starts_workers_from_its_top_level_is_not_spawned(
+    shard_dir, tmp_path, guarded
+):
+    """A spawned worker imports the main script again: unguarded, it would run the script's
+    top level (here: join the process group, start a loader) once more in every worker."""
+    call = "first_batch(sys.argv[1], sys.argv[2], sys.argv[3])"
+    body = f'if __name__ == "__main__":\n    {call}\n' if guarded else f"{call}\n"
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + body)
+
+    def run(method: str) -> subprocess.CompletedProcess:
+        store = f"file://{tmp_path}/store-{method}"
+        command = [sys.executable, "train.py", str(shard_dir), store, method]
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    auto = run("auto")
+    assert auto.returncode == 0, auto.stderr
+    if guarded:
+        assert auto.stdout.split() == ["spawn", "8"]
+        assert "cannot be spawned" not in auto.stderr
+    else:
+        assert auto.stdout.split() == ["fork", "8"]  # forked, and said why, once
+        assert auto.stderr.count("cannot be spawned clean") == 1
+        assert "train.py, line" in auto.stderr and 'if __name__ == "__main__":' in auto.stderr
+        asked = run("spawn")
+        assert asked.returncode != 0 and asked.stdout == ""
+        assert "start_method='spawn' cannot start the workers" in asked.stderr
