@@ -116,6 +116,15 @@ import json, sys, time
 from pathlib import Path
 from pipeline import Batching, LoaderConfig, Workers, build_loader
 
+def worker_pids():  # this process's children but the resource tracker that spawn starts
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += [int(pid) for pid in (task / "children").read_text().split()]
+    tracker = b"from multiprocessing.resource_tracker"
+    args = {p: Path(f"/proc/{p}/cmdline").read_bytes().split(b"\\0") for p in pids}
+    return [p for p in pids if not any(a.startswith(tracker) for a in args[p])]
+
+
 def pss_mib(pid):
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         if line.startswith("Pss:"):
@@ -134,9 +143,8 @@ if __name__ == "__main__":
             first = time.perf_counter() - began
         if since is None and images > 3 * 256:
             counted, since = images, time.perf_counter()
-        if index == 15:  # the workers' memory once warm (DataLoader internals: a benchmark)
-            pids = [w.pid for w in loader._loader._iterator._workers]
-            pss = [pss_mib(pid) for pid in pids]
+        if index == 15:  # the workers' memory once warm
+            pss = [pss_mib(pid) for pid in worker_pids()]
             main = pss_mib("self")
     seconds = time.perf_counter() - since
     img_s = (images - counted) / seconds

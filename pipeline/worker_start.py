@@ -20,6 +20,7 @@ forked anyway under `auto`, with one warning saying why and what to change; an e
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import pickle
 import sys
@@ -85,7 +86,7 @@ def unguarded_main() -> str | None:
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None and not (
         frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"
     ):
