@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -316,6 +317,7 @@ class ShardExecutor:
         self.ray_s: float | None = None  # how long Ray took to start, once started
         self.ray_done = 0.0
         self.ray_wait_s = 0.0
+        self.ray_ours = False  # this build started Ray (or joined the cluster): `close` ends it
         # `--executor auto` without a cluster: local until `decide` sees a large build.
         self.auto = False
         self.reason = f"--executor {kind}"  # why this executor runs, for the summary
@@ -384,7 +386,10 @@ class ShardExecutor:
         if self.ray_s is not None:
             return
         began = time.perf_counter()
+        ray = sys.modules.get("ray")
+        running = ray is not None and ray.is_initialized()
         self.start_ray(self.ray_address, self.workers)
+        self.ray_ours = not running
         self.ray_done = time.perf_counter()
         self.ray_s = self.ray_done - began
 
@@ -425,11 +430,19 @@ class ShardExecutor:
         return self.starting.waited if self.starting is not None else 0.0
 
     def close(self) -> None:
-        """Wait for a start still running and stop the pool (the shards in flight finish).
+        """Wait for a start still running and stop the pool (the shards in flight finish);
+        end the Ray this build started, or leave the cluster it joined (a caller's own Ray
+        stays up). A Ray left running would hold its processes and make every later
+        loader in this process spawn its workers (`pipeline.worker_start`).
 
         A start that failed and was never waited for (planning failed first) is dropped:
         the planning error is the one to report.
         """
+        if self.ray_ours:
+            import ray
+
+            ray.shutdown()
+            self.ray_ours = False
         if self.starting is None:
             return
         pool = self.starting.join()

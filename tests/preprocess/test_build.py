@@ -131,9 +131,15 @@ def test_build_is_deterministic_byte_for_byte(sample_dir, built_shards, tmp_path
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_build_matches_inline_build(sample_dir, built_shards, tmp_path):
+    import ray
+
+    assert not ray.is_initialized()
     summary = run_build(small_build_config(sample_dir, tmp_path / "ray", executor="ray", workers=2))
     assert summary.shards_built == sum(len(s.shards) for s in summary.manifest.splits.values())
     assert all_files(summary.output) == all_files(built_shards.output)
+    # The Ray the build started ends with it: left up, it would hold its processes and make
+    # every later loader in this process spawn its workers (pipeline.worker_start).
+    assert not ray.is_initialized()
 
 
 def test_rerun_reuses_complete_shards_and_rebuilds_damaged_ones(sample_dir, built_shards, tmp_path):
