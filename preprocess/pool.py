@@ -35,7 +35,8 @@ from shards.errors import UsageError
 from shards.processes import CLEAN_START, start_context, start_method
 
 # Workers start by `shards.processes.start_method`: forked where the driver runs no other
-# thread, else from a forkserver that imported the image stack once (milliseconds a worker).
+# thread, Ray, torch.distributed or CUDA, else from a forkserver that imported the image
+# stack once (milliseconds a worker).
 PRELOAD = ["preprocess.pool", "cv2", "simplejpeg"]  # a module that does not import is skipped
 # A worker whose driver died (SIGKILL, a lost terminal) stops within this many seconds, so
 # a rerun never meets a writer of the killed build.
